@@ -1,0 +1,71 @@
+"""The ``diag`` command line: subparsers plus an explicit dispatch table.
+
+Each subcommand lives in ``diag/cli/<name>.py`` with ``add_arguments(parser)`` and ``run(args) -> int``.
+Those modules import only the standard library at module level, so ``diag --help`` and the commands that
+need no torch (``analyze``, ``lab``, ``report``, ...) start fast and work where torch is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from diag.errors import DiagError
+
+# name -> (module, one-line help). Order is the order shown by --help.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "reproduce": ("diag.cli.reproduce", "the main job: lab + gloo and raw-TCP sweeps + captures + report"),
+    "sweep": ("diag.cli.sweep", "time collectives over a size sweep (torch gloo/nccl or raw TCP)"),
+    "lab": ("diag.cli.lab", "cluster in a box: network namespaces with shaped full-duplex links"),
+    "capture": ("diag.cli.capture", "capture TCP traffic with tcpdump (scapy fallback)"),
+    "analyze": ("diag.cli.analyze", "per-connection, per-direction TCP analysis of pcap files"),
+    "report": ("diag.cli.report", "render report.html/report.md and plots from a run directory"),
+    "diagnose": ("diag.cli.diagnose", "findings with evidence from a run directory"),
+    "compare": ("diag.cli.compare", "row-by-row ratios of two record files, with significance"),
+    "model": ("diag.cli.model", "fit and query latency/bandwidth models of collectives"),
+    "exec": ("diag.cli.exec", "run an unchanged torch.distributed script with the diag_tcp backend"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="diag",
+        description="Root-cause bandwidth anomalies of collective communication over TCP.",
+    )
+    parser.add_argument("--version", action="version", version="diag 0.1.0")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        sub_parser = sub.add_parser(
+            name,
+            help=help_text,
+            description=(module.__doc__ or help_text).strip().splitlines()[0],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(sub_parser)
+        sub_parser.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._module.run(args) or 0)
+    except DiagError as exc:
+        print(f"diag {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"diag {args.command}: interrupted; finished results were kept", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

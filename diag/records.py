@@ -1,0 +1,203 @@
+"""The one record format: JSON Lines, one event per line, flushed as it happens.
+
+Schema history (bump SCHEMA_VERSION for any change a reader must know about):
+  1 - first version: start / record / end events; base units in field names (_s, _Bps, _bytes, _ns).
+
+A file may hold several runs (one per world size, or one per launch appended to the same --out): each
+run is a ``start`` event, its ``record`` events and, unless it died, an ``end`` event, linked by run_id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from diag.errors import DiagError
+
+SCHEMA_VERSION = 1
+SUPPORTED_SCHEMAS = frozenset({1})
+EVENTS = frozenset({"start", "record", "end"})
+
+
+@dataclass(frozen=True)
+class Record:
+    """One row of a sweep: one (transport, collective, world size, size)."""
+
+    backend: str                 # "gloo", "nccl", "raw"
+    algo: str                    # "default" for torch backends; "ring", "pairwise", "direct" for raw
+    op: str                      # "all_gather", "send_recv", "exchange", ...
+    world_size: int
+    size_bytes: int              # per-rank input bytes
+    total_bytes: int             # nccl-tests "size" for this op (what algbw divides)
+    volume_bytes: int            # per-device volume D = (N-1) x per-rank bytes, as users plot it
+    dtype: str
+    count: int                   # elements per rank input
+    iters: int
+    warmup: int
+    times_s: list[float]         # per timed iteration, max over ranks
+    time_s: float                # median of times_s
+    min_s: float
+    max_s: float
+    mean_s: float
+    p95_s: float
+    stdev_s: float
+    algbw_Bps: float             # total_bytes / time_s
+    busbw_Bps: float             # algbw x the op's bus factor (nccl-tests PERFORMANCE.md)
+    nwrong: int                  # wrong elements over all timed iterations and ranks
+    t_start_ns: int              # wall clock (time.time_ns) of the first timed iteration's start
+    t_end_ns: int                # wall clock of the last timed iteration's end
+    rank0_times_s: list[float] = field(default_factory=list)
+    rank_times_s: list[list[float]] = field(default_factory=list)   # [rank][iteration]
+    iter_windows_ns: list[list[int]] = field(default_factory=list)  # [iteration] -> [start, end], wall clock
+    warmup_times_s: list[float] = field(default_factory=list)       # kept, flagged, never summarized
+    gap_s: float = 0.0
+    knobs: dict[str, Any] = field(default_factory=dict)             # transport settings in force
+    hosts: list[str] = field(default_factory=list)                  # rank -> host/address
+    extra: dict[str, Any] = field(default_factory=dict)             # e.g. TCP_INFO summaries
+    run_id: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def transport(self) -> str:
+        return f"raw:{self.algo}" if self.backend == "raw" else f"torch:{self.backend}"
+
+    @property
+    def key(self) -> tuple[str, str, str, int, int]:
+        """What identifies a row across files (for compare)."""
+        return (self.backend, self.algo, self.op, self.world_size, self.size_bytes)
+
+    def to_event(self) -> dict[str, Any]:
+        return {"event": "record", "schema": SCHEMA_VERSION, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_event(cls, event: dict[str, Any]) -> Record:
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                   and f.name not in event]
+        if missing:
+            raise DiagError(f"record is missing fields {missing}: the file is not a diag record file")
+        return cls(**{k: v for k, v in event.items() if k in names})
+
+
+@dataclass
+class RecordFile:
+    """Everything in one records file: runs' start/end events and all rows, in file order."""
+
+    path: Path
+    starts: list[dict[str, Any]]
+    records: list[Record]
+    ends: list[dict[str, Any]]
+
+    def start_for(self, record: Record) -> dict[str, Any] | None:
+        for start in self.starts:
+            if start.get("run_id") == record.run_id:
+                return start
+        return self.starts[0] if self.starts else None
+
+    @property
+    def complete(self) -> bool:
+        """Every run that started also ended without error."""
+        ended = {e.get("run_id") for e in self.ends if e.get("status") == "ok"}
+        return all(s.get("run_id") in ended for s in self.starts)
+
+
+def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Yield events, checking the schema. A torn last line (a killed writer) is skipped, not fatal."""
+    p = Path(path)
+    try:
+        handle = p.open(encoding="utf-8")
+    except FileNotFoundError:
+        raise DiagError(f"no records file at {p}") from None
+    with handle:
+        lines = handle.readlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines) and not line.endswith("\n"):
+                continue  # the writer was killed mid-line; every earlier line is intact
+            raise DiagError(f"{p}:{number}: not JSON; is this a diag records file?") from None
+        if not isinstance(event, dict) or event.get("event") not in EVENTS:
+            raise DiagError(f"{p}:{number}: not a diag event (needs 'event': start|record|end)")
+        schema = event.get("schema")
+        if schema not in SUPPORTED_SCHEMAS:
+            raise DiagError(
+                f"{p}:{number}: schema {schema!r} is not supported by this diag "
+                f"(supports {sorted(SUPPORTED_SCHEMAS)}); upgrade diag to read it"
+            )
+        yield event
+
+
+def load_records(path: str | os.PathLike[str]) -> RecordFile:
+    starts: list[dict[str, Any]] = []
+    records: list[Record] = []
+    ends: list[dict[str, Any]] = []
+    for event in iter_events(path):
+        kind = event["event"]
+        if kind == "start":
+            starts.append(event)
+        elif kind == "end":
+            ends.append(event)
+        else:
+            records.append(Record.from_event(event))
+    return RecordFile(Path(path), starts, records, ends)
+
+
+def load_many(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
+    out: list[Record] = []
+    for path in paths:
+        out.extend(load_records(path).records)
+    return out
+
+
+class RecordWriter:
+    """Appends events and flushes each one to disk at once, so a killed sweep keeps every finished row."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle: IO[str] = self.path.open("a", encoding="utf-8")
+
+    def write(self, event: dict[str, Any]) -> None:
+        event = {"event": event["event"], "schema": SCHEMA_VERSION, **event}
+        self._handle.write(json.dumps(event, separators=(",", ":"), default=_json_default) + "\n")
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+
+    def start(self, run_id: str, **fields: Any) -> None:
+        self.write({"event": "start", "run_id": run_id, **fields})
+
+    def record(self, record: Record) -> None:
+        self.write(record.to_event())
+
+    def end(self, run_id: str, status: str, **fields: Any) -> None:
+        self.write({"event": "end", "run_id": run_id, "status": status, **fields})
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _json_default(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"cannot serialize {type(value).__name__}")

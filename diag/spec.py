@@ -1,0 +1,63 @@
+"""A sweep is data: a frozen SweepSpec that says what to run, read by every launcher and runner."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from diag.errors import DiagError
+
+BACKENDS = ("gloo", "nccl", "raw")
+DTYPES = ("uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
+ORDERS = ("recv-first", "send-first")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    backend: str = "gloo"
+    ops: tuple[str, ...] = ("all_gather",)
+    sizes: tuple[int, ...] = (1024,)          # per-rank input bytes
+    world_sizes: tuple[int, ...] = ()         # () = run in place under an env:// launcher
+    algo: str = "default"                     # raw transport: ring | pairwise | direct
+    warmup: int = 5
+    iters: int = 20
+    gap_s: float = 0.0                        # idle time before each timed iteration
+    timeout_s: float = 60.0                   # per collective; a dead or hung peer fails within it
+    dtype: str = "float32"
+    device: str = "cpu"                       # "cpu" or "cuda" (nccl)
+    order: str = "recv-first"                 # exchange: which call each rank posts first
+    check: bool = True                        # verify every timed iteration
+    seed: int = 0
+    knobs: dict[str, Any] = field(default_factory=dict)   # transport options (raw: conn, handshake, ...)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise DiagError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        if self.dtype not in DTYPES:
+            raise DiagError(f"unknown dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        if self.order not in ORDERS:
+            raise DiagError(f"unknown order {self.order!r}: choose recv-first or send-first")
+        if self.iters < 1 or self.warmup < 0:
+            raise DiagError("--iters must be >= 1 and --warmup >= 0")
+        if not self.sizes:
+            raise DiagError("no sizes to run")
+        if any(n < 1 for n in self.world_sizes):
+            raise DiagError("world sizes must be >= 1")
+        if self.timeout_s <= 0:
+            raise DiagError("--timeout must be positive")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SweepSpec:
+        data = dict(data)
+        for name in ("ops", "sizes", "world_sizes"):
+            if name in data:
+                data[name] = tuple(data[name])
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> SweepSpec:
+        return dataclasses.replace(self, **changes)

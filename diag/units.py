@@ -1,0 +1,111 @@
+"""Byte sizes and rates: parsing user input and printing human units.
+
+Sizes follow nccl-tests (`-b 1K -e 64M`): K/M/G/T are binary (1K = 1024 bytes). An explicit decimal
+suffix (KB, MB, GB) is decimal, so "12589824", "12M" and "12MiB" all mean what they say.
+Rates follow tc and iperf: "1gbit" = 1e9 bit/s, "100mbit", "1000kbit"; "125MBps" = bytes per second.
+"""
+
+from __future__ import annotations
+
+import re
+
+from diag.errors import DiagError
+
+_BINARY = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20,
+           "G": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TIB": 1 << 40}
+_DECIMAL = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+_RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
+               "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9}
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """'512K' -> 524288, '12589824' -> 12589824, '1.5M' -> 1572864, '200MB' -> 200000000."""
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise DiagError(f"bad size {text!r}: use bytes or a unit, e.g. 1024, 512K, 64M, 12589824")
+    number, unit = match.groups()
+    unit = unit.upper()
+    factor = _BINARY.get(unit) or _DECIMAL.get(unit)
+    if factor is None:
+        raise DiagError(f"bad size unit in {text!r}: use K, M, G (binary) or KB, MB, GB (decimal)")
+    value = float(number) * factor
+    if value != int(value):
+        raise DiagError(f"size {text!r} is not a whole number of bytes")
+    if value < 0:
+        raise DiagError(f"size {text!r} is negative")
+    return int(value)
+
+
+def parse_size_list(text: str) -> list[int]:
+    """'1,512K,12589824,200M' -> sorted unique byte counts."""
+    items = [item for item in str(text).split(",") if item.strip()]
+    if not items:
+        raise DiagError("empty size list: give sizes like --sizes 1K,1M,64M")
+    return sorted({parse_size(item) for item in items})
+
+
+def geometric_sizes(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
+    """nccl-tests' -b/-e/-f: min, min*f, ... up to and including max."""
+    if min_bytes <= 0 or max_bytes < min_bytes:
+        raise DiagError(f"bad size range {min_bytes}..{max_bytes}: need 0 < --min <= --max")
+    if factor <= 1:
+        raise DiagError(f"--factor must be > 1, got {factor}")
+    sizes = []
+    size = float(min_bytes)
+    while size <= max_bytes * (1 + 1e-9):
+        sizes.append(int(round(size)))
+        size *= factor
+    return sorted(set(sizes))
+
+
+def parse_rate_bps(text: str) -> float:
+    """'1gbit' -> 1e9 (bits per second), as tc understands rates."""
+    match = _RATE_RE.match(str(text))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _RATE_UNITS:
+        raise DiagError(f"bad rate {text!r}: use a number and a unit, e.g. 100mbit, 1gbit, 2.5gbit")
+    value = float(match.group(1)) * _RATE_UNITS[unit]
+    if value <= 0:
+        raise DiagError(f"rate {text!r} must be positive")
+    return value
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB' (binary units, as sizes are given)."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{int(n)} B"
+            return f"{n:.3g} {unit}" if n < 100 else f"{n:.0f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_rate(bytes_per_s: float) -> str:
+    """Bandwidth in decimal bytes/s units as nccl-tests prints (GB/s = 1e9 B/s)."""
+    value = float(bytes_per_s)
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.3g} B/s"
+
+
+def human_bits(bits_per_s: float) -> str:
+    value = float(bits_per_s)
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.3g} bit/s"
+
+
+def human_time(seconds: float) -> str:
+    s = float(seconds)
+    if s >= 1:
+        return f"{s:.3g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} us"
