@@ -37,7 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version="diag 0.1.0")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # a subcommand not built into this installation
         sub_parser = sub.add_parser(
             name,
             help=help_text,

@@ -80,8 +80,11 @@ class Collective(ABC):
         """busbw = algbw x this factor (nccl-tests doc/PERFORMANCE.md)."""
 
     def volume_bytes(self, size_bytes: int, world_size: int) -> int:
-        """Per-device volume D = (N-1) x per-rank bytes: what each rank receives in an all_gather."""
-        return (world_size - 1) * size_bytes
+        """Per-device volume D: bytes that cross each rank's link in the bus model = size x bus factor.
+
+        For all_gather this is (N-1) x per-rank bytes, the D users plot; for all_reduce 2(N-1)/N x size.
+        """
+        return round(self.total_bytes(size_bytes, world_size) * self.bus_factor(world_size))
 
     @abstractmethod
     def allocate(self, count: int, dtype: torch.dtype, device: torch.device, rank: int, world_size: int) -> Buffers:

@@ -1,0 +1,574 @@
+"""Capture files -> numpy columns, one row per TCP segment.
+
+The file formats (pcap with micro- or nanosecond stamps in either byte order, pcapng, both optionally
+gzip-compressed) are walked record by record in a tight loop that only finds where each record starts;
+everything else - link layers, IPv4/IPv6, TCP header fields and the timestamp option - is decoded with
+vectorized numpy over a whole chunk of records at once. The file is read in chunks of CHUNK_BYTES, so the
+only memory that grows with the capture is the output columns (about COLUMN_BYTES_PER_PACKET a packet).
+
+Packets that cannot be a complete TCP header are never an error: they are counted in ``ReadResult.skipped``
+under a reason (non_ip, non_tcp, fragment, truncated_headers, bad_header_length, ...). A file that is not a
+capture at all, or whose record structure is broken, is a one-line DiagError.
+
+scapy is deliberately not imported here: it costs about a second to import, which is half the time budget
+of a two-million-packet analysis. The few packets that need option dissection (SYNs) are parsed by
+``parse_tcp_options``, a TLV walk over the option bytes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from diag.errors import DiagError
+
+CHUNK_BYTES = 8 << 20
+# The most any single record may claim; bigger means the record structure is corrupt.
+MAX_RECORD_BYTES = 1 << 20
+# Bytes of each packet copied into the per-chunk decode matrix: link (<=22) + IPv4 (<=60) + TCP up to TS option.
+DECODE_WIDTH = 22 + 60 + 32
+COLUMN_BYTES_PER_PACKET = 8 + 4 + 1 + 4 + 4 + 4 + 2 + 1 + 4 + 4 + 1 + 8
+
+# TCP flag bits (the low byte of the TCP flags field).
+FIN, SYN, RST, PSH, ACK, URG, ECE, CWR = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x80
+
+LINKTYPE_NULL = 0
+LINKTYPE_ETHERNET = 1
+LINKTYPE_RAW = 101
+LINKTYPE_RAW_BSD = 12
+LINKTYPE_RAW_BSD14 = 14
+LINKTYPE_LOOP = 108
+LINKTYPE_LINUX_SLL = 113
+LINKTYPE_IPV4 = 228
+LINKTYPE_IPV6 = 229
+LINKTYPE_LINUX_SLL2 = 276
+SUPPORTED_LINKTYPES = {
+    LINKTYPE_NULL: "BSD loopback", LINKTYPE_ETHERNET: "Ethernet", LINKTYPE_RAW: "raw IP",
+    LINKTYPE_RAW_BSD: "raw IP", LINKTYPE_RAW_BSD14: "raw IP", LINKTYPE_LOOP: "OpenBSD loopback",
+    LINKTYPE_LINUX_SLL: "Linux cooked (SLL)", LINKTYPE_IPV4: "raw IPv4", LINKTYPE_IPV6: "raw IPv6",
+    LINKTYPE_LINUX_SLL2: "Linux cooked v2 (SLL2)",
+}
+
+PCAP_MAGICS = {
+    b"\xd4\xc3\xb2\xa1": ("<", 1000), b"\xa1\xb2\xc3\xd4": (">", 1000),
+    b"\x4d\x3c\xb2\xa1": ("<", 1), b"\xa1\xb2\x3c\x4d": (">", 1),
+}
+PCAPNG_SHB = b"\x0a\x0d\x0d\x0a"
+GZIP_MAGIC = b"\x1f\x8b"
+
+COLUMN_DTYPES: dict[str, Any] = {
+    "ts_ns": np.int64, "src": np.int32, "dst": np.int32, "seq": np.uint32, "ack": np.uint32,
+    "plen": np.int32, "win": np.uint16, "flags": np.uint8, "tsval": np.uint32, "tsecr": np.uint32,
+    "has_ts": np.bool_, "frame": np.int64,
+}
+
+
+@dataclass
+class SynInfo:
+    """What a SYN told us: the options that shape the rest of the connection."""
+
+    frame: int
+    ts_ns: int
+    src: int
+    dst: int
+    flags: int
+    mss: int | None
+    wscale: int | None
+    sack_permitted: bool
+    timestamps: bool
+
+
+@dataclass
+class ReadResult:
+    """Columns (name -> numpy array, one row per TCP packet, file order) plus what was skipped and why.
+
+    ``src``/``dst`` are endpoint ids; ``endpoints[i]`` is the (address, port) of id i.
+    """
+
+    columns: dict[str, np.ndarray]
+    endpoints: list[tuple[str, int]]
+    syns: list[SynInfo]
+    frames: int
+    skipped: dict[str, int]
+    linktypes: list[int]
+    snaplen: int
+    file_format: str
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def packets(self) -> int:
+        return int(self.columns["ts_ns"].size)
+
+
+def read_capture(path: str | os.PathLike[str], first_frame: int = 1) -> ReadResult:
+    """Read a pcap/pcapng (optionally gzip) file into TCP columns. Frame numbers start at first_frame."""
+    p = Path(path)
+    try:
+        raw = p.open("rb")
+    except FileNotFoundError:
+        raise DiagError(f"no capture file at {p}") from None
+    except IsADirectoryError:
+        raise DiagError(f"{p} is a directory; give capture files (.pcap, .pcapng, .pcap.gz)") from None
+    with raw:
+        head = raw.read(4)
+        raw.seek(0)
+        if head[:2] == GZIP_MAGIC:
+            handle: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb")
+            gz = True
+        else:
+            handle = raw
+            gz = False
+        try:
+            builder = _ColumnBuilder(first_frame)
+            magic = handle.read(4)
+            if not magic:
+                raise DiagError(f"{p} is empty; was the capture stopped before any packet arrived?")
+            if magic in PCAP_MAGICS:
+                fmt = "pcap"
+                _read_pcap(handle, magic, builder, p)
+            elif magic == PCAPNG_SHB:
+                fmt = "pcapng"
+                _read_pcapng(handle, magic, builder, p)
+            else:
+                raise DiagError(f"{p} is not a pcap or pcapng file (magic {magic.hex()}); "
+                                "capture with tcpdump -w or give .pcap/.pcapng/.pcap.gz")
+        except (EOFError, gzip.BadGzipFile, OSError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise DiagError(f"{p}: cannot read compressed data ({exc}); the file is damaged") from None
+        return builder.finish(fmt + (".gz" if gz else ""))
+
+
+# --- record walking ---------------------------------------------------------------------------------
+
+
+def _chunks(handle: IO[bytes], first: bytes = b"") -> Iterator[bytes]:
+    if first:
+        yield first
+    while True:
+        data = handle.read(CHUNK_BYTES)
+        if not data:
+            return
+        yield data
+
+
+def _read_pcap(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path: Path) -> None:
+    endian, ns_per_tick = PCAP_MAGICS[magic]
+    rest = handle.read(20)
+    if len(rest) < 20:
+        raise DiagError(f"{path}: pcap header is truncated ({4 + len(rest)} of 24 bytes)")
+    _major, _minor, _zone, _sigfigs, snaplen, linktype_field = struct.unpack(endian + "HHiIII", rest)
+    linktype = linktype_field & 0x0FFFFFFF
+    builder.snaplen = snaplen
+    if linktype not in SUPPORTED_LINKTYPES:
+        raise DiagError(f"{path}: link type {linktype} is not supported "
+                        f"(supported: {', '.join(sorted(set(SUPPORTED_LINKTYPES.values())))})")
+    unpack_caplen = struct.Struct(endian + "I").unpack_from
+    limit = max(snaplen, 65535 + 64) + 64
+    limit = min(limit, MAX_RECORD_BYTES)
+    u32 = np.dtype(endian + "u4")
+    carry = b""
+    record_index = 0
+    for data in _chunks(handle):
+        buf = carry + data if carry else data
+        n = len(buf)
+        offsets: list[int] = []
+        append = offsets.append
+        off = 0
+        while off + 16 <= n:
+            caplen = unpack_caplen(buf, off + 8)[0]
+            if caplen > limit:
+                raise DiagError(f"{path}: record {record_index + len(offsets) + 1} claims {caplen} bytes "
+                                f"(snaplen {snaplen}); the file is corrupt")
+            if off + 16 + caplen > n:
+                break
+            append(off)
+            off += 16 + caplen
+        carry = buf[off:]
+        if not offsets:
+            continue
+        record_index += len(offsets)
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        starts = np.asarray(offsets, dtype=np.int64)
+        hdr = _gather(arr, starts, 16)
+        sec = hdr[:, 0:4].copy().view(u32).ravel().astype(np.int64)
+        frac = hdr[:, 4:8].copy().view(u32).ravel().astype(np.int64)
+        caplens = hdr[:, 8:12].copy().view(u32).ravel().astype(np.int64)
+        builder.add(arr, starts + 16, caplens, sec * 1_000_000_000 + frac * ns_per_tick, linktype)
+    if carry:
+        builder.skip("truncated_record", 1)
+        builder.warnings.append(f"{path}: the last record is cut short ({len(carry)} bytes); "
+                                "the capture was probably killed while writing - it was skipped")
+
+
+@dataclass
+class _Interface:
+    linktype: int
+    snaplen: int
+    ns_num: int     # timestamp units -> ns: ts * ns_num // ns_den
+    ns_den: int
+
+
+def _read_pcapng(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path: Path) -> None:
+    """Walk pcapng blocks. Interfaces (and their link types and time resolutions) are per section."""
+    interfaces: list[_Interface] = []
+    endian = "<"
+    carry = b""
+    for data in _chunks(handle, magic):
+        buf = carry + data if carry else data
+        n = len(buf)
+        off = 0
+        # Per chunk: (packet data offset, caplen, ts_ns, linktype) for the decode step.
+        rows: list[tuple[int, int, int, int]] = []
+        while off + 12 <= n:
+            block_type = buf[off:off + 4]
+            if block_type == PCAPNG_SHB:
+                bom = buf[off + 8:off + 12]
+                if len(bom) < 4:
+                    break
+                if bom == b"\x4d\x3c\x2b\x1a":
+                    endian = "<"
+                elif bom == b"\x1a\x2b\x3c\x4d":
+                    endian = ">"
+                else:
+                    raise DiagError(f"{path}: pcapng section header has a bad byte-order mark; corrupt file")
+                interfaces = []
+            btype, blen = struct.unpack_from(endian + "II", buf, off)
+            if blen < 12 or blen % 4 or blen > MAX_RECORD_BYTES + 64:
+                raise DiagError(f"{path}: pcapng block at byte {off} has a bad length {blen}; corrupt file")
+            if off + blen > n:
+                break
+            if btype == 1:  # interface description
+                linktype, _reserved, snaplen = struct.unpack_from(endian + "HHI", buf, off + 8)
+                num, den = _tsresol(buf, off + 16, off + blen - 4, endian)
+                interfaces.append(_Interface(linktype, snaplen, num, den))
+                builder.snaplen = max(builder.snaplen, snaplen)
+            elif btype in (6, 2):  # enhanced packet / obsolete packet
+                if btype == 6:
+                    iface_id, ts_hi, ts_lo, caplen = struct.unpack_from(endian + "IIII", buf, off + 8)
+                else:
+                    iface_id, _drops, ts_hi, ts_lo, caplen = struct.unpack_from(endian + "HHIII", buf, off + 8)
+                if iface_id >= len(interfaces) or 28 + caplen > blen:
+                    raise DiagError(f"{path}: pcapng packet block at byte {off} is inconsistent; corrupt file")
+                iface = interfaces[iface_id]
+                ts_ns = ((ts_hi << 32) | ts_lo) * iface.ns_num // iface.ns_den
+                rows.append((off + 28, caplen, ts_ns, iface.linktype))
+            elif btype == 3:  # simple packet: interface 0, no timestamp
+                if not interfaces:
+                    raise DiagError(f"{path}: pcapng simple packet before any interface; corrupt file")
+                (orig_len,) = struct.unpack_from(endian + "I", buf, off + 8)
+                caplen = min(orig_len, blen - 16, interfaces[0].snaplen or orig_len)
+                rows.append((off + 12, caplen, 0, interfaces[0].linktype))
+            off += blen
+        carry = buf[off:]
+        if not rows:
+            continue
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        table = np.asarray(rows, dtype=np.int64)
+        for linktype in np.unique(table[:, 3]):
+            lt = int(linktype)
+            pick = table[table[:, 3] == lt]
+            if lt not in SUPPORTED_LINKTYPES:
+                builder.skip(f"unsupported_linktype_{lt}", int(pick.shape[0]))
+                builder.frames += int(pick.shape[0])
+                continue
+            builder.add(arr, pick[:, 0], pick[:, 1], pick[:, 2], lt)
+    if carry:
+        builder.skip("truncated_record", 1)
+        builder.warnings.append(f"{path}: the last block is cut short ({len(carry)} bytes); it was skipped")
+
+
+def _tsresol(buf: bytes, start: int, end: int, endian: str) -> tuple[int, int]:
+    """if_tsresol option -> (num, den) so that ns = ticks * num // den. Default: microseconds."""
+    off = start
+    while off + 4 <= end:
+        code, length = struct.unpack_from(endian + "HH", buf, off)
+        if code == 0:
+            break
+        if code == 9 and length >= 1:
+            value = buf[off + 4]
+            exponent = value & 0x7F
+            if value & 0x80:
+                return 1_000_000_000, 1 << exponent
+            if exponent <= 9:
+                return 10 ** (9 - exponent), 1
+            return 1, 10 ** (exponent - 9)
+        off += 4 + ((length + 3) & ~3)
+    return 1000, 1
+
+
+# --- vectorized decoding ----------------------------------------------------------------------------
+
+
+def _gather(arr: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    """rows x width matrix of the bytes at starts[i] + 0..width-1 (zero past the end of the buffer)."""
+    idx = starts[:, None] + np.arange(width, dtype=np.int64)[None, :]
+    if starts.size and int(starts.max()) + width > arr.size:
+        padded = np.concatenate([arr, np.zeros(width, dtype=np.uint8)])
+        return padded[np.minimum(idx, padded.size - 1)]
+    return arr[idx]
+
+
+def _field(mat: np.ndarray, pos: np.ndarray | int, nbytes: int) -> np.ndarray:
+    """Big-endian unsigned integer of nbytes at column pos (scalar or per row) of each row."""
+    if isinstance(pos, (int, np.integer)):
+        out = mat[:, pos].astype(np.uint64)
+        for k in range(1, nbytes):
+            out = (out << np.uint64(8)) | mat[:, pos + k].astype(np.uint64)
+        return out
+    rows = np.arange(mat.shape[0])
+    pos = np.minimum(pos, mat.shape[1] - nbytes)
+    out = mat[rows, pos].astype(np.uint64)
+    for k in range(1, nbytes):
+        out = (out << np.uint64(8)) | mat[rows, pos + k].astype(np.uint64)
+    return out
+
+
+class _ColumnBuilder:
+    """Accumulates decoded chunks and assigns endpoint ids across chunks."""
+
+    def __init__(self, first_frame: int) -> None:
+        self.parts: dict[str, list[np.ndarray]] = {name: [] for name in COLUMN_DTYPES}
+        self.endpoint_ids: dict[bytes, int] = {}
+        self.endpoints: list[tuple[str, int]] = []
+        self.syns: list[SynInfo] = []
+        self.frames = 0
+        self.first_frame = first_frame
+        self.skipped: dict[str, int] = {}
+        self.linktypes: set[int] = set()
+        self.snaplen = 0
+        self.warnings: list[str] = []
+
+    def skip(self, reason: str, count: int) -> None:
+        if count:
+            self.skipped[reason] = self.skipped.get(reason, 0) + int(count)
+
+    def add(self, arr: np.ndarray, starts: np.ndarray, caplen: np.ndarray, ts_ns: np.ndarray,
+            linktype: int) -> None:
+        count = int(starts.size)
+        frame = self.first_frame + self.frames + np.arange(count, dtype=np.int64)
+        self.frames += count
+        self.linktypes.add(linktype)
+        mat = _gather(arr, starts, DECODE_WIDTH)
+        net, ip_version = self._link(mat, caplen, linktype)
+        ok = ip_version > 0
+        self.skip("non_ip", int(np.count_nonzero(~ok)))
+        if not ok.any():
+            return
+        # Re-gather from the network header so every later field sits at a fixed column.
+        mat = _gather(arr, starts[ok] + net[ok], DECODE_WIDTH)
+        caplen = caplen[ok] - net[ok]
+        ts_ns, frame, ip_version = ts_ns[ok], frame[ok], ip_version[ok]
+        v4 = ip_version == 4
+        v6 = ~v4
+        # IPv4
+        ihl = (mat[:, 0] & 0x0F).astype(np.int64) * 4
+        v4_total = _field(mat, 2, 2).astype(np.int64)
+        frag = _field(mat, 6, 2).astype(np.int64) & 0x3FFF
+        proto4 = mat[:, 9]
+        # IPv6
+        v6_total = _field(mat, 4, 2).astype(np.int64) + 40
+        next6 = mat[:, 6]
+        tcp_off = np.where(v4, ihl, 40)
+        ip_total = np.where(v4, v4_total, v6_total)
+        is_tcp = np.where(v4, proto4 == 6, next6 == 6)
+        ext6 = v6 & np.isin(next6, (0, 43, 60, 51, 50, 135, 139, 140))
+        frag6 = v6 & (next6 == 44)
+        bad_ihl = v4 & (ihl < 20)
+        short_ip = caplen < np.where(v4, 20, 40)
+        keep = np.ones(int(np.count_nonzero(ok)), dtype=bool)
+        reasons = [
+            ("truncated_headers", short_ip),
+            ("bad_header_length", bad_ihl & ~short_ip),
+            ("fragment", ~short_ip & ~bad_ihl & ((v4 & (frag != 0)) | frag6)),
+            ("ipv6_extension_headers", ~short_ip & ext6),
+        ]
+        for reason, mask in reasons:
+            mask = mask & keep
+            self.skip(reason, int(np.count_nonzero(mask)))
+            keep &= ~mask
+        non_tcp = keep & ~is_tcp
+        self.skip("non_tcp", int(np.count_nonzero(non_tcp)))
+        keep &= is_tcp
+        short_tcp = keep & (caplen < tcp_off + 20)
+        self.skip("truncated_headers", int(np.count_nonzero(short_tcp)))
+        keep &= ~short_tcp
+        thl = (_field(mat, tcp_off + 12, 1).astype(np.int64) >> 4) * 4
+        bad_len = keep & ((thl < 20) | (ip_total < tcp_off + thl))
+        self.skip("bad_header_length", int(np.count_nonzero(bad_len)))
+        keep &= ~bad_len
+        if not keep.any():
+            return
+        sel = np.flatnonzero(keep)
+        mat, caplen, ts_ns, frame = mat[sel], caplen[sel], ts_ns[sel], frame[sel]
+        v4, tcp_off, thl, ip_total = v4[sel], tcp_off[sel], thl[sel], ip_total[sel]
+        src, dst = self._endpoint_ids(arr, starts[ok][sel] + net[ok][sel], mat, v4, tcp_off)
+        flags = _field(mat, tcp_off + 13, 1).astype(np.uint8)
+        tsval, tsecr, has_ts = _timestamps(mat, tcp_off, thl, caplen)
+        out = {
+            "ts_ns": ts_ns, "src": src, "dst": dst,
+            "seq": _field(mat, tcp_off + 4, 4), "ack": _field(mat, tcp_off + 8, 4),
+            "plen": ip_total - tcp_off - thl, "win": _field(mat, tcp_off + 14, 2),
+            "flags": flags, "tsval": tsval, "tsecr": tsecr, "has_ts": has_ts, "frame": frame,
+        }
+        for name, dtype in COLUMN_DTYPES.items():
+            self.parts[name].append(np.asarray(out[name]).astype(dtype, copy=False))
+        syn_rows = np.flatnonzero(flags & SYN)
+        for row in syn_rows:
+            start = int(starts[ok][sel][row] + net[ok][sel][row] + tcp_off[row])
+            length = min(int(thl[row]), int(caplen[row] - tcp_off[row]))
+            options = parse_tcp_options(bytes(arr[start + 20:start + max(length, 20)]))
+            self.syns.append(SynInfo(
+                frame=int(frame[row]), ts_ns=int(ts_ns[row]), src=int(src[row]), dst=int(dst[row]),
+                flags=int(flags[row]), mss=options.get("mss"), wscale=options.get("wscale"),
+                sack_permitted=bool(options.get("sack_permitted")), timestamps="tsval" in options,
+            ))
+
+    @staticmethod
+    def _link(mat: np.ndarray, caplen: np.ndarray, linktype: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: offset of the network header and IP version (0 = not IP)."""
+        n = mat.shape[0]
+        if linktype == LINKTYPE_ETHERNET:
+            etype = _field(mat, 12, 2).astype(np.int64)
+            net = np.full(n, 14, dtype=np.int64)
+            for _tag in range(2):  # VLAN, QinQ
+                tagged = (etype == 0x8100) | (etype == 0x88A8) | (etype == 0x9100)
+                if not tagged.any():
+                    break
+                etype = np.where(tagged, _field(mat, net + 2, 2).astype(np.int64), etype)
+                net = np.where(tagged, net + 4, net)
+            version = np.where(etype == 0x0800, 4, np.where(etype == 0x86DD, 6, 0))
+        elif linktype == LINKTYPE_LINUX_SLL:
+            etype = _field(mat, 14, 2).astype(np.int64)
+            net = np.full(n, 16, dtype=np.int64)
+            version = np.where(etype == 0x0800, 4, np.where(etype == 0x86DD, 6, 0))
+        elif linktype == LINKTYPE_LINUX_SLL2:
+            etype = _field(mat, 0, 2).astype(np.int64)
+            net = np.full(n, 20, dtype=np.int64)
+            version = np.where(etype == 0x0800, 4, np.where(etype == 0x86DD, 6, 0))
+        elif linktype in (LINKTYPE_NULL, LINKTYPE_LOOP):
+            family_be = _field(mat, 0, 4).astype(np.int64)
+            family_le = (mat[:, 0].astype(np.int64) | (mat[:, 1].astype(np.int64) << 8)
+                         | (mat[:, 2].astype(np.int64) << 16) | (mat[:, 3].astype(np.int64) << 24))
+            family = family_be if linktype == LINKTYPE_LOOP else np.where(family_be < 256, family_be, family_le)
+            net = np.full(n, 4, dtype=np.int64)
+            version = np.where(family == 2, 4, np.where(np.isin(family, (10, 24, 28, 30)), 6, 0))
+        else:  # raw IP flavours
+            net = np.zeros(n, dtype=np.int64)
+            nibble = (mat[:, 0] >> 4).astype(np.int64)
+            version = np.where(nibble == 4, 4, np.where(nibble == 6, 6, 0))
+            if linktype == LINKTYPE_IPV4:
+                version = np.where(version == 4, 4, 0)
+            elif linktype == LINKTYPE_IPV6:
+                version = np.where(version == 6, 6, 0)
+        version = np.where(caplen > net, version, 0)
+        # The IP version nibble must agree with what the link layer announced.
+        return net, version
+
+    def _endpoint_ids(self, arr: np.ndarray, net_start: np.ndarray, mat: np.ndarray, v4: np.ndarray,
+                      tcp_off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = mat.shape[0]
+        src = np.empty(n, dtype=np.int32)
+        dst = np.empty(n, dtype=np.int32)
+        sport = _field(mat, tcp_off, 2)
+        dport = _field(mat, tcp_off + 2, 2)
+        if v4.any():
+            rows = np.flatnonzero(v4)
+            for addr_pos, port, out in ((12, sport, src), (16, dport, dst)):
+                key = (_field(mat[rows], addr_pos, 4) << np.uint64(16)) | port[rows]
+                uniq, inverse = np.unique(key, return_inverse=True)
+                ids = np.array([self._endpoint_id(b"4" + int(k).to_bytes(6, "big")) for k in uniq],
+                               dtype=np.int32)
+                out[rows] = ids[inverse.ravel()]
+        if (~v4).any():
+            rows = np.flatnonzero(~v4)
+            for addr_pos, port, out in ((8, sport, src), (24, dport, dst)):
+                addr = _gather(arr, net_start[rows] + addr_pos, 16)
+                key = np.concatenate([addr, port[rows].astype(">u2").view(np.uint8).reshape(-1, 2)], axis=1)
+                keyv = np.ascontiguousarray(key).view(np.dtype((np.void, 18))).ravel()
+                uniq, inverse = np.unique(keyv, return_inverse=True)
+                ids = np.array([self._endpoint_id(b"6" + bytes(k)) for k in uniq], dtype=np.int32)
+                out[rows] = ids[inverse.ravel()]
+        return src, dst
+
+    def _endpoint_id(self, key: bytes) -> int:
+        found = self.endpoint_ids.get(key)
+        if found is not None:
+            return found
+        import ipaddress
+
+        if key[:1] == b"4":
+            address = str(ipaddress.IPv4Address(key[1:5]))
+            port = int.from_bytes(key[5:7], "big")
+        else:
+            address = str(ipaddress.IPv6Address(key[1:17]))
+            port = int.from_bytes(key[17:19], "big")
+        new_id = len(self.endpoints)
+        self.endpoint_ids[key] = new_id
+        self.endpoints.append((address, port))
+        return new_id
+
+    def finish(self, file_format: str) -> ReadResult:
+        columns = {
+            name: (np.concatenate(parts) if parts else np.zeros(0, dtype=COLUMN_DTYPES[name]))
+            for name, parts in self.parts.items()
+        }
+        return ReadResult(columns, self.endpoints, self.syns, self.frames, self.skipped,
+                          sorted(self.linktypes), self.snaplen, file_format, self.warnings)
+
+
+def _timestamps(mat: np.ndarray, tcp_off: np.ndarray, thl: np.ndarray,
+                caplen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TCP timestamp option in the two layouts stacks use: NOP NOP TS (Linux, BSD) or TS first."""
+    n = mat.shape[0]
+    tsval = np.zeros(n, dtype=np.uint64)
+    tsecr = np.zeros(n, dtype=np.uint64)
+    has = np.zeros(n, dtype=bool)
+    for lead in (2, 0):
+        kind = _field(mat, tcp_off + 20 + lead, 1)
+        length = _field(mat, tcp_off + 21 + lead, 1)
+        fits = (thl >= 20 + lead + 10) & (caplen >= tcp_off + 20 + lead + 10) & (tcp_off + 30 + lead <= mat.shape[1])
+        nops = True if lead == 0 else ((_field(mat, tcp_off + 20, 1) == 1) & (_field(mat, tcp_off + 21, 1) == 1))
+        match = ~has & fits & (kind == 8) & (length == 10) & nops
+        if match.any():
+            tsval = np.where(match, _field(mat, tcp_off + 22 + lead, 4), tsval)
+            tsecr = np.where(match, _field(mat, tcp_off + 26 + lead, 4), tsecr)
+            has |= match
+    return tsval, tsecr, has
+
+
+def parse_tcp_options(data: bytes) -> dict[str, Any]:
+    """TLV walk over TCP option bytes; stops quietly at the first malformed option."""
+    out: dict[str, Any] = {}
+    off = 0
+    while off < len(data):
+        kind = data[off]
+        if kind == 0:
+            break
+        if kind == 1:
+            off += 1
+            continue
+        if off + 1 >= len(data):
+            break
+        length = data[off + 1]
+        if length < 2 or off + length > len(data):
+            break
+        body = data[off + 2:off + length]
+        if kind == 2 and length == 4:
+            out["mss"] = int.from_bytes(body, "big")
+        elif kind == 3 and length == 3:
+            out["wscale"] = min(body[0], 14)  # RFC 7323: larger shifts are treated as 14
+        elif kind == 4:
+            out["sack_permitted"] = True
+        elif kind == 8 and length == 10:
+            out["tsval"] = int.from_bytes(body[:4], "big")
+            out["tsecr"] = int.from_bytes(body[4:], "big")
+        off += length
+    return out

@@ -1,0 +1,234 @@
+"""Time collectives over a size sweep: torch.distributed (gloo, nccl) or diag's raw-TCP reference.
+
+Three ways to start ranks:
+  diag sweep --nproc 2,3,4 ...           ranks on this machine, started by torch's launcher, one N at a time
+  diag sweep --lab [NAME] --nproc 2,3    one launcher per lab host (network namespaces), as on a cluster
+  torchrun ... -m diag sweep ...         in place, under torchrun / srun / any env:// launcher
+
+examples:
+  diag sweep --backend gloo --op all_gather --nproc 2,3,4 --min 1K --max 64M
+  diag sweep --backend raw --algo ring --emulate gloo --nproc 2 --sizes 16M,64M
+  diag sweep --backend gloo --op exchange --order send-first --nproc 2 --sizes 1M,32M
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from diag.errors import DiagError
+
+DEFAULT_MIN, DEFAULT_MAX, DEFAULT_FACTOR = "1K", "64M", 2.0
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 2,3,4, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("empty list")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    what = parser.add_argument_group("what to run")
+    what.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "raw"],
+                      help="torch.distributed backend, or 'raw' for diag's own TCP collectives (default gloo)")
+    what.add_argument("--op", default="all_gather",
+                      help="comma list: all_gather, send_recv, ping_pong, exchange, all_reduce, "
+                           "reduce_scatter, broadcast, all_to_all (default all_gather)")
+    what.add_argument("--sizes", help="explicit per-rank sizes, e.g. 1,512K,12589824,200M (K/M/G binary)")
+    what.add_argument("--min", default=DEFAULT_MIN, help=f"smallest size (default {DEFAULT_MIN})")
+    what.add_argument("--max", default=DEFAULT_MAX, help=f"largest size (default {DEFAULT_MAX})")
+    what.add_argument("--factor", type=float, default=DEFAULT_FACTOR, help="size multiplier (default 2)")
+    what.add_argument("--dtype", default="float32", help="tensor dtype (default float32; uint8 for odd sizes)")
+    what.add_argument("--device", default=None, help="cpu or cuda (default: cpu for gloo/raw, cuda for nccl)")
+    what.add_argument("--order", default="recv-first", choices=["recv-first", "send-first"],
+                      help="exchange (and raw --handshake notify): which call each rank posts first")
+
+    how = parser.add_argument_group("how to measure")
+    how.add_argument("--warmup", type=int, default=5, help="untimed iterations per size (default 5)")
+    how.add_argument("--iters", type=int, default=20, help="timed iterations per size (default 20)")
+    how.add_argument("--gap-ms", type=float, default=0.0,
+                     help="idle time before each timed iteration (TCP slow start after idle), default 0")
+    how.add_argument("--timeout", type=float, default=60.0,
+                     help="seconds a collective may take before a dead/hung peer fails the sweep (default 60)")
+    how.add_argument("--no-check", action="store_true", help="skip the data check (nwrong is then -1)")
+    how.add_argument("--seed", type=int, default=0, help="seed of the data pattern")
+
+    where = parser.add_argument_group("where ranks run")
+    where.add_argument("--nproc", type=_int_list,
+                       help="world sizes to run in turn on this machine (or on the lab), e.g. 2,3,4; "
+                            "without it diag runs in place under torchrun/env://")
+    where.add_argument("--lab", nargs="?", const="diag", default=None, metavar="NAME",
+                       help="run each rank in its own lab host namespace (default lab name: diag)")
+    where.add_argument("--iface", help="network interface for the ranks (sets GLOO_SOCKET_IFNAME)")
+    where.add_argument("--master-addr", default="127.0.0.1", help="rendezvous address for --nproc runs")
+    where.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
+
+    raw = parser.add_argument_group("raw TCP transport (--backend raw)")
+    raw.add_argument("--algo", default="ring", choices=["ring", "pairwise", "direct"],
+                     help="all_gather algorithm (default ring)")
+    raw.add_argument("--emulate", choices=["gloo"], help="preset of knobs that mirrors gloo's pattern")
+    raw.add_argument("--conn", choices=["shared", "split"],
+                     help="one connection per peer pair for both directions (shared, as gloo) or one per "
+                          "direction (split, as NCCL's net transport)")
+    raw.add_argument("--handshake", choices=["none", "notify"], help="in-band ready-to-receive before each chunk")
+    raw.add_argument("--io", choices=["duplex", "alternate"], help="concurrent send/recv or one thread alternating")
+    raw.add_argument("--chunks", type=int, help="chunks per block (gloo uses 2)")
+    raw.add_argument("--sockbuf", help="SO_SNDBUF/SO_RCVBUF in bytes, e.g. 4M (default: kernel autotuning)")
+    raw.add_argument("--nodelay", choices=["on", "off"], help="TCP_NODELAY")
+    raw.add_argument("--streams", type=int, help="connections per peer, striped")
+    raw.add_argument("--tcpinfo-interval", type=float, help="also sample TCP_INFO every this many seconds")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--out", help="records file (JSON Lines, appended; default runs/sweep-<time>.jsonl)")
+    out.add_argument("--run-dir", help="where logs, captures, observer and TCP_INFO files go "
+                                       "(default: beside --out, <out>.d)")
+    out.add_argument("--csv", help="also export the rows as CSV to this file")
+    out.add_argument("--capture", nargs="?", const="", default=None, metavar="IFACE",
+                     help="capture packets with tcpdump on IFACE (default: rank 0's host link; lo locally)")
+    out.add_argument("--snaplen", type=int, default=128, help="capture snap length (default 128)")
+    out.add_argument("--observe", action="store_true",
+                     help="sample ss/TCP_INFO, per-thread CPU and NIC counters during the sweep")
+    out.add_argument("--quiet", action="store_true", help="print no table")
+
+
+def build_spec(args: argparse.Namespace):
+    from diag.spec import SweepSpec
+    from diag.units import geometric_sizes, parse_size, parse_size_list
+
+    sizes = (parse_size_list(args.sizes) if args.sizes
+             else geometric_sizes(parse_size(args.min), parse_size(args.max), args.factor))
+    ops = tuple(op.strip() for op in args.op.split(",") if op.strip())
+    from diag.collectives import OPS
+
+    for op in ops:
+        if op not in OPS:
+            raise DiagError(f"unknown op {op!r}: choose from {', '.join(OPS)}")
+    knobs: dict[str, object] = {}
+    if args.backend == "raw":
+        for name in ("emulate", "conn", "handshake", "io", "chunks", "streams"):
+            value = getattr(args, name)
+            if value is not None:
+                knobs[name] = value
+        if args.sockbuf is not None:
+            knobs["sockbuf"] = parse_size(args.sockbuf)
+        if args.nodelay is not None:
+            knobs["nodelay"] = args.nodelay == "on"
+        if args.tcpinfo_interval is not None:
+            knobs["tcpinfo_interval_s"] = args.tcpinfo_interval
+        if args.iface:
+            knobs["iface"] = args.iface
+    device = args.device or ("cuda" if args.backend == "nccl" else "cpu")
+    return SweepSpec(
+        backend=args.backend, ops=ops, sizes=tuple(sizes), world_sizes=tuple(args.nproc or ()),
+        algo=args.algo if args.backend == "raw" else "default", warmup=args.warmup, iters=args.iters,
+        gap_s=args.gap_ms / 1000.0, timeout_s=args.timeout, dtype=args.dtype, device=device,
+        order=args.order, check=not args.no_check, seed=args.seed, knobs=knobs,
+    )
+
+
+def default_out() -> Path:
+    return Path("runs") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = build_spec(args)
+    in_place = not args.nproc and not args.lab
+    if in_place and "RANK" not in os.environ:
+        raise DiagError("no ranks to run: pass --nproc 2 (ranks on this machine), --lab, "
+                        "or start diag sweep under torchrun")
+    if args.iface:
+        os.environ["GLOO_SOCKET_IFNAME"] = args.iface
+    out = Path(args.out) if args.out else default_out()
+    run_dir = Path(args.run_dir) if args.run_dir else out.with_name(out.name.removesuffix(".jsonl") + ".d")
+    if spec.backend == "raw":
+        spec = spec.replace(knobs={**spec.knobs, "tcpinfo_dir": str((run_dir / "tcpinfo").resolve())})
+
+    from diag.worker import Job
+
+    run_id = uuid.uuid4().hex[:12]
+    job = Job(spec=spec, out=str(out.resolve()), run_id=run_id, argv=sys.argv[1:])
+    if in_place:
+        from diag.worker import run_job
+
+        code = run_job(job)
+        if code == 0 and args.csv and int(os.environ.get("RANK", "0")) == 0:
+            export_csv(out, Path(args.csv))
+        return code
+    code = run_local_or_lab(args, spec, job, out, run_dir)
+    if args.csv:
+        export_csv(out, Path(args.csv))
+    return code
+
+
+def run_local_or_lab(args: argparse.Namespace, spec, job, out: Path, run_dir: Path) -> int:
+    from diag.harness import plan_rows
+    from diag.hooks import CaptureHook, ObserveHook
+    from diag.launch import HostLaunch, append_failure_end, run_world
+
+    lab = None
+    if args.lab:
+        from diag.lab import load_lab
+
+        lab = load_lab(args.lab)
+    world_sizes = list(args.nproc or [len(lab.hosts)])
+    if lab is not None and max(world_sizes) > len(lab.hosts):
+        raise DiagError(f"lab {lab.name!r} has {len(lab.hosts)} hosts, fewer than N={max(world_sizes)}: "
+                        f"run diag lab up --name {lab.name} --hosts {max(world_sizes)}")
+    if min(world_sizes) < 2 and any(op in spec.ops for op in ("send_recv", "ping_pong", "exchange")):
+        raise DiagError("point-to-point ops need at least 2 ranks")
+    rows_per_world = {n: len(plan_rows(spec, n)) for n in world_sizes}
+    total = sum(rows_per_world.values())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    done = 0
+    for n in world_sizes:
+        if lab is not None:
+            hosts = [HostLaunch(h.name, 1, h.address, netns=h.netns, iface=h.iface,
+                                env={"GLOO_SOCKET_IFNAME": h.iface}) for h in lab.hosts[:n]]
+        else:
+            env = {"GLOO_SOCKET_IFNAME": args.iface} if args.iface else {}
+            hosts = [HostLaunch("local", n, args.master_addr, iface=args.iface, env=env)]
+        hooks = []
+        if args.capture is not None:
+            hooks.append(CaptureHook(iface=args.capture or None, snaplen=args.snaplen))
+        if args.observe:
+            hooks.append(ObserveHook())
+        world_job = type(job)(**{**job.__dict__, "rows_before": done, "rows_total": total,
+                                 "run_id": f"{job.run_id}-n{n}",
+                                 "meta": {"lab": lab.name if lab else None,
+                                          "capture": args.capture, "run_dir": str(run_dir.resolve())}})
+        tag = f"{spec.backend if spec.backend != 'raw' else 'raw-' + spec.algo}-{'-'.join(spec.ops)}-n{n}"
+        try:
+            run_world(world_job, hosts, run_dir / "logs", hooks, master_port=args.master_port, tag=tag)
+        except DiagError as exc:
+            append_failure_end(str(out), world_job.run_id, str(exc))
+            raise
+        done += rows_per_world[n]
+    print(f"# {done} rows written to {out}", file=sys.stderr)
+    return 0
+
+
+CSV_FIELDS = ("backend", "algo", "op", "world_size", "size_bytes", "total_bytes", "volume_bytes", "dtype",
+              "iters", "time_s", "min_s", "max_s", "p95_s", "stdev_s", "algbw_Bps", "busbw_Bps", "nwrong")
+
+
+def export_csv(records_path: Path, csv_path: Path) -> None:
+    import csv
+
+    from diag.records import load_records
+
+    rows = load_records(records_path).records
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with csv_path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(CSV_FIELDS)
+        for record in rows:
+            writer.writerow([getattr(record, name) for name in CSV_FIELDS])

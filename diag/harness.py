@@ -1,0 +1,170 @@
+"""The only timing loop. Every transport (torch gloo/nccl, raw TCP) is timed here, the same way.
+
+Per (op, size): allocate; warm up (untimed, kept apart); then for each timed iteration: fill seeded data,
+optional idle gap, barrier, time the op alone on every rank, check the data. After the row, every rank's
+samples are all-gathered through the transport itself and rank 0 writes the row: an iteration's time is
+the max over ranks (the collective is done when its slowest rank is), as nccl-tests reports.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from diag.collectives import Collective, make_collective
+from diag.errors import DiagError
+from diag.records import Record
+from diag.spec import SweepSpec
+from diag.stats import summarize, warnings_for
+from diag.transports.base import Transport, UnsupportedOperation
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+}
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    op: str
+    size_bytes: int      # as asked
+    count: int           # elements per rank input actually used
+    used_bytes: int      # count x element size
+
+
+def plan_rows(spec: SweepSpec, world_size: int) -> list[RowPlan]:
+    """Turn byte sizes into element counts; sizes that do not fit the dtype/op are rounded down."""
+    itemsize = torch.empty(0, dtype=TORCH_DTYPES[spec.dtype]).element_size()
+    rows = []
+    for op in spec.ops:
+        collective = make_collective(op)
+        if world_size < collective.min_world_size:
+            raise DiagError(f"{op} needs at least {collective.min_world_size} ranks, got {world_size}")
+        unit = itemsize * (world_size if collective.divisible_by_world else 1)
+        for size in spec.sizes:
+            count = (size // unit) * (unit // itemsize)
+            if count == 0:
+                raise DiagError(
+                    f"size {size} B is smaller than one {spec.dtype} element"
+                    + (f" per rank x {world_size}" if collective.divisible_by_world else "")
+                    + "; use a larger size or --dtype uint8"
+                )
+            rows.append(RowPlan(op, size, count, count * itemsize))
+    return rows
+
+
+ProgressCallback = Callable[[str, RowPlan, Record | None], None]
+
+
+def _gather_int64(transport: Transport, values: list[int]) -> list[list[int]]:
+    local = torch.tensor(values, dtype=torch.int64)
+    out = torch.empty(len(values) * transport.world_size, dtype=torch.int64)
+    if getattr(transport, "device", None) is not None and transport.device.type == "cuda":
+        local, out = local.to(transport.device), out.to(transport.device)
+    transport.all_gather(out, local)
+    flat = out.cpu().tolist()
+    n = len(values)
+    return [flat[r * n:(r + 1) * n] for r in range(transport.world_size)]
+
+
+def measure_row(transport: Transport, spec: SweepSpec, plan: RowPlan, run_id: str = "") -> Record | None:
+    """Run one row on this rank; returns the Record on rank 0 and None elsewhere."""
+    rank, world = transport.rank, transport.world_size
+    collective: Collective = make_collective(plan.op, seed=spec.seed, order=spec.order)
+    device = getattr(transport, "device", torch.device(spec.device))
+    buffers = collective.allocate(plan.count, TORCH_DTYPES[spec.dtype], device, rank, world)
+
+    warmup_ns = []
+    for w in range(spec.warmup):
+        collective.fill(buffers, rank, world, -1 - w)
+        transport.barrier()
+        t0 = time.perf_counter_ns()
+        collective.run(transport, buffers)
+        transport.synchronize()
+        warmup_ns.append(time.perf_counter_ns() - t0)
+
+    times_ns: list[int] = []
+    starts_ns: list[int] = []
+    ends_ns: list[int] = []
+    nwrong = 0
+    for it in range(spec.iters):
+        collective.fill(buffers, rank, world, it)
+        if spec.gap_s > 0:
+            time.sleep(spec.gap_s)
+        transport.on_iteration("begin", it)
+        transport.barrier()
+        wall0 = time.time_ns()
+        t0 = time.perf_counter_ns()
+        collective.run(transport, buffers)
+        transport.synchronize()
+        t1 = time.perf_counter_ns()
+        wall1 = time.time_ns()
+        transport.on_iteration("end", it)
+        times_ns.append(t1 - t0)
+        starts_ns.append(wall0)
+        ends_ns.append(wall1)
+        if spec.check:
+            nwrong += collective.count_wrong(buffers, rank, world, it)
+
+    n = spec.iters
+    per_rank = _gather_int64(transport, times_ns + starts_ns + ends_ns + [nwrong])
+    extra = transport.row_extra()
+    del buffers
+    if rank != 0:
+        return None
+
+    rank_times = [[v / 1e9 for v in row[:n]] for row in per_rank]
+    times_s = [max(rank_times[r][i] for r in range(world)) for i in range(n)]
+    windows = [[min(row[n + i] for row in per_rank), max(row[2 * n + i] for row in per_rank)] for i in range(n)]
+    summary = summarize(times_s)
+    total = collective.total_bytes(plan.used_bytes, world)
+    algbw = total / summary.median if summary.median > 0 else 0.0
+    warnings = warnings_for(times_s)
+    if plan.used_bytes != plan.size_bytes:
+        warnings.append(f"size rounded down from {plan.size_bytes} B to {plan.used_bytes} B ({spec.dtype})")
+    return Record(
+        backend=transport.backend, algo=transport.algo, op=plan.op, world_size=world,
+        size_bytes=plan.used_bytes, total_bytes=total, volume_bytes=collective.volume_bytes(plan.used_bytes, world),
+        dtype=spec.dtype, count=plan.count, iters=n, warmup=spec.warmup,
+        times_s=times_s, time_s=summary.median, min_s=summary.min, max_s=summary.max, mean_s=summary.mean,
+        p95_s=summary.p95, stdev_s=summary.stdev,
+        algbw_Bps=algbw, busbw_Bps=algbw * collective.bus_factor(world),
+        nwrong=sum(row[3 * n] for row in per_rank),
+        t_start_ns=windows[0][0], t_end_ns=windows[-1][1],
+        rank0_times_s=rank_times[0], rank_times_s=rank_times, iter_windows_ns=windows,
+        warmup_times_s=[v / 1e9 for v in warmup_ns], gap_s=spec.gap_s,
+        knobs={**transport.knobs(), **({"order": spec.order} if plan.op == "exchange" else {})},
+        hosts=transport.hosts(), extra=extra, run_id=run_id, warnings=warnings,
+    )
+
+
+def run_sweep(
+    transport: Transport,
+    spec: SweepSpec,
+    emit: Callable[[Record], None],
+    run_id: str = "",
+    on_row_start: Callable[[RowPlan], None] | None = None,
+) -> int:
+    """Run every row of the spec; rank 0 calls ``emit`` as each row finishes. Returns rows run."""
+    plans = plan_rows(spec, transport.world_size)
+    for plan in plans:
+        if on_row_start is not None:
+            on_row_start(plan)
+        try:
+            record = measure_row(transport, spec, plan, run_id)
+        except UnsupportedOperation as exc:
+            raise DiagError(f"{transport.backend}: {exc}") from exc
+        if record is not None:
+            emit(record)
+    return len(plans)
+
+
+def row_state(plan: RowPlan, world_size: int, status: str = "running", **extra: Any) -> dict[str, Any]:
+    """What a rank writes to its state file before each row: a dead sweep's message names the row."""
+    return {"op": plan.op, "size_bytes": plan.used_bytes, "world_size": world_size, "status": status,
+            "pid": os.getpid(), "t_ns": time.time_ns(), **extra}

@@ -1,0 +1,249 @@
+"""Read a run directory (or plain record files) into one object: everything report/diagnose need, from files.
+
+Every part of a run directory is optional except records: a run that never captured, or a plain records
+file from ``diag sweep``, still loads, and ``RunData.missing`` says in plain sentences what is absent so the
+report and the rules can say what they could not check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diag.errors import DiagError
+from diag.records import Record, RecordFile, load_records
+
+# A capture's tag, when its analysis carries no phases, may still name the world size (".._n2_..").
+_TAG_WORLD_RE = re.compile(r"(?:^|[_\-.])n(\d+)(?:[_\-.]|$)", re.IGNORECASE)
+
+
+@dataclass
+class CaptureSet:
+    """One capture: its metadata (capture.json), its analysis (analyze --json) and observer samples."""
+
+    tag: str
+    meta: dict[str, Any] | None = None
+    analysis: dict[str, Any] | None = None
+    observe: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int | None:
+        for source in (self.meta or {}, self.analysis or {}):
+            if isinstance(source.get("world_size"), int):
+                return source["world_size"]
+        phase_sizes = Counter(p.get("phase", {}).get("world_size") for p in self.phases)
+        phase_sizes.pop(None, None)
+        if phase_sizes:
+            return phase_sizes.most_common(1)[0][0]
+        match = _TAG_WORLD_RE.search(self.tag)
+        return int(match.group(1)) if match else None
+
+    @property
+    def transport(self) -> str | None:
+        """torch:gloo / raw:ring, from the phases the capture covers (most common one)."""
+        for source in (self.meta or {}, self.analysis or {}):
+            if isinstance(source.get("transport"), str):
+                return source["transport"]
+        kinds = Counter()
+        for p in self.phases:
+            phase = p.get("phase", {})
+            backend = phase.get("backend")
+            if backend:
+                algo = phase.get("algo", "default")
+                kinds[f"raw:{algo}" if backend == "raw" else f"torch:{backend}"] += 1
+        if kinds:
+            return kinds.most_common(1)[0][0]
+        low = self.tag.lower()
+        for name in ("gloo", "nccl"):
+            if name in low:
+                return f"torch:{name}"
+        if "raw" in low:
+            return "raw"
+        return None
+
+    @property
+    def phases(self) -> list[dict[str, Any]]:
+        return list((self.analysis or {}).get("phases") or [])
+
+    @property
+    def connections(self) -> list[dict[str, Any]]:
+        return list((self.analysis or {}).get("connections") or [])
+
+    @property
+    def hosts(self) -> list[dict[str, Any]]:
+        return list((self.analysis or {}).get("hosts") or [])
+
+    @property
+    def kernel_dropped(self) -> int | None:
+        for source in ((self.analysis or {}).get("capture") or {}, self.meta or {}):
+            value = source.get("kernel_dropped")
+            if isinstance(value, int):
+                return value
+        return None
+
+    @property
+    def label(self) -> str:
+        parts = [self.transport or "?", f"N={self.world_size}" if self.world_size else "N=?"]
+        return f"{self.tag} ({', '.join(parts)})"
+
+
+@dataclass
+class RunData:
+    root: Path | None
+    record_files: list[RecordFile]
+    meta: dict[str, Any]
+    captures: dict[str, CaptureSet]
+    tcpinfo: list[dict[str, Any]]
+    missing: list[str]
+
+    @property
+    def records(self) -> list[Record]:
+        return [r for f in self.record_files for r in f.records]
+
+    def source_of(self, record: Record) -> str:
+        for f in self.record_files:
+            if any(r is record for r in f.records):
+                return self.relative(f.path)
+        return "?"
+
+    def relative(self, path: Path) -> str:
+        if self.root is not None:
+            try:
+                return str(path.relative_to(self.root))
+            except ValueError:
+                pass
+        return str(path)
+
+    @property
+    def env(self) -> dict[str, Any]:
+        """The environment fingerprint of the first run that has one (start event "env")."""
+        for f in self.record_files:
+            for start in f.starts:
+                if isinstance(start.get("env"), dict) and start["env"]:
+                    return start["env"]
+        return {}
+
+    @property
+    def link_Bps(self) -> float | None:
+        """The measured single-stream link rate in bytes/s; else the lab's shaped rate; else None."""
+        link = self.meta.get("link") or {}
+        value = link.get("single_stream_Bps")
+        if isinstance(value, (int, float)) and value > 0:
+            return float(value)
+        lab = self.meta.get("lab") or {}
+        rate = lab.get("rate_bps")
+        if isinstance(rate, (int, float)) and rate > 0:
+            return float(rate) / 8.0
+        return None
+
+    @property
+    def link_source(self) -> str:
+        link = self.meta.get("link") or {}
+        if isinstance(link.get("single_stream_Bps"), (int, float)) and link["single_stream_Bps"] > 0:
+            return "measured single stream (run.json link.single_stream_Bps)"
+        if (self.meta.get("lab") or {}).get("rate_bps"):
+            return "lab shaped rate (run.json lab.rate_bps)"
+        return "none"
+
+    @property
+    def observe_samples(self) -> list[dict[str, Any]]:
+        return [s for c in self.captures.values() for s in c.observe]
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        with path.open(encoding="utf-8") as handle:
+            value = json.load(handle)
+    except (OSError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line of a killed sampler
+        if isinstance(value, dict):
+            out.append(value)
+    return out
+
+
+def _tag_of(path: Path, suffixes: Sequence[str]) -> str:
+    name = path.name
+    for suffix in suffixes:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
+
+
+def load_run_dir(root: Path) -> RunData:
+    missing: list[str] = []
+    record_dir = root / "records"
+    record_paths = sorted(record_dir.glob("*.jsonl")) if record_dir.is_dir() else []
+    if not record_paths:
+        record_paths = sorted(root.glob("*.jsonl"))  # a folder of plain sweep outputs
+    if not record_paths:
+        raise DiagError(f"{root} has no records (records/*.jsonl): run `diag reproduce --out {root}` first")
+    record_files = [load_records(p) for p in record_paths]
+
+    meta = _read_json(root / "run.json")
+    if meta is None:
+        missing.append("run.json (no measured link rate: no ideal line, no lab description)")
+        meta = {}
+
+    captures: dict[str, CaptureSet] = {}
+
+    def capture(tag: str) -> CaptureSet:
+        return captures.setdefault(tag, CaptureSet(tag))
+
+    for path in sorted((root / "captures").glob("*.capture.json")):
+        capture(_tag_of(path, [".capture.json"])).meta = _read_json(path)
+    for path in sorted((root / "analysis").glob("*.json")):
+        capture(_tag_of(path, [".json"])).analysis = _read_json(path)
+    for path in sorted((root / "observe").glob("*.jsonl")):
+        capture(_tag_of(path, [".jsonl"])).observe = _read_jsonl(path)
+    tcpinfo = [s for path in sorted((root / "tcpinfo").glob("*.jsonl")) for s in _read_jsonl(path)]
+
+    if not any(c.analysis for c in captures.values()):
+        missing.append("analysis/*.json (no capture analysis: no duplex overlap, per-connection throughput, "
+                       "windows, retransmissions or idle gaps from the wire)")
+    if not any(c.meta for c in captures.values()):
+        missing.append("captures/*.capture.json (no capture metadata: kernel drops unknown)")
+    if not any(c.observe for c in captures.values()):
+        missing.append("observe/*.jsonl (no observer samples: no per-thread CPU, no ss/TCP_INFO)")
+    if not tcpinfo:
+        missing.append("tcpinfo/*.jsonl (no raw transport TCP_INFO side files)")
+    return RunData(root, record_files, meta, captures, tcpinfo, missing)
+
+
+def load_run(paths: Sequence[str | os.PathLike[str]]) -> RunData:
+    """A run directory, or one or more plain record files (then everything but records is missing)."""
+    if not paths:
+        raise DiagError("give a run directory or record files")
+    resolved = [Path(p) for p in paths]
+    if len(resolved) == 1 and resolved[0].is_dir():
+        return load_run_dir(resolved[0])
+    for p in resolved:
+        if p.is_dir():
+            raise DiagError(f"{p} is a directory: give one run directory, or record files only")
+        if not p.exists():
+            raise DiagError(f"no such file {p}: give a run directory or records .jsonl files")
+    record_files = [load_records(p) for p in resolved]
+    missing = ["run.json (plain record files: no run directory)",
+               "analysis/*.json, captures/, observe/, tcpinfo/ (plain record files: no wire evidence)"]
+    return RunData(None, record_files, {}, {}, [], missing)

@@ -1,0 +1,135 @@
+"""torch.distributed as a transport: gloo on CPU tensors, NCCL on CUDA tensors.
+
+The process group is created from the env:// variables (torchrun, Slurm via srun + env, the lab), so the
+same code runs in place on a real cluster. Calls are the ones a user's script makes (dist.all_gather into a
+list of tensors, isend/irecv), so what diag measures is what the user's loop measures, minus its mistakes.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from diag.errors import DiagError
+from diag.transports.base import UnsupportedOperation
+
+INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+
+
+def _check_interface(name: str | None) -> None:
+    """gloo's own error for a bad interface name is a C++ exception deep in init; say it plainly."""
+    if not name:
+        return
+    import psutil
+
+    known = psutil.net_if_addrs()
+    for item in name.split(","):
+        if item and item not in known:
+            raise DiagError(
+                f"network interface {item!r} (GLOO_SOCKET_IFNAME) does not exist here; "
+                f"choose one of: {', '.join(sorted(known))}"
+            )
+
+
+class TorchTransport:
+    def __init__(self, backend: str, timeout_s: float, device: str = "cpu") -> None:
+        if backend == "nccl" and not torch.cuda.is_available():
+            raise DiagError("backend nccl needs CUDA, and no CUDA device is visible; use --backend gloo",
+                            exit_code=5)
+        if backend == "gloo":
+            _check_interface(os.environ.get("GLOO_SOCKET_IFNAME"))
+        self.backend = backend
+        self.algo = "default"
+        self.timeout_s = timeout_s
+        if backend == "nccl":
+            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local_rank)
+            self.device = torch.device("cuda", local_rank)
+        else:
+            self.device = torch.device(device)
+        if not dist.is_initialized():
+            try:
+                kwargs: dict[str, Any] = {}
+                if backend == "nccl":
+                    kwargs["device_id"] = self.device
+                dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+            except (RuntimeError, ValueError) as exc:
+                raise DiagError(f"init_process_group({backend}) failed: {str(exc).splitlines()[0]}") from exc
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self._hosts: list[str] | None = None
+
+    # --- description -------------------------------------------------------------------------
+    def knobs(self) -> dict[str, Any]:
+        knobs: dict[str, Any] = {"timeout_s": self.timeout_s, "device": str(self.device)}
+        for name, value in sorted(os.environ.items()):
+            if name.startswith(("GLOO_", "NCCL_", "TORCH_GLOO", "TP_")):
+                knobs[name] = value
+        return knobs
+
+    def hosts(self) -> list[str]:
+        if self._hosts is None:
+            import socket
+
+            names: list[Any] = [None] * self.world_size
+            dist.all_gather_object(names, socket.gethostname())
+            self._hosts = [str(n) for n in names]
+        return self._hosts
+
+    # --- operations ----------------------------------------------------------------------------
+    def barrier(self) -> None:
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        # The list form is what users write (and gloo's allgather copies into the list), so we time it.
+        dist.all_gather(list(output.chunk(self.world_size)), input)
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        dist.send(tensor, dst)
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        dist.recv(tensor, src)
+
+    def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, order: str) -> None:
+        if order == "send-first":
+            works = [dist.isend(send, peer), dist.irecv(recv, peer)]
+        else:
+            works = [dist.irecv(recv, peer), dist.isend(send, peer)]
+        for work in works:
+            work.wait()
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        try:
+            dist.reduce_scatter_tensor(output, input)
+        except (RuntimeError, NotImplementedError) as exc:
+            raise UnsupportedOperation(f"{self.backend} has no reduce_scatter here: {exc}") from exc
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> None:
+        dist.broadcast(tensor, root)
+
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        dist.all_to_all_single(output, input)
+
+    def on_iteration(self, phase: str, index: int) -> None:
+        return None
+
+    def row_extra(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

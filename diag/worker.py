@@ -1,0 +1,166 @@
+"""One rank of a sweep. Runs under any env:// launcher (torchrun, Slurm, the lab's per-host launchers).
+
+``python -m diag.worker JOB.json`` is what diag's own launches start on every rank; ``diag sweep`` without
+``--nproc`` calls :func:`run_job` in place, so a user's torchrun/srun command line works unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diag.errors import DiagError
+from diag.spec import SweepSpec
+
+
+@dataclass
+class Job:
+    spec: SweepSpec
+    out: str | None                 # records file (rank 0 appends to it)
+    run_id: str
+    state_dir: str | None = None    # per-rank progress/state files for the launcher
+    rows_before: int = 0            # for a progress bar over several world sizes
+    rows_total: int = 0
+    quiet: bool = False
+    argv: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)   # lab name, capture settings, ... (into start)
+
+    def save(self, path: Path) -> None:
+        data = asdict(self)
+        path.write_text(json.dumps(data))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Job:
+        data = json.loads(Path(path).read_text())
+        data["spec"] = SweepSpec.from_dict(data["spec"])
+        return cls(**data)
+
+
+def env_rank() -> tuple[int, int]:
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        raise DiagError(
+            "not launched by an env:// launcher (RANK/WORLD_SIZE unset): pass --nproc N to start ranks "
+            "on this machine, or run under torchrun/srun"
+        ) from None
+
+
+def make_transport(spec: SweepSpec, rank: int, world_size: int):
+    if spec.backend == "raw":
+        from diag.transports.raw import create_transport
+
+        return create_transport(spec, rank, world_size, spec.timeout_s)
+    from diag.transports.torch_dist import TorchTransport
+
+    return TorchTransport(spec.backend, spec.timeout_s, spec.device)
+
+
+class StateFile:
+    """A tiny per-rank JSON file, rewritten atomically at each row and iteration, read by the launcher."""
+
+    def __init__(self, directory: str | None, rank: int) -> None:
+        self.path = Path(directory) / f"rank{rank}.json" if directory else None
+        self.state: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "status": "starting"}
+
+    def update(self, **changes: Any) -> None:
+        self.state.update(changes, t_ns=time.time_ns())
+        if self.path is None:
+            return
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state))
+        tmp.replace(self.path)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else type(exc).__name__
+    # gloo prefixes messages with a source location: "[../third_party/gloo/...cc:123] Read error ..."
+    if first.startswith("[") and "] " in first:
+        first = first.split("] ", 1)[1]
+    return first[:300]
+
+
+def run_job(job: Job) -> int:
+    from diag.console import SweepConsole
+    from diag.envinfo import fingerprint
+    from diag.harness import plan_rows, run_sweep
+    from diag.records import RecordWriter
+    from diag.units import human_bytes
+
+    rank, world_size = env_rank()
+    state = StateFile(job.state_dir, rank)
+    state.update(status="init")
+    writer: RecordWriter | None = None
+    console: SweepConsole | None = None
+    rows_done = 0
+    try:
+        spec = job.spec
+        plans = plan_rows(spec, world_size)
+        transport = make_transport(spec, rank, world_size)
+        if rank == 0:
+            if job.out:
+                writer = RecordWriter(job.out)
+                writer.start(job.run_id, t_ns=time.time_ns(), world_size=world_size, spec=asdict(spec),
+                             argv=job.argv, hosts=transport.hosts(), knobs=transport.knobs(),
+                             env=fingerprint(), meta=job.meta)
+            console = SweepConsole(job.rows_total or len(plans), job.rows_before, quiet=job.quiet)
+            label = spec.backend if spec.backend != "raw" else f"raw:{spec.algo}"
+            console.header(f"{label} N={world_size} ({', '.join(spec.ops)}) on {', '.join(transport.hosts())}")
+        else:
+            transport.hosts()  # collective: every rank must take part
+
+        def on_row_start(plan) -> None:
+            state.update(status="running", op=plan.op, size_bytes=plan.used_bytes, world_size=world_size)
+            if console is not None:
+                console.row_started(f"N={world_size} {plan.op} {human_bytes(plan.used_bytes)}")
+
+        def emit(record) -> None:
+            nonlocal rows_done
+            rows_done += 1
+            if writer is not None:
+                writer.record(record)
+            if console is not None:
+                console.row(record)
+
+        run_sweep(transport, spec, emit, job.run_id, on_row_start)
+        transport.close()
+        state.update(status="done")
+        if writer is not None:
+            writer.end(job.run_id, "ok", t_ns=time.time_ns(), rows=rows_done)
+        return 0
+    except (Exception, KeyboardInterrupt) as exc:
+        message = exc.args[0] if isinstance(exc, DiagError) else _one_line(exc)
+        where = state.state
+        state.update(status="failed", error=message)
+        if writer is not None:
+            writer.end(job.run_id, "failed", t_ns=time.time_ns(), rows=rows_done, error=message,
+                       failed_at={k: where.get(k) for k in ("op", "size_bytes", "world_size")})
+        print(f"diag sweep: rank {rank}/{world_size}: {message}", file=sys.stderr, flush=True)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+    finally:
+        if console is not None:
+            console.close()
+        if writer is not None:
+            writer.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m diag.worker JOB.json", file=sys.stderr)
+        return 2
+    try:
+        return run_job(Job.load(args[0]))
+    except DiagError as exc:
+        print(f"diag sweep: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
