@@ -112,8 +112,6 @@ def run_job(job: Job) -> int:
             console = SweepConsole(job.rows_total or len(plans), job.rows_before, quiet=job.quiet)
             label = spec.backend if spec.backend != "raw" else f"raw:{spec.algo}"
             console.header(f"{label} N={world_size} ({', '.join(spec.ops)}) on {', '.join(transport.hosts())}")
-        else:
-            transport.hosts()  # collective: every rank must take part
 
         def on_row_start(plan) -> None:
             state.update(status="running", op=plan.op, size_bytes=plan.used_bytes, world_size=world_size)

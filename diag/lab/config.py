@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from diag.errors import DiagError
-from diag.units import parse_rate_bps, parse_size
+from diag.units import parse_rate_bps
 
 MAX_HOSTS = 64                  # every host is a namespace + veth pair; 64 already outruns 2-core sweeps
 MIN_MTU, MAX_MTU = 576, 9000    # IPv4 minimum datagram .. jumbo frames
@@ -106,6 +106,11 @@ class LabConfig:
         """TCP payload rate one direction can carry at this rate and MTU (what a perfect sender reaches)."""
         payload = int(self.mtu) - TCP_IP_HEADER_BYTES
         return self.rate_bps / 8 * payload / self.frame_bytes
+
+    def shape_key(self) -> tuple[Any, ...]:
+        """What the built lab depends on: "1gbit" and 1e9 are the same lab."""
+        return (self.name, self.hosts, self.rate_bps, self.effective_queue_limit_bytes, self.delay, self.loss,
+                int(self.mtu), self.effective_burst_bytes, self.offloads)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -6,6 +6,7 @@ processes, not dozens.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -105,10 +106,8 @@ def kill_netns_processes(netns: str, grace_s: float = 2.0) -> None:
     pids = [pid for pid in netns_pids(netns) if pid != os.getpid()]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + grace_s
         while pids and time.monotonic() < deadline:
             pids = [pid for pid in pids if _alive(pid)]

@@ -86,11 +86,16 @@ def known_lab_names() -> list[str]:
 
 @contextlib.contextmanager
 def lab_lock(name: str) -> Iterator[None]:
-    """Serialize up/down of one lab across processes (flock dies with its holder, so no stale locks)."""
-    path = writable_state_dir() / f".{name}.lock"
-    with open(path, "a+") as handle:
+    """Serialize lab up/down across processes.
+
+    One lock on the state directory itself (flock on its fd): no lock files to leave behind, and a
+    lock dies with its holder, so a killed `up` never blocks the next one. Up and down take well under
+    a second, so serializing all labs costs nothing.
+    """
+    del name  # one lock for all labs; the name keeps call sites explicit should that ever change
+    handle = os.open(writable_state_dir(), os.O_RDONLY | os.O_DIRECTORY)
+    try:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(handle)   # releases the lock

@@ -653,6 +653,10 @@ def findings_to_json(findings: Sequence[Finding], run: RunData) -> dict[str, Any
             "findings": [f.to_json() for f in findings]}
 
 
+def format_threshold(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
 def render_text(findings: Sequence[Finding]) -> str:
     order = {"fired": 0, "undecided": 1, "clear": 2}
     lines: list[str] = []
@@ -665,5 +669,5 @@ def render_text(findings: Sequence[Finding]) -> str:
         if len(f.evidence) > 5:
             lines.append(f"    - ... {len(f.evidence) - 5} more in findings.json")
         if f.thresholds and f.status != "clear":
-            lines.append("      thresholds: " + ", ".join(f"{k}={v:g}" for k, v in f.thresholds.items()))
+            lines.append("      thresholds: " + ", ".join(f"{k}={format_threshold(v)}" for k, v in f.thresholds.items()))
     return "\n".join(lines)

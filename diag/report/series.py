@@ -13,22 +13,30 @@ from typing import Any
 from diag.records import Record
 
 # Knobs that change the mechanism (raw transport, issue 4) and so split rows into separate series.
-MECHANISM_KNOBS = ("emulate", "conn", "order", "handshake", "nodelay", "streams")
+MECHANISM_KNOBS = ("emulate", "conn", "order", "handshake", "io", "chunks", "nodelay", "streams")
+# Values the raw transport uses when a knob is not given (diag/transports/raw/knobs.py RawKnobs): a raw
+# row shows only what differs from them, so labels stay short. "order" is always shown (exchange).
+RAW_DEFAULTS: dict[str, Any] = {"conn": "split", "handshake": "none", "io": "duplex", "chunks": 1,
+                                "nodelay": True, "streams": 1}
 # Ops where every rank talks to one peer only, so the world size does not change the pattern.
 PAIRWISE_OPS = frozenset({"exchange", "send_recv"})
 
 
 def knob(record: Record, name: str) -> Any:
-    """A knob from the row's knobs, else its extra (the harness may keep the exchange order there)."""
+    """A knob from the row's knobs, else its extra (the harness may keep the exchange order there).
+    A raw row that does not name a knob ran with the raw transport's default."""
     if name in record.knobs:
         return record.knobs[name]
-    return record.extra.get(name)
+    if name in record.extra:
+        return record.extra[name]
+    return RAW_DEFAULTS.get(name) if record.backend == "raw" else None
 
 
 def series_label(record: Record, without: Iterable[str] = ()) -> str:
     skip = set(without)
     parts = [f"{k}={knob(record, k)}" for k in MECHANISM_KNOBS
-             if k not in skip and knob(record, k) not in (None, "", False)]
+             if k not in skip and knob(record, k) not in (None, "")
+             and not (record.backend == "raw" and RAW_DEFAULTS.get(k, object()) == knob(record, k))]
     return record.transport + (f" [{', '.join(parts)}]" if parts else "")
 
 

@@ -61,7 +61,7 @@ class TorchTransport:
                 raise DiagError(f"init_process_group({backend}) failed: {str(exc).splitlines()[0]}") from exc
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        self._hosts: list[str] | None = None
+        self._hosts = self._gather_hostnames()  # collective, so done here where every rank takes part
 
     # --- description -------------------------------------------------------------------------
     def knobs(self) -> dict[str, Any]:
@@ -71,14 +71,15 @@ class TorchTransport:
                 knobs[name] = value
         return knobs
 
-    def hosts(self) -> list[str]:
-        if self._hosts is None:
-            import socket
+    def _gather_hostnames(self) -> list[str]:
+        import socket
 
-            names: list[Any] = [None] * self.world_size
-            dist.all_gather_object(names, socket.gethostname())
-            self._hosts = [str(n) for n in names]
-        return self._hosts
+        names: list[Any] = [None] * self.world_size
+        dist.all_gather_object(names, socket.gethostname())
+        return [str(n) for n in names]
+
+    def hosts(self) -> list[str]:
+        return list(self._hosts)
 
     # --- operations ----------------------------------------------------------------------------
     def barrier(self) -> None:

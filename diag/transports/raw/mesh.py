@@ -141,7 +141,7 @@ def connect_to(rank: int, peer: int, address: tuple[str, int], token: bytes, rol
             try:
                 sock.connect(address)
                 break
-            except (ConnectionRefusedError, TimeoutError, socket.timeout):
+            except (ConnectionRefusedError, TimeoutError):
                 sock.close()
                 time.sleep(0.05)
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

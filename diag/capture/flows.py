@@ -1,0 +1,468 @@
+"""Connections, per-direction metrics, duplex overlap, hosts and sweep phases: the `diag analyze` object.
+
+Everything here works on the columns from reader.py and the per-packet flags from tcpstate.py. The JSON
+shape is a contract with the report (see docs/analyzer.md); keys are only ever added, never renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diag.capture.reader import ACK, FIN, RST, SYN, ReadResult, read_capture
+from diag.capture.tcpstate import PacketState, analyze_packets
+
+ANALYSIS_SCHEMA = 1
+# A direction is busy between two of its data packets closer than this; a longer silence is an idle gap.
+IDLE_GAP_S = 0.002
+DEFAULT_BIN_S = 0.01
+# Throughput series longer than this are re-binned coarser so a long capture keeps a bounded JSON size.
+MAX_BINS = 20_000
+SEGMENT_SIZE_EDGES = [1, 65, 129, 257, 513, 1025, 1449, 1501, 2897, 4097, 8193, 16385, 32769, 65536, 1 << 20]
+DEFAULT_MSS = 1448
+
+
+@dataclass
+class Packets:
+    """All files merged into one time-ordered packet table plus analysis state."""
+
+    cols: dict[str, np.ndarray]
+    state: PacketState
+    conn_a: np.ndarray        # endpoint id of each connection's side "a" (sender of its first packet)
+    conn_b: np.ndarray
+    endpoints: list[tuple[str, int]]
+    wscale: np.ndarray        # [conn, dir] -> shift, -1 unknown
+    mss: np.ndarray           # [conn, dir] -> MSS announced by dir's sender in its SYN, 0 unknown
+    syn_seen: np.ndarray      # [conn, dir]
+
+
+def _endpoint(endpoints: list[tuple[str, int]], index: int) -> str:
+    address, port = endpoints[index]
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def load_packets(paths: Sequence[str | os.PathLike[str]]) -> tuple[Packets, list[ReadResult]]:
+    results: list[ReadResult] = []
+    frame = 1
+    for path in paths:
+        result = read_capture(path, first_frame=frame)
+        frame += result.frames
+        results.append(result)
+    # Merge endpoints across files by (address, port).
+    ids: dict[tuple[str, int], int] = {}
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in results[0].columns}
+    for result in results:
+        remap = np.array([ids.setdefault(ep, len(ids)) for ep in result.endpoints] or [0], dtype=np.int32)
+        for name, column in result.columns.items():
+            if name in ("src", "dst"):
+                column = remap[column] if column.size else column
+            parts[name].append(column)
+    endpoints = list(ids)  # dicts keep insertion order, which is id order
+    cols = {name: np.concatenate(values) for name, values in parts.items()}
+    if len(results) > 1:  # mergecap semantics: one stream in time order (stable for equal stamps)
+        order = np.argsort(cols["ts_ns"], kind="stable")
+        cols = {name: values[order] for name, values in cols.items()}
+    n = cols["ts_ns"].size
+    src, dst = cols["src"].astype(np.int64), cols["dst"].astype(np.int64)
+    pair = np.minimum(src, dst) << 32 | np.maximum(src, dst)
+    _, first_index, conn = np.unique(pair, return_index=True, return_inverse=True)
+    conn = conn.ravel().astype(np.int64)
+    # Number connections in order of first appearance, as tshark's tcp.stream does.
+    rank = np.empty(first_index.size, dtype=np.int64)
+    rank[np.argsort(first_index, kind="stable")] = np.arange(first_index.size)
+    conn = rank[conn] if n else conn
+    first_of_conn = np.sort(first_index)
+    conn_a = src[first_of_conn] if n else np.zeros(0, np.int64)
+    conn_b = dst[first_of_conn] if n else np.zeros(0, np.int64)
+    direction = (src != conn_a[conn]).astype(np.int64) if n else np.zeros(0, np.int64)
+    nconn = first_index.size
+    wscale, mss, syn_seen, first_rtt = _handshakes(results, cols, conn, direction, conn_a, nconn)
+    state = analyze_packets(cols, conn, direction, wscale, first_rtt)
+    return Packets(cols, state, conn_a, conn_b, endpoints, wscale, mss, syn_seen), results
+
+
+def _handshakes(results: list[ReadResult], cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray,
+                conn_a: np.ndarray, nconn: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Window scale, MSS and handshake RTT per connection from the SYNs (RFC 7323: both must offer WS)."""
+    wscale = np.full((nconn, 2), -1, dtype=np.int64)
+    mss = np.zeros((nconn, 2), dtype=np.int64)
+    syn_seen = np.zeros((nconn, 2), dtype=bool)
+    offered: dict[tuple[int, int], int | None] = {}
+    syn_time = np.zeros(nconn, dtype=np.int64)
+    if not nconn:
+        return wscale, mss, syn_seen, np.zeros(0, dtype=np.int64)
+    frame_to_row = {}
+    syn_frames = np.array([s.frame for r in results for s in r.syns], dtype=np.int64)
+    if syn_frames.size:
+        rows = np.flatnonzero(np.isin(cols["frame"], syn_frames))
+        frame_to_row = dict(zip(cols["frame"][rows].tolist(), rows.tolist(), strict=True))
+    for result in results:
+        for syn in result.syns:
+            row = frame_to_row.get(syn.frame)
+            if row is None:
+                continue
+            c, d = int(conn[row]), int(direction[row])
+            syn_seen[c, d] = True
+            offered[(c, d)] = syn.wscale
+            if syn.mss:
+                mss[c, d] = syn.mss
+            syn_time[c] = syn.ts_ns  # the most recent SYN (tshark's ts_mru_syn)
+    for c in range(nconn):
+        if syn_seen[c, 0] and syn_seen[c, 1]:
+            ws0, ws1 = offered.get((c, 0)), offered.get((c, 1))
+            if ws0 is not None and ws1 is not None:
+                wscale[c, 0], wscale[c, 1] = ws0, ws1
+            else:  # one side did not offer scaling: neither direction scales
+                wscale[c, 0] = wscale[c, 1] = 0
+    # Handshake RTT: most recent SYN to the first non-SYN ACK after it (tshark's ts_first_rtt).
+    first_rtt = np.zeros(nconn, dtype=np.int64)
+    flags = cols["flags"]
+    plain_ack = ((flags & ACK) != 0) & ((flags & SYN) == 0)
+    for c in np.flatnonzero(syn_seen.all(axis=1)):
+        rows = np.flatnonzero((conn == c) & plain_ack & (cols["ts_ns"] >= syn_time[c]))
+        if rows.size:
+            first_rtt[c] = int(cols["ts_ns"][rows[0]] - syn_time[c])
+    return wscale, mss, syn_seen, first_rtt
+
+
+# --- busy intervals --------------------------------------------------------------------------------
+
+
+def busy_intervals(ts_s: np.ndarray, idle_gap_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted data-packet times -> (starts, ends) of busy runs (gaps <= idle_gap_s join a run)."""
+    if ts_s.size == 0:
+        return np.zeros(0), np.zeros(0)
+    breaks = np.flatnonzero(np.diff(ts_s) > idle_gap_s)
+    starts = np.concatenate([ts_s[:1], ts_s[breaks + 1]])
+    ends = np.concatenate([ts_s[breaks], ts_s[-1:]])
+    return starts, ends
+
+
+def _coverage(lists: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float]:
+    """(length covered by all lists at once, length covered by any) for disjoint sorted interval lists."""
+    times = np.concatenate([np.concatenate([s, e]) for s, e in lists])
+    if times.size == 0:
+        return 0.0, 0.0
+    steps = np.concatenate([np.concatenate([np.ones(s.size), -np.ones(e.size)]) for s, e in lists])
+    order = np.lexsort((-steps, times))  # starts before ends at the same instant
+    times, steps = times[order], steps[order]
+    depth = np.cumsum(steps)[:-1]
+    lengths = np.diff(times)
+    return float(lengths[depth >= len(lists)].sum()), float(lengths[depth >= 1].sum())
+
+
+def _inside(ts_s: np.ndarray, intervals: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    starts, ends = intervals
+    if starts.size == 0:
+        return np.zeros(ts_s.size, dtype=bool)
+    j = np.searchsorted(starts, ts_s, side="right") - 1
+    ok = j >= 0
+    ok[ok] &= ts_s[ok] <= ends[j[ok]]
+    return ok
+
+
+def duplex(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y: np.ndarray,
+           idle_gap_s: float) -> dict[str, Any]:
+    """Fraction of the busy time in which both streams carry data, and each one's rate overlapping vs alone."""
+    ix, iy = busy_intervals(ts_x, idle_gap_s), busy_intervals(ts_y, idle_gap_s)
+    both, either = _coverage([ix, iy])
+    active_x, _ = _coverage([ix])
+    active_y, _ = _coverage([iy])
+    in_x = _inside(ts_x, iy)
+    in_y = _inside(ts_y, ix)
+    over_x, over_y = float(bytes_x[in_x].sum()), float(bytes_y[in_y].sum())
+    alone_x_s, alone_y_s = active_x - both, active_y - both
+    return {
+        "duplex_overlap": both / either if either > 0 else 0.0,
+        "active_s": either,
+        "overlap_s": both,
+        "x_overlap_Bps": over_x / both if both > 0 else 0.0,
+        "y_overlap_Bps": over_y / both if both > 0 else 0.0,
+        "x_alone_Bps": (float(bytes_x.sum()) - over_x) / alone_x_s if alone_x_s > 0 else 0.0,
+        "y_alone_Bps": (float(bytes_y.sum()) - over_y) / alone_y_s if alone_y_s > 0 else 0.0,
+    }
+
+
+# --- aggregation -----------------------------------------------------------------------------------
+
+
+def _stats_ms(values_ns: np.ndarray) -> dict[str, Any]:
+    if values_ns.size == 0:
+        return {"median": None, "p95": None, "n": 0}
+    ms = values_ns / 1e6
+    return {"median": float(np.median(ms)), "p95": float(np.percentile(ms, 95)), "n": int(ms.size)}
+
+
+def _series(ts_s: np.ndarray, weights: np.ndarray, t0: float, t1: float, bin_s: float) -> dict[str, Any]:
+    bins = max(1, int(np.ceil((t1 - t0) / bin_s + 1e-9)))
+    if bins > MAX_BINS:
+        bin_s = (t1 - t0) / MAX_BINS
+        bins = MAX_BINS
+    index = np.minimum(((ts_s - t0) / bin_s).astype(np.int64), bins - 1)
+    counts = np.bincount(index, weights=weights, minlength=bins) if ts_s.size else np.zeros(bins)
+    return {"bin_s": bin_s, "t0": t0, "Bps": [round(float(v) / bin_s, 1) for v in counts]}
+
+
+def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: int, t0: float, t1: float,
+               bin_s: float, idle_gap_s: float, with_series: bool) -> dict[str, Any]:
+    cols, st = p.cols, p.state
+    ts_s = cols["ts_ns"][rows] / 1e9
+    plen = cols["plen"][rows].astype(np.int64)
+    flags = cols["flags"][rows]
+    data = plen > 0
+    unique = int(st.new_bytes[rows].sum())
+    first_ts = float(ts_s[0]) if rows.size else None
+    last_ts = float(ts_s[-1]) if rows.size else None
+    span = (last_ts - first_ts) if rows.size else 0.0
+    data_ts = ts_s[data]
+    starts, ends = busy_intervals(data_ts, idle_gap_s)
+    active_s = float((ends - starts).sum())
+    gaps = np.diff(data_ts)
+    idle = gaps[gaps > idle_gap_s]
+    sizes = plen[data]
+    mss = int(p.mss[c, d]) or DEFAULT_MSS
+    # RTT samples measure this direction's data: ACK RTTs are attributed to the ACKing (reverse) packets.
+    ack_rtt = st.ack_rtt_ns[rev_rows]
+    ts_rtt = st.ts_rtt_ns[rev_rows]
+    win_sent = st.window_bytes[rows][(flags & SYN) == 0]
+    in_flight = st.in_flight[rows]
+    in_flight = in_flight[in_flight >= 0]
+    scale = int(p.wscale[c, d])
+    raw_win = cols["win"][rows][(flags & SYN) == 0]
+    # The receiver's window advertised to this direction bounds its in-flight bytes: when the SYNs were
+    # missed, the smallest shift that makes the largest in-flight fit is a lower bound on the peer's scale.
+    scale_lower_bound = None
+    if scale < 0 and in_flight.size:
+        rev_raw = cols["win"][rev_rows]
+        rev_raw = rev_raw[rev_raw > 0]
+        if rev_raw.size:
+            ratio = float(in_flight.max()) / float(rev_raw.max())
+            scale_lower_bound = max(0, int(np.ceil(np.log2(ratio)))) if ratio > 1 else 0
+    out: dict[str, Any] = {
+        "packets": int(rows.size),
+        "data_packets": int(data.sum()),
+        "payload_bytes": int(plen.sum()),
+        "unique_payload_bytes": unique,
+        "retransmissions": int(st.retransmission[rows].sum()),
+        "fast_retransmissions": int(st.fast_retransmission[rows].sum()),
+        "spurious_retransmissions": int(st.spurious_retransmission[rows].sum()),
+        "out_of_order": int(st.out_of_order[rows].sum()),
+        "lost_segments": int(st.lost_segment[rows].sum()),
+        "dup_acks": int(st.dup_ack[rows].sum()),
+        "zero_windows": int(st.zero_window[rows].sum()),
+        "window_full": int(st.window_full[rows].sum()),
+        "first_ts": first_ts,
+        "last_ts": last_ts,
+        "goodput_Bps": unique / span if span > 0 else 0.0,
+        "active_s": active_s,
+        "active_goodput_Bps": unique / active_s if active_s > 0 else 0.0,
+        "rtt_ms": _stats_ms(ack_rtt[ack_rtt >= 0]),
+        "ts_rtt_ms": _stats_ms(ts_rtt[ts_rtt >= 0]),
+        "idle_gaps": {"threshold_s": idle_gap_s, "count": int(idle.size), "total_s": float(idle.sum()),
+                      "max_s": float(idle.max()) if idle.size else 0.0},
+        "segment_sizes": {
+            "edges": SEGMENT_SIZE_EDGES,
+            "counts": np.histogram(sizes, bins=SEGMENT_SIZE_EDGES)[0].tolist() if sizes.size else
+            [0] * (len(SEGMENT_SIZE_EDGES) - 1),
+            "max_bytes": int(sizes.max()) if sizes.size else 0,
+            "mss": int(p.mss[c, d]) or None,
+            "super_segments": int((sizes > mss).sum()),
+        },
+        "window": {
+            "scale": scale if scale >= 0 else None,
+            "scale_lower_bound": scale_lower_bound,
+            "min_bytes": int(win_sent.min()) if win_sent.size else None,
+            "median_bytes": float(np.median(win_sent)) if win_sent.size else None,
+            "max_bytes": int(win_sent.max()) if win_sent.size else None,
+            "raw_max": int(raw_win.max()) if raw_win.size else None,
+        },
+        "bytes_in_flight": {
+            "median": float(np.median(in_flight)) if in_flight.size else None,
+            "p95": float(np.percentile(in_flight, 95)) if in_flight.size else None,
+            "max": int(in_flight.max()) if in_flight.size else None,
+        },
+        "acks": {
+            "pure": int((((flags & ACK) != 0) & ~data & ((flags & (SYN | FIN | RST)) == 0)).sum()),
+            "piggybacked": int((((flags & ACK) != 0) & data).sum()),
+        },
+        "syn_seen": bool(p.syn_seen[c, d]),
+    }
+    if with_series:
+        out["throughput"] = _series(data_ts, plen[data].astype(np.float64), t0, t1, bin_s)
+    return out
+
+
+def aggregate(p: Packets, rows: np.ndarray, bin_s: float, idle_gap_s: float,
+              with_series: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Connections and hosts over the packet rows given (time order)."""
+    cols, st = p.cols, p.state
+    if rows.size == 0:
+        return [], []
+    conn = st.conn[rows]
+    direction = st.direction[rows]
+    order = np.lexsort((np.arange(rows.size), direction, conn))
+    sorted_rows = rows[order]
+    key = conn[order] * 2 + direction[order]
+    bounds = np.flatnonzero(np.diff(key)) + 1
+    groups = {int(key[s]): sorted_rows[s:e] for s, e in zip(np.r_[0, bounds], np.r_[bounds, key.size], strict=True)}
+    connections = []
+    empty = np.zeros(0, dtype=np.int64)
+    for c in sorted({k // 2 for k in groups}):
+        ab, ba = groups.get(2 * c, empty), groups.get(2 * c + 1, empty)
+        both = np.concatenate([ab, ba])
+        t_all = cols["ts_ns"][both] / 1e9
+        t0, t1 = float(t_all.min()), float(t_all.max())
+        dirs = {
+            "a->b": _direction(p, ab, ba, c, 0, t0, t1, bin_s, idle_gap_s, with_series),
+            "b->a": _direction(p, ba, ab, c, 1, t0, t1, bin_s, idle_gap_s, with_series),
+        }
+        x_ts, x_b = _data_times(p, ab)
+        y_ts, y_b = _data_times(p, ba)
+        dup = duplex(x_ts, x_b, y_ts, y_b, idle_gap_s)
+        connections.append({
+            "stream": c,
+            "a": _endpoint(p.endpoints, int(p.conn_a[c])),
+            "b": _endpoint(p.endpoints, int(p.conn_b[c])),
+            "directions": dirs,
+            "duplex_overlap": dup["duplex_overlap"],
+            "active_s": dup["active_s"],
+            "overlap_s": dup["overlap_s"],
+            "overlap_Bps": {"a->b": dup["x_overlap_Bps"], "b->a": dup["y_overlap_Bps"]},
+            "alone_Bps": {"a->b": dup["x_alone_Bps"], "b->a": dup["y_alone_Bps"]},
+        })
+    return connections, _hosts(p, rows, idle_gap_s)
+
+
+def _data_times(p: Packets, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    plen = p.cols["plen"][rows]
+    data = rows[plen > 0]
+    return p.cols["ts_ns"][data] / 1e9, p.cols["plen"][data].astype(np.float64)
+
+
+def _hosts(p: Packets, rows: np.ndarray, idle_gap_s: float) -> list[dict[str, Any]]:
+    """Per address: its transmit vs receive over all its connections (rows are in time order)."""
+    cols = p.cols
+    data = rows[cols["plen"][rows] > 0]
+    addresses = np.array([address for address, _port in p.endpoints] or [""], dtype=object)
+    src_addr = addresses[cols["src"][data]]
+    dst_addr = addresses[cols["dst"][data]]
+    ts_s = cols["ts_ns"][data] / 1e9
+    plen = cols["plen"][data].astype(np.float64)
+    hosts = []
+    for address in sorted(set(src_addr.tolist()) | set(dst_addr.tolist())):
+        tx, rx = src_addr == address, dst_addr == address
+        dup = duplex(ts_s[tx], plen[tx], ts_s[rx], plen[rx], idle_gap_s)
+        hosts.append({
+            "address": address,
+            "tx_bytes": int(plen[tx].sum()),
+            "rx_bytes": int(plen[rx].sum()),
+            "duplex_overlap": dup["duplex_overlap"],
+            "tx_Bps_overlap": dup["x_overlap_Bps"],
+            "rx_Bps_overlap": dup["y_overlap_Bps"],
+            "tx_Bps_alone": dup["x_alone_Bps"],
+            "rx_Bps_alone": dup["y_alone_Bps"],
+            "active_s": dup["active_s"],
+            "overlap_s": dup["overlap_s"],
+        })
+    return hosts
+
+
+# --- phases ----------------------------------------------------------------------------------------
+
+
+def phases_from_records(paths: Sequence[str | os.PathLike[str]]) -> list[dict[str, Any]]:
+    """One phase per timed iteration of every record (wall-clock windows), sorted by start."""
+    from diag.records import load_records
+
+    phases = []
+    for path in paths:
+        for record in load_records(path).records:
+            windows = record.iter_windows_ns or [[record.t_start_ns, record.t_end_ns]]
+            for iteration, (start, end) in enumerate(windows):
+                phases.append({
+                    "backend": record.backend, "algo": record.algo, "op": record.op,
+                    "world_size": record.world_size, "size_bytes": record.size_bytes,
+                    "iteration": iteration if record.iter_windows_ns else None,
+                    "t_start_ns": int(start), "t_end_ns": int(end),
+                })
+    phases.sort(key=lambda ph: ph["t_start_ns"])
+    return phases
+
+
+def _capture_meta(path: Path) -> dict[str, Any] | None:
+    for candidate in (Path(str(path) + ".capture.json"), path.with_suffix(".capture.json")):
+        if candidate.is_file():
+            try:
+                return json.loads(candidate.read_text())
+            except (OSError, json.JSONDecodeError):
+                return None
+    return None
+
+
+def analyze_files(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.PathLike[str]] | None = None,
+                  bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S,
+                  with_series: bool = True) -> dict[str, Any]:
+    """The `diag analyze --json` object for these capture files (and sweep phases from records)."""
+    from diag.errors import DiagError
+
+    if not paths:
+        raise DiagError("give at least one capture file")
+    if bin_s <= 0 or idle_gap_s <= 0:
+        raise DiagError("--bin and --idle-gap must be positive seconds")
+    packets, results = load_packets(paths)
+    warnings: list[str] = []
+    files = []
+    dropped_total: int | None = None
+    for path, result in zip(paths, results, strict=True):
+        meta = _capture_meta(Path(path))
+        dropped = meta.get("kernel_dropped") if meta else None
+        if dropped is not None:
+            dropped_total = (dropped_total or 0) + int(dropped)
+        files.append({"path": str(path), "format": result.file_format, "linktypes": result.linktypes,
+                      "snaplen": result.snaplen, "frames": result.frames, "tcp_packets": result.packets,
+                      "skipped": result.skipped, "capture": meta})
+        warnings.extend(result.warnings)
+        if result.skipped:
+            warnings.append(f"{path}: skipped " + ", ".join(f"{v} {k}" for k, v in sorted(result.skipped.items())))
+    flagged = bool(dropped_total) or any("truncated_record" in r.skipped for r in results)
+    if dropped_total:
+        warnings.append(f"the kernel dropped {dropped_total} packets during capture: counts are lower bounds "
+                        "and retransmission/dup-ACK numbers may be wrong")
+    n = packets.cols["ts_ns"].size
+    rows = np.arange(n)
+    connections, hosts = aggregate(packets, rows, bin_s, idle_gap_s, with_series)
+    phases_out = []
+    if records:
+        phases = phases_from_records(records)
+        ts = packets.cols["ts_ns"]
+        sorted_ts = np.all(np.diff(ts) >= 0) if n > 1 else True
+        order = rows if sorted_ts else np.argsort(ts, kind="stable")
+        ts_sorted = ts[order]
+        attributed = 0
+        for phase in phases:
+            lo = np.searchsorted(ts_sorted, phase["t_start_ns"], side="left")
+            hi = np.searchsorted(ts_sorted, phase["t_end_ns"], side="right")
+            sub = np.sort(order[lo:hi])
+            attributed += int(sub.size)
+            conns, hs = aggregate(packets, sub, bin_s, idle_gap_s, with_series)
+            phases_out.append({"phase": phase, "packets": int(sub.size), "connections": conns, "hosts": hs})
+        if phases and attributed == 0 and n:
+            warnings.append("no packet falls inside any record's iteration window: were the records and the "
+                            "capture made on the same machine, at the same time?")
+    return {
+        "schema": ANALYSIS_SCHEMA,
+        "files": files,
+        "capture": {"kernel_dropped": dropped_total, "flagged": flagged, "packets": int(n),
+                    "frames": int(sum(r.frames for r in results))},
+        "parameters": {"bin_s": bin_s, "idle_gap_s": idle_gap_s},
+        "connections": connections,
+        "hosts": hosts,
+        "phases": phases_out,
+        "warnings": warnings,
+    }

@@ -1,0 +1,200 @@
+"""Live capture: tcpdump (libpcap, kernel BPF, exact drop counts), scapy's sniffer when tcpdump is missing.
+
+``start_capture`` returns a handle whose ``stop()`` ends the capture, writes ``<path>.capture.json`` beside
+the pcap (interface, snaplen, filter, start/stop wall clock, the kernel's dropped-packet count, packets,
+tool, host) and returns the same as a CaptureInfo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from diag.errors import DiagError, MissingToolError, PrivilegeError
+
+READY_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 15.0
+SCAPY_DROP_WARNING = ("tcpdump was not found: capturing with scapy's sniffer, which drops packets at high "
+                      "rates and cannot count the drops; install tcpdump for trustworthy captures")
+
+
+@dataclass(frozen=True)
+class CaptureInfo:
+    path: str
+    iface: str
+    snaplen: int
+    filter: str
+    start_ns: int
+    stop_ns: int
+    kernel_dropped: int | None   # None: the tool cannot tell (scapy)
+    packets: int | None
+    tool: str                    # "tcpdump" | "scapy"
+    host: str
+    netns: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+
+    @property
+    def flagged(self) -> bool:
+        return bool(self.kernel_dropped)
+
+
+class CaptureHandle(Protocol):
+    path: Path
+
+    def stop(self) -> CaptureInfo: ...
+
+
+def meta_path(path: str | os.PathLike[str]) -> Path:
+    return Path(str(path) + ".capture.json")
+
+
+def start_capture(path: str | os.PathLike[str], iface: str, bpf_filter: str = "tcp", snaplen: int = 128,
+                  netns: str | None = None, tool: str | None = None) -> CaptureHandle:
+    """Start capturing on iface (inside netns if given). tool: None = tcpdump if installed, else scapy."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if snaplen < 0:
+        raise DiagError(f"snaplen must be >= 0 (0 = whole packets), got {snaplen}")
+    chosen = tool or ("tcpdump" if shutil.which("tcpdump") else "scapy")
+    if chosen == "tcpdump":
+        if not shutil.which("tcpdump"):
+            raise MissingToolError("tcpdump", "install it (apt-get install tcpdump) or use --tool scapy")
+        return TcpdumpCapture(out, iface, bpf_filter, snaplen, netns)
+    if chosen == "scapy":
+        if netns:
+            raise DiagError("the scapy fallback cannot capture inside a network namespace; install tcpdump")
+        warnings.warn(SCAPY_DROP_WARNING, stacklevel=2)
+        return ScapyCapture(out, iface, bpf_filter, snaplen)
+    raise DiagError(f"unknown capture tool {chosen!r}: use tcpdump or scapy")
+
+
+class TcpdumpCapture:
+    """tcpdump in the background; ready once it says 'listening on', stopped with SIGINT for its summary."""
+
+    def __init__(self, path: Path, iface: str, bpf_filter: str, snaplen: int, netns: str | None) -> None:
+        self.path = path
+        self.iface, self.bpf_filter, self.snaplen, self.netns = iface, bpf_filter, snaplen, netns
+        # -Z root: Debian's tcpdump otherwise drops to user 'tcpdump', which cannot write most run dirs.
+        command = ["tcpdump", "-i", iface, "-s", str(snaplen), "-w", str(path), "-n", "-Z", "root",
+                   "--immediate-mode"]
+        if bpf_filter:
+            command.append(bpf_filter)
+        if netns:
+            command = ["ip", "netns", "exec", netns, *command]
+        if os.geteuid() != 0:
+            raise PrivilegeError("capturing packets", "run as root or give tcpdump CAP_NET_RAW")
+        self._stderr_lines: list[str] = []
+        self._ready = threading.Event()
+        self.start_ns = time.time_ns()
+        self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True)
+        self._reader = threading.Thread(target=self._read_stderr, name="tcpdump-stderr", daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self._ready.wait(0.05):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self._proc.kill() if self._proc.poll() is None else None
+                self._reader.join(2)
+                message = " ".join(line.strip() for line in self._stderr_lines[-3:]) or "no output"
+                raise DiagError(f"tcpdump did not start on {iface!r}"
+                                f"{' in netns ' + netns if netns else ''}: {message}")
+        self.start_ns = time.time_ns()
+
+    def _read_stderr(self) -> None:
+        assert self._proc.stderr is not None
+        for line in self._proc.stderr:
+            self._stderr_lines.append(line)
+            if "listening on" in line:
+                self._ready.set()
+
+    def stop(self) -> CaptureInfo:
+        # Give in-flight packets a moment to pass the BPF before we stop.
+        time.sleep(0.05)
+        stop_ns = time.time_ns()
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGINT)
+            try:
+                self._proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._reader.join(5)
+        text = "".join(self._stderr_lines)
+        packets = _summary_number(text, r"(\d+) packets? captured")
+        dropped = _summary_number(text, r"(\d+) packets? dropped by kernel")
+        notes = []
+        if dropped:
+            notes.append(f"the kernel dropped {dropped} packets: the capture is incomplete")
+        info = CaptureInfo(str(self.path), self.iface, self.snaplen, self.bpf_filter, self.start_ns, stop_ns,
+                           dropped, packets, "tcpdump", socket.gethostname(), self.netns, tuple(notes))
+        meta_path(self.path).write_text(json.dumps(info.to_json(), indent=1) + "\n")
+        return info
+
+    def __enter__(self) -> TcpdumpCapture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc.poll() is None:
+            self.stop()
+
+
+def _summary_number(text: str, pattern: str) -> int | None:
+    match = re.search(pattern, text)
+    return int(match.group(1)) if match else None
+
+
+class ScapyCapture:
+    """scapy's AsyncSniffer writing truncated packets as they come (no drop count is available)."""
+
+    def __init__(self, path: Path, iface: str, bpf_filter: str, snaplen: int) -> None:
+        from scapy.all import AsyncSniffer, PcapWriter
+
+        self.path = path
+        self.iface, self.bpf_filter, self.snaplen = iface, bpf_filter, snaplen
+        self._writer = PcapWriter(str(path), sync=False, snaplen=snaplen or 65535)
+        self._count = 0
+        self._lock = threading.Lock()
+        self.start_ns = time.time_ns()
+        self._sniffer = AsyncSniffer(iface=iface, filter=bpf_filter or None, store=False, prn=self._write)
+        self._sniffer.start()
+        time.sleep(0.3)  # AsyncSniffer has no ready signal; give its socket time to open
+        if not getattr(self._sniffer, "running", True):
+            raise DiagError(f"scapy could not capture on {iface!r}; check the interface name")
+
+    def _write(self, packet: Any) -> None:
+        raw = bytes(packet)
+        with self._lock:
+            if not self._writer.header_present:
+                self._writer.write_header(packet)
+            caplen = min(len(raw), self.snaplen) if self.snaplen else len(raw)
+            self._writer.write_packet(raw[:caplen], sec=float(packet.time), caplen=caplen, wirelen=len(raw))
+            self._count += 1
+
+    def stop(self) -> CaptureInfo:
+        time.sleep(0.05)
+        stop_ns = time.time_ns()
+        # A sniffer that already died has nothing more to give.
+        with contextlib.suppress(Exception):
+            self._sniffer.stop()
+        with self._lock:
+            self._writer.close()
+        info = CaptureInfo(str(self.path), self.iface, self.snaplen, self.bpf_filter, self.start_ns, stop_ns,
+                           None, self._count, "scapy", socket.gethostname(), None, (SCAPY_DROP_WARNING,))
+        meta_path(self.path).write_text(json.dumps(info.to_json(), indent=1) + "\n")
+        return info

@@ -1,0 +1,40 @@
+"""Render report.html (self-contained), report.md, PNG plots, findings.json and model.json from a run directory.
+
+Reads files only (records/*.jsonl, run.json, analysis/, observe/, tcpinfo/, captures/*.capture.json), so it
+can be re-run at any time, on any machine, without torch. Missing parts are listed in the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="RUN_DIR|RECORDS",
+                        help="a run directory (from diag reproduce), or record .jsonl files")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output directory (default: RUN_DIR/report; required for plain record files)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from diag.errors import DiagError
+    from diag.report import load_run, write_report
+
+    data = load_run(args.paths)
+    out = args.out
+    if out is None:
+        if data.root is None:
+            raise DiagError("plain record files: say where the report goes with --out DIR")
+        out = data.root / "report"
+    result = write_report(data, out)
+    fired = [f for f in result.findings if f.status == "fired"]
+    print(f"report: {out / 'report.html'} ({len(result.files)} files)")
+    for f in fired:
+        print(f"  finding ({f.strength}) {f.rule}: {f.statement}")
+    if not fired:
+        print("  no rule fired")
+    skipped = [p for p in result.plots if not hasattr(p, "filename")]
+    for p in skipped:
+        print(f"  plot not drawn: {p.title}: {p.reason}")
+    return 0

@@ -1,0 +1,26 @@
+"""Cluster in a box: network namespaces h0..hN-1 behind a bridge, each host link shaped both ways.
+
+Public API (used by ``diag lab``, ``diag sweep --lab`` and ``diag reproduce``)::
+
+    from diag.lab import LabConfig, Lab, LabHost, LinkMeasurement, bring_up, tear_down, load_lab, \
+        measure_link, lab_session
+
+Everything else in this package is an implementation detail. Nothing here imports torch.
+"""
+
+from diag.lab.config import LabConfig
+from diag.lab.measure import LinkMeasurement, measure_link
+from diag.lab.topology import Lab, LabHost, bring_up, lab_session, load_lab, remove_lab, tear_down
+
+__all__ = [
+    "Lab",
+    "LabConfig",
+    "LabHost",
+    "LinkMeasurement",
+    "bring_up",
+    "lab_session",
+    "load_lab",
+    "measure_link",
+    "remove_lab",
+    "tear_down",
+]

@@ -1,0 +1,210 @@
+"""Measure what a lab link carries: one TCP stream, then both directions at once (one socket each way).
+
+diag's own socket code is the default (no external tool; sockets are opened inside the host namespaces
+from this process, see netns.call_in_netns). iperf3 is used when asked and installed. Every step is
+bounded in time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+from diag.errors import DiagError
+from diag.lab import netns as ns_tools
+from diag.lab.topology import Lab, LabHost
+
+CHUNK_BYTES = 256 * 1024
+WARMUP_FRACTION = 0.2           # of the run: slow start and queue build-up, excluded from the rate
+MAX_WARMUP_S = 0.5
+GRACE_S = 5.0                   # beyond `seconds`, before a stuck stream is abandoned
+IPERF3_PORT = 5201              # inside the lab's private namespaces, so it clashes with nothing
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    """Goodput (TCP payload bytes/s) between two lab hosts."""
+
+    single_stream_Bps: float            # a -> b alone
+    bidir_Bps: tuple[float, float]      # (a -> b, b -> a) at the same time
+    tool: str                           # "diag-socket" or "iperf3"
+    seconds: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {"single_stream_Bps": self.single_stream_Bps, "bidir_Bps": list(self.bidir_Bps),
+                "tool": self.tool, "seconds": self.seconds}
+
+
+def measure_link(lab: Lab, a: int = 0, b: int = 1, seconds: float = 2.0, tool: str = "socket") -> LinkMeasurement:
+    """Single-stream a->b, then a->b and b->a together, `seconds` each."""
+    host_a, host_b = lab.host(a), lab.host(b)
+    if host_a == host_b:
+        raise DiagError("measure between two different hosts, e.g. h0 and h1")
+    if not 0.2 <= seconds <= 60:
+        raise DiagError(f"measurement time {seconds} s is outside 0.2..60 s")
+    if tool == "iperf3":
+        return _measure_iperf3(lab, host_a, host_b, seconds)
+    if tool != "socket":
+        raise DiagError(f"unknown measurement tool {tool!r}: use socket or iperf3")
+    (single,) = _run_streams([(host_a, host_b)], seconds)
+    forward, backward = _run_streams([(host_a, host_b), (host_b, host_a)], seconds)
+    return LinkMeasurement(single_stream_Bps=single, bidir_Bps=(forward, backward), tool="diag-socket",
+                           seconds=seconds)
+
+
+def iperf3_available() -> bool:
+    return shutil.which("iperf3") is not None
+
+
+@dataclass
+class _Receiver:
+    """Counts bytes; the rate is taken between the first read after warm-up and the last read."""
+
+    warmup_s: float
+    total: int = 0
+    t_first: float | None = None
+    t_warm: float | None = None
+    bytes_warm: int = 0
+    t_last: float = 0.0
+    bytes_last: int = 0
+    error: BaseException | None = None
+
+    def rate_Bps(self) -> float:
+        if self.t_warm is None or self.t_last <= self.t_warm:
+            return 0.0
+        return (self.bytes_last - self.bytes_warm) / (self.t_last - self.t_warm)
+
+
+def _run_streams(pairs: list[tuple[LabHost, LabHost]], seconds: float) -> list[float]:
+    """One TCP connection per (sender, receiver) pair, all at once; goodput of each."""
+    listeners: list[socket.socket] = []
+    senders: list[socket.socket] = []
+    accepted: list[socket.socket] = []
+    try:
+        for sender, receiver in pairs:
+            listener = ns_tools.call_in_netns(receiver.netns, lambda r=receiver: socket.create_server((r.address, 0)))
+            listener.settimeout(GRACE_S)
+            listeners.append(listener)
+            client = ns_tools.call_in_netns(sender.netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            client.settimeout(GRACE_S)
+            senders.append(client)
+            client.connect(listener.getsockname())
+            conn, _ = listener.accept()
+            conn.settimeout(GRACE_S)
+            accepted.append(conn)
+
+        warmup_s = min(MAX_WARMUP_S, seconds * WARMUP_FRACTION)
+        receivers = [_Receiver(warmup_s) for _ in pairs]
+        start = threading.Barrier(len(pairs) * 2)
+        threads = []
+        for index in range(len(pairs)):
+            threads.append(threading.Thread(target=_send, args=(senders[index], seconds, start),
+                                            daemon=True, name=f"lab-send-{index}"))
+            threads.append(threading.Thread(target=_receive, args=(accepted[index], receivers[index], start,
+                                                                   seconds + GRACE_S),
+                                            daemon=True, name=f"lab-recv-{index}"))
+        for thread in threads:
+            thread.start()
+        hard_deadline = time.monotonic() + seconds + 2 * GRACE_S
+        for thread in threads:
+            thread.join(max(0.0, hard_deadline - time.monotonic()))
+        if any(thread.is_alive() for thread in threads):
+            raise DiagError(f"link measurement did not finish in {seconds + 2 * GRACE_S:.0f} s; is the lab up?")
+        for receiver in receivers:
+            if receiver.error is not None:
+                raise DiagError(f"link measurement failed: {receiver.error}")
+        return [receiver.rate_Bps() for receiver in receivers]
+    finally:
+        for sock in listeners + senders + accepted:
+            sock.close()
+
+
+def _send(sock: socket.socket, seconds: float, start: threading.Barrier) -> None:
+    payload = memoryview(bytearray(CHUNK_BYTES))
+    try:
+        start.wait(GRACE_S)
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+    except (OSError, threading.BrokenBarrierError):
+        pass   # the receiver reports what arrived; a reset shows up as a short count there
+
+
+def _receive(sock: socket.socket, receiver: _Receiver, start: threading.Barrier, limit_s: float) -> None:
+    buffer = bytearray(CHUNK_BYTES)
+    try:
+        start.wait(GRACE_S)
+        stop = time.monotonic() + limit_s
+        while time.monotonic() < stop:
+            count = sock.recv_into(buffer)
+            now = time.monotonic()
+            if count == 0:
+                return
+            receiver.total += count
+            if receiver.t_first is None:
+                receiver.t_first = now
+            if receiver.t_warm is None and now - receiver.t_first >= receiver.warmup_s:
+                receiver.t_warm, receiver.bytes_warm = now, receiver.total
+            receiver.t_last, receiver.bytes_last = now, receiver.total
+    except (OSError, threading.BrokenBarrierError) as exc:
+        receiver.error = exc
+
+
+def _measure_iperf3(lab: Lab, host_a: LabHost, host_b: LabHost, seconds: float) -> LinkMeasurement:
+    if not iperf3_available():
+        raise DiagError("iperf3 is not installed; use the built-in measurement (--tool socket) or apt-get install iperf3")
+    server = subprocess.Popen([*lab.exec_prefix(host_b), "iperf3", "-s", "-p", str(IPERF3_PORT), "-B", host_b.address],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_listening(lab, host_b, IPERF3_PORT)
+        single = _iperf3_client(lab, host_a, host_b, seconds, bidir=False)
+        both = _iperf3_client(lab, host_a, host_b, seconds, bidir=True)
+    finally:
+        server.terminate()
+        try:
+            server.wait(5)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(5)
+    return LinkMeasurement(single_stream_Bps=single["sum_received"]["bits_per_second"] / 8,
+                           bidir_Bps=(both["sum_received"]["bits_per_second"] / 8,
+                                      both["sum_received_bidir_reverse"]["bits_per_second"] / 8),
+                           tool="iperf3", seconds=seconds)
+
+
+def _wait_listening(lab: Lab, server: LabHost, port: int) -> None:
+    """Poll the server namespace's listening sockets (a probe connection would count as a test to iperf3)."""
+    def listening() -> bool:
+        with open("/proc/thread-self/net/tcp", encoding="ascii") as table:
+            rows = [line.split() for line in table.readlines()[1:]]
+        return any(row[1].endswith(f":{port:04X}") and row[3] == "0A" for row in rows)
+
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline:
+        if ns_tools.call_in_netns(server.netns, listening):
+            return
+        time.sleep(0.05)
+    raise DiagError(f"iperf3 server on {server.address}:{port} did not start in {GRACE_S:.0f} s")
+
+
+def _iperf3_client(lab: Lab, host_a: LabHost, host_b: LabHost, seconds: float, bidir: bool) -> dict:
+    argv = [*lab.exec_prefix(host_a), "iperf3", "-c", host_b.address, "-p", str(IPERF3_PORT),
+            "-t", f"{seconds:g}", "-J"] + (["--bidir"] if bidir else [])
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 2 * GRACE_S, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise DiagError(f"iperf3 did not finish in {seconds + 2 * GRACE_S:.0f} s") from exc
+    try:
+        end = json.loads(proc.stdout)["end"]
+    except (ValueError, KeyError) as exc:
+        raise DiagError(f"iperf3 failed: {(proc.stderr or proc.stdout).strip()[:200]}") from exc
+    if bidir and "sum_received_bidir_reverse" not in end:
+        raise DiagError("this iperf3 has no --bidir (needs 3.7+); use the built-in measurement (--tool socket)")
+    return end

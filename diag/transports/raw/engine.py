@@ -1,0 +1,394 @@
+"""The data path: moves a schedule of sends and receives over nonblocking sockets, one event loop.
+
+A schedule is a list of stages; a stage is a list of ``Op`` (send or receive of one contiguous byte
+range to/from one peer on one stream). Stages run one after the other; inside a stage every op runs as
+soon as it may: a send once the op it forwards (``after``) has arrived, and with ``--handshake notify``
+once the peer's ready-to-receive notice for it has arrived. Ops on one socket go in schedule order, so
+both ends agree on sequence numbers without negotiating.
+
+Zero copy: payload bytes go from the caller's buffer to ``send``/``sendmsg`` (memoryview slices, header
+and payload in one call so Nagle never splits them) and from ``recv_into`` straight into the caller's
+output buffer. Python touches each chunk a handful of times, never each byte.
+
+``--io duplex`` (default) services both directions of every socket from one loop: the kernel keeps both
+directions of the wire busy while Python is elsewhere. ``--io alternate`` moves one piece in one
+direction at a time and never has a send and a receive in progress together: half duplex, the
+hypothesis "the two directions take turns" made deliberate.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import select
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from diag.errors import DiagError
+from diag.transports.raw import wire
+
+if TYPE_CHECKING:
+    from diag.transports.raw.mesh import Conn
+
+SEND = 0
+RECV = 1
+KIND_NAMES = ("send to", "receive from")
+
+ALTERNATE_PIECE_BYTES = 64 * 1024   # one turn of --io alternate; small enough to fit socket buffers
+ALTERNATE_READ_WAIT_S = 0.005       # how long a receive turn waits before giving the turn back
+_POLL_IN = select.POLLIN | select.POLLPRI
+_POLL_OUT = select.POLLOUT
+_EMPTY = memoryview(b"")
+
+
+@dataclass(eq=False, slots=True)
+class Op:
+    kind: int
+    peer: int
+    view: memoryview            # contiguous bytes (format "B")
+    stream: int = 0
+    after: Op | None = None     # this op may start only once ``after`` completed (ring forwarding)
+    done: bool = False
+    link: Link | None = None
+
+
+@dataclass(eq=False, slots=True)
+class OutMessage:
+    header: bytearray
+    payload: memoryview
+    op: Op | None               # None for a notice
+    header_sent: int = 0
+    payload_sent: int = 0
+
+    def remaining(self) -> int:
+        return len(self.header) - self.header_sent + len(self.payload) - self.payload_sent
+
+
+@dataclass(eq=False)
+class Link:
+    """Per-socket protocol state; it outlives single operations so sequence numbers keep counting."""
+
+    conn: Conn
+    send_seq: int = 0            # next DATA sequence number we send
+    recv_seq: int = 0            # next DATA sequence number we expect
+    notice_seq: int = 0          # next NOTIFY we send (one per posted receive)
+    credit_seq: int = 0          # next NOTIFY we expect from the peer
+    credits: collections.deque[int] = field(default_factory=collections.deque)  # lengths the peer posted
+    out: collections.deque[OutMessage] = field(default_factory=collections.deque)
+    to_send: collections.deque[Op] = field(default_factory=collections.deque)
+    to_post: collections.deque[Op] = field(default_factory=collections.deque)
+    posted: collections.deque[Op] = field(default_factory=collections.deque)
+    header: bytearray = field(default_factory=lambda: bytearray(wire.HEADER_BYTES))
+    header_filled: int = 0
+    receiving: Op | None = None
+    received: int = 0
+    bytes_out: int = 0
+    bytes_in: int = 0
+
+    def __post_init__(self) -> None:
+        self.header_view = memoryview(self.header)
+
+    def idle(self) -> bool:
+        return not (self.out or self.to_send or self.to_post or self.posted or self.receiving
+                    or self.header_filled)
+
+
+class Engine:
+    """Runs schedules on the links of one transport. Not thread safe: one operation at a time."""
+
+    def __init__(self, links: dict[tuple[int, int, bool], Link], *, notify: bool, send_first: bool,
+                 alternate: bool, sockbuf: int | None) -> None:
+        # key: (peer, stream, sends?) -> the link that carries that direction
+        self.routes = links
+        self.notify = notify
+        self.send_first = send_first
+        self.alternate = alternate
+        self.piece = ALTERNATE_PIECE_BYTES if sockbuf is None else max(1024, min(ALTERNATE_PIECE_BYTES,
+                                                                                 sockbuf // 2))
+        self.broken: str | None = None
+
+    # ----------------------------------------------------------------------------------- public
+    def run(self, stages: list[list[Op]], what: str, timeout_s: float) -> None:
+        if self.broken:
+            raise DiagError(f"the raw transport is unusable after an earlier failure ({self.broken}); "
+                            "restart all ranks")
+        deadline = time.monotonic() + timeout_s
+        try:
+            for stage in stages:
+                if stage:
+                    self._run_stage(stage, what, deadline, timeout_s)
+        except DiagError as exc:
+            self.broken = str(exc)
+            raise
+
+    # ----------------------------------------------------------------------------------- stage
+    def _run_stage(self, stage: list[Op], what: str, deadline: float, timeout_s: float) -> None:
+        links: list[Link] = []
+        seen: set[int] = set()
+        for op in stage:
+            link = self.routes.get((op.peer, op.stream, op.kind == SEND))
+            if link is None:
+                raise DiagError(f"no connection to rank {op.peer} (stream {op.stream}); internal routing error")
+            op.link = link
+            op.done = False
+            (link.to_send if op.kind == SEND else link.to_post).append(op)
+            if id(link) not in seen:
+                seen.add(id(link))
+                links.append(link)
+        self.remaining = len(stage)
+        self.stage_links = links
+        for link in links:
+            self._advance(link)
+        if self.alternate:
+            self._loop_alternate(links, what, deadline, timeout_s)
+        else:
+            self._loop_duplex(links, what, deadline, timeout_s)
+
+    def _loop_duplex(self, links: list[Link], what: str, deadline: float, timeout_s: float) -> None:
+        poller = select.poll()
+        masks: dict[int, int] = {}
+        while self.remaining:
+            progressed = False
+            for link in links:
+                if link.out and self._write(link, None):
+                    progressed = True
+                if self._wants_read(link) and self._read(link, None):
+                    progressed = True
+            if not self.remaining:
+                break
+            if progressed:
+                continue
+            # Nothing moved: sleep in poll until a socket is ready (never spin on 2 cores).
+            for link in links:
+                mask = (_POLL_OUT if link.out else 0) | (_POLL_IN if self._wants_read(link) else 0)
+                fd = link.conn.fd
+                if masks.get(fd) != mask:
+                    if mask:
+                        poller.register(fd, mask)   # register() on a known fd modifies it
+                    elif fd in masks:
+                        poller.unregister(fd)
+                    if mask:
+                        masks[fd] = mask
+                    else:
+                        masks.pop(fd, None)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._timeout(links, what, timeout_s)
+            if not masks:
+                raise DiagError(f"{what}: schedule stalled with nothing to send or receive (internal error)")
+            for _fd, event in poller.poll(max(1, int(min(left, 1.0) * 1000))):
+                if event & (select.POLLERR | select.POLLNVAL):
+                    pass  # the next send/recv raises the real error with the peer's rank
+
+    def _loop_alternate(self, links: list[Link], what: str, deadline: float, timeout_s: float) -> None:
+        sending_turn = self.send_first
+        while self.remaining:
+            if time.monotonic() > deadline:
+                self._timeout(links, what, timeout_s)
+            if sending_turn:
+                link = next((candidate for candidate in links if candidate.out), None)
+                if link is not None:
+                    self._write(link, deadline, budget=self.piece)
+            else:
+                readers = [candidate for candidate in links if self._wants_read(candidate)]
+                ready = self._wait_readable(readers, ALTERNATE_READ_WAIT_S if any(x.out for x in links)
+                                            else min(1.0, max(0.0, deadline - time.monotonic())))
+                if ready is not None:
+                    self._read(ready, deadline, budget=self.piece)
+            sending_turn = not sending_turn
+
+    # ----------------------------------------------------------------------------------- protocol
+    def _advance(self, link: Link) -> None:
+        if self.send_first:
+            self._queue_sends(link)
+            self._post_receives(link)
+        else:
+            self._post_receives(link)
+            self._queue_sends(link)
+
+    def _post_receives(self, link: Link) -> None:
+        while link.to_post:
+            op = link.to_post[0]
+            if self.notify and op.after is not None and not op.after.done:
+                return
+            link.to_post.popleft()
+            link.posted.append(op)
+            if self.notify:
+                header = bytearray(wire.HEADER_BYTES)
+                wire.pack_header(header, wire.MSG_NOTIFY, link.notice_seq, len(op.view))
+                link.notice_seq += 1
+                link.out.append(OutMessage(header, _EMPTY, None))
+
+    def _queue_sends(self, link: Link) -> None:
+        while link.to_send:
+            op = link.to_send[0]
+            if op.after is not None and not op.after.done:
+                return
+            if self.notify:
+                if not link.credits:
+                    return
+                posted = link.credits.popleft()
+                if posted != len(op.view):
+                    raise DiagError(f"rank {op.peer} posted a receive of {posted} bytes for a send of "
+                                    f"{len(op.view)} bytes: the ranks called different operations or sizes")
+            link.to_send.popleft()
+            header = bytearray(wire.HEADER_BYTES)
+            wire.pack_header(header, wire.MSG_DATA, link.send_seq, len(op.view))
+            link.send_seq += 1
+            link.out.append(OutMessage(header, op.view, op))
+
+    def _complete(self, op: Op) -> None:
+        op.done = True
+        self.remaining -= 1
+        for link in self.stage_links:
+            if link.to_send or link.to_post:
+                self._advance(link)
+
+    def _wants_read(self, link: Link) -> bool:
+        return bool(link.receiving is not None or link.header_filled or link.posted
+                    or (self.notify and link.to_send))
+
+    # ----------------------------------------------------------------------------------- I/O
+    def _write(self, link: Link, deadline: float | None, budget: int | None = None) -> bool:
+        """Write queued messages until the socket is full (deadline None) or ``budget`` bytes went out
+        (blocking on this socket alone, --io alternate). Returns whether any byte moved."""
+        sock = link.conn.sock
+        moved = 0
+        while link.out and (budget is None or moved < budget):
+            message = link.out[0]
+            limit = None if budget is None else budget - moved
+            try:
+                if message.header_sent < len(message.header):
+                    parts = [memoryview(message.header)[message.header_sent:]]
+                    if len(message.payload):
+                        parts.append(self._cap(message.payload[message.payload_sent:],
+                                               None if limit is None else max(0, limit - len(parts[0]))))
+                    sent = sock.sendmsg(parts)
+                    header_part = min(sent, len(message.header) - message.header_sent)
+                    message.header_sent += header_part
+                    message.payload_sent += sent - header_part
+                else:
+                    sent = sock.send(self._cap(message.payload[message.payload_sent:], limit))
+                    message.payload_sent += sent
+            except BlockingIOError:
+                if deadline is None:
+                    break
+                self._wait(link, _POLL_OUT, deadline)
+                continue
+            except OSError as exc:
+                self._peer_failed(link, exc)
+            moved += sent
+            link.bytes_out += sent
+            if not message.remaining():
+                link.out.popleft()
+                if message.op is not None:
+                    self._complete(message.op)
+        return moved > 0
+
+    @staticmethod
+    def _cap(view: memoryview, limit: int | None) -> memoryview:
+        return view if limit is None or len(view) <= limit else view[:limit]
+
+    def _read(self, link: Link, deadline: float | None, budget: int | None = None) -> bool:
+        sock = link.conn.sock
+        peer = link.conn.peer
+        moved = 0
+        while self._wants_read(link) and (budget is None or moved < budget):
+            op = link.receiving
+            try:
+                if op is None:
+                    got = sock.recv_into(link.header_view[link.header_filled:])
+                else:
+                    target = op.view[link.received:]
+                    got = sock.recv_into(self._cap(target, None if budget is None else budget - moved))
+            except BlockingIOError:
+                if deadline is None or (budget is not None and op is None and not link.header_filled):
+                    break
+                self._wait(link, _POLL_IN, deadline)
+                continue
+            except OSError as exc:
+                self._peer_failed(link, exc)
+            if got == 0:
+                self._peer_failed(link, None)
+            moved += got
+            link.bytes_in += got
+            if op is not None:
+                link.received += got
+                if link.received == len(op.view):
+                    link.receiving = None
+                    self._complete(op)
+                    if budget is not None:
+                        break
+                continue
+            link.header_filled += got
+            if link.header_filled < wire.HEADER_BYTES:
+                continue
+            link.header_filled = 0
+            self._on_header(link, peer)
+            if budget is not None and link.receiving is None:
+                break
+        return moved > 0
+
+    def _on_header(self, link: Link, peer: int) -> None:
+        kind, seq, length = wire.parse_header(link.header, peer)
+        if kind == wire.MSG_NOTIFY:
+            if not self.notify or seq != link.credit_seq & 0xFFFFFFFF:
+                raise DiagError(f"rank {peer} sent an unexpected ready-to-receive notice (seq {seq}); "
+                                "are all ranks using the same --handshake?")
+            link.credit_seq += 1
+            link.credits.append(length)
+            for candidate in self.stage_links:
+                if candidate.to_send:
+                    self._advance(candidate)
+            return
+        if not link.posted:
+            raise DiagError(f"rank {peer} sent {length} data bytes nobody asked for; "
+                            "are all ranks running the same operations and knobs?")
+        op = link.posted[0]
+        if seq != link.recv_seq & 0xFFFFFFFF or length != len(op.view):
+            raise DiagError(f"rank {peer} sent message {seq} of {length} bytes where message "
+                            f"{link.recv_seq & 0xFFFFFFFF} of {len(op.view)} bytes was expected: "
+                            "the ranks called different operations or sizes")
+        link.posted.popleft()
+        link.recv_seq += 1
+        if length == 0:
+            self._complete(op)
+        else:
+            link.receiving = op
+            link.received = 0
+
+    # ----------------------------------------------------------------------------------- waiting
+    def _wait(self, link: Link, mask: int, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            self._timeout([link], "waiting", 0.0)
+        poller = select.poll()
+        poller.register(link.conn.fd, mask)
+        poller.poll(max(1, int(min(left, 1.0) * 1000)))
+
+    @staticmethod
+    def _wait_readable(links: list[Link], wait_s: float) -> Link | None:
+        if not links:
+            return None
+        poller = select.poll()
+        by_fd = {link.conn.fd: link for link in links}
+        for fd in by_fd:
+            poller.register(fd, _POLL_IN)
+        events = poller.poll(max(0, int(wait_s * 1000)))
+        return by_fd[events[0][0]] if events else None
+
+    # ----------------------------------------------------------------------------------- failures
+    def _timeout(self, links: list[Link], what: str, timeout_s: float) -> None:
+        waiting = sorted({link.conn.peer for link in links if not link.idle()})
+        who = ", ".join(str(peer) for peer in waiting) or "?"
+        raise DiagError(f"{what} timed out after {timeout_s:g}s waiting for rank(s) {who}; "
+                        "a peer is stuck or dead (check its log), or raise --timeout")
+
+    @staticmethod
+    def _peer_failed(link: Link, exc: OSError | None) -> None:
+        peer = link.conn.peer
+        if exc is None or exc.errno in (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED):
+            raise DiagError(f"rank {peer} closed its connection ({link.conn.label}) in the middle of an "
+                            "operation: that rank died or exited early; see its log")
+        raise DiagError(f"socket error talking to rank {peer} ({link.conn.label}): {exc.strerror}")

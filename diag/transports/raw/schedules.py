@@ -1,0 +1,103 @@
+"""Schedules: which byte ranges go to which peer, in which order, for each operation and algorithm.
+
+All functions work on flat byte memoryviews. A block is split into ``chunks x streams`` parts; part i
+travels on stream ``i % streams``, so every chunk is striped over all streams of a peer pair.
+
+- ring (gloo's all_gather for every N): N-1 steps; in step s rank r sends block (r-s) to r+1 and receives
+  block (r-s-1) from r-1. A part is forwarded as soon as it arrived (``after``), so steps pipeline at
+  chunk granularity. At N=2 both neighbours are the same rank.
+- pairwise: N-1 stages run one after another; in stage s rank r exchanges its own block with r+s / r-s.
+- direct: every rank sends its block to all peers and receives from all at once.
+
+``order`` decides which of a send and its matching receive a rank posts first; with ``--handshake
+notify`` posting a receive sends the in-band notice, so send-first can queue the notice behind own data.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from diag.transports.raw.engine import RECV, SEND, Op
+
+
+def part_bounds(nbytes: int, parts: int) -> list[tuple[int, int]]:
+    edges = [i * nbytes // parts for i in range(parts + 1)]
+    return list(itertools.pairwise(edges))
+
+
+def _paired(send: Op, recv: Op, send_first: bool) -> list[Op]:
+    return [send, recv] if send_first else [recv, send]
+
+
+def transfer_ops(kind: int, peer: int, view: memoryview, chunks: int, streams: int,
+                 after: list[Op] | None = None) -> list[Op]:
+    bounds = part_bounds(len(view), chunks * streams)
+    return [Op(kind, peer, view[lo:hi], stream=i % streams, after=None if after is None else after[i])
+            for i, (lo, hi) in enumerate(bounds)]
+
+
+def all_gather(algo: str, out: memoryview, rank: int, world_size: int, chunks: int, streams: int,
+               send_first: bool) -> list[list[Op]]:
+    """Stages for all_gather on ``out`` (world_size equal blocks, own block already in place)."""
+    block = len(out) // world_size
+    parts = chunks * streams
+    bounds = part_bounds(block, parts)
+
+    def part(block_index: int, i: int) -> memoryview:
+        lo, hi = bounds[i]
+        base = block_index * block
+        return out[base + lo:base + hi]
+
+    if world_size == 1:
+        return []
+    if algo == "ring":
+        right = (rank + 1) % world_size
+        left = (rank - 1) % world_size
+        stage: list[Op] = []
+        previous: list[Op] | None = None
+        for step in range(world_size - 1):
+            send_block = (rank - step) % world_size
+            recv_block = (rank - step - 1) % world_size
+            received: list[Op] = []
+            for i in range(parts):
+                forwarded = None if previous is None else previous[i]
+                send = Op(SEND, right, part(send_block, i), stream=i % streams, after=forwarded)
+                recv = Op(RECV, left, part(recv_block, i), stream=i % streams, after=forwarded)
+                stage.extend(_paired(send, recv, send_first))
+                received.append(recv)
+            previous = received
+        return [stage]
+    stages: list[list[Op]] = []
+    for step in range(1, world_size):
+        dst = (rank + step) % world_size
+        src = (rank - step) % world_size
+        ops: list[Op] = []
+        for i in range(parts):
+            send = Op(SEND, dst, part(rank, i), stream=i % streams)
+            recv = Op(RECV, src, part(src, i), stream=i % streams)
+            ops.extend(_paired(send, recv, send_first))
+        stages.append(ops)
+    if algo == "pairwise":
+        return stages
+    return [[op for stage in stages for op in stage]]   # direct
+
+
+def all_to_all(out: memoryview, inp: memoryview, rank: int, world_size: int, chunks: int, streams: int,
+               send_first: bool) -> list[list[Op]]:
+    block = len(inp) // world_size
+    ops: list[Op] = []
+    for step in range(1, world_size):
+        dst = (rank + step) % world_size
+        src = (rank - step) % world_size
+        sends = transfer_ops(SEND, dst, inp[dst * block:(dst + 1) * block], chunks, streams)
+        recvs = transfer_ops(RECV, src, out[src * block:(src + 1) * block], chunks, streams)
+        ops.extend(sends + recvs if send_first else recvs + sends)
+    return [ops]
+
+
+def broadcast(view: memoryview, rank: int, root: int, world_size: int, chunks: int,
+              streams: int) -> list[list[Op]]:
+    if rank == root:
+        return [[op for peer in range(world_size) if peer != root
+                 for op in transfer_ops(SEND, peer, view, chunks, streams)]]
+    return [transfer_ops(RECV, root, view, chunks, streams)]

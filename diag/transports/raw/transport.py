@@ -1,0 +1,331 @@
+"""RawTransport: diag's raw-TCP reference collectives behind diag.transports.base.Transport."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from diag.errors import DiagError
+from diag.transports.base import UnsupportedOperation
+from diag.transports.raw import mesh, schedules, tcpinfo, wire
+from diag.transports.raw.engine import RECV, SEND, Engine, Link
+from diag.transports.raw.knobs import RawKnobs
+
+if TYPE_CHECKING:
+    import torch
+
+STORE_PREFIX = "diag_raw"
+REDUCE_OPS = ("sum", "max", "min", "product")
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor's own memory as a flat byte memoryview (no copy)."""
+    import torch
+
+    if tensor.device.type != "cpu":
+        raise DiagError("the raw transport moves CPU tensors only; use --device cpu")
+    if not tensor.is_contiguous():
+        raise DiagError("the raw transport needs contiguous tensors (call .contiguous())")
+    flat = tensor.detach().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def rendezvous_store(rank: int, world_size: int, timeout_s: float) -> Any:
+    """The store of an initialized default group, else env:// (torchrun's agent store or MASTER_ADDR)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.distributed_c10d._get_default_store()
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(name):
+            raise DiagError(f"{name} is not set: run under torchrun/Slurm or `diag sweep`, or export "
+                            "MASTER_ADDR and MASTER_PORT")
+    try:
+        store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size,
+                                           timeout=timedelta(seconds=timeout_s)))
+    except (RuntimeError, ValueError) as exc:
+        raise DiagError(f"rendezvous at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} failed: "
+                        f"{str(exc).splitlines()[0]}") from None
+    return store
+
+
+class RawTransport:
+    backend = "raw"
+
+    def __init__(self, knobs: RawKnobs, rank: int, world_size: int, timeout_s: float,
+                 store: Any | None = None) -> None:
+        import torch.distributed as dist
+
+        self.settings = knobs
+        self.algo = knobs.algo
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self._closed = False
+        self._conns: list[mesh.Conn] = []
+        self._last_size_bytes = 0
+        self._sample_file: TextIO | None = None
+        self._sample_lock = threading.Lock()
+        self._row_begin: dict[str, dict[str, Any]] = {}
+        self._row_last: dict[str, dict[str, Any]] = {}
+        self._row_samples: dict[str, list[dict[str, Any]]] = {}
+        self._stop_sampler = threading.Event()
+        self._sampler: threading.Thread | None = None
+
+        base = store if store is not None else rendezvous_store(rank, world_size, timeout_s)
+        # Every rank creates transports in the same sequence, so its own counter names the same
+        # generation everywhere: two transports in one process never read each other's keys.
+        generation = base.add(f"{STORE_PREFIX}/generation/{rank}", 1)
+        self._store = dist.PrefixStore(f"{STORE_PREFIX}/{generation}/", base)
+        self._store.set_timeout(timedelta(seconds=timeout_s))
+        deadline = time.monotonic() + timeout_s
+        self._address = mesh.choose_address(knobs.iface)
+        listener = mesh.listen(self._address, knobs)
+        try:
+            self._connect(listener, deadline)
+        except BaseException:
+            mesh.close_all(self._conns)
+            raise
+        finally:
+            listener.close()
+        links: dict[tuple[int, int, bool], Link] = {}
+        self._links: list[Link] = []
+        for conn in self._conns:
+            link = Link(conn)
+            self._links.append(link)
+            if conn.sends:
+                links[(conn.peer, conn.stream, True)] = link
+            if conn.receives:
+                links[(conn.peer, conn.stream, False)] = link
+        self._engine = Engine(links, notify=knobs.handshake == "notify", send_first=knobs.order == "send-first",
+                              alternate=knobs.io == "alternate", sockbuf=knobs.sockbuf)
+        self._barrier_out = bytearray(world_size)
+        if knobs.tcpinfo_dir:
+            directory = Path(knobs.tcpinfo_dir)
+            directory.mkdir(parents=True, exist_ok=True)
+            self._sample_file = open(directory / f"tcpinfo-rank{rank}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        if knobs.tcpinfo_interval_s:
+            self._sampler = threading.Thread(target=self._sample_periodically, name="diag-raw-tcpinfo",
+                                             daemon=True)
+            self._sampler.start()
+
+    # ----------------------------------------------------------------------------------- setup
+    def _connect(self, listener: socket.socket, deadline: float) -> None:
+        store = self._store
+        if self.rank == 0:
+            store.set("token", secrets.token_bytes(wire.TOKEN_BYTES))
+        port = listener.getsockname()[1]
+        store.set(f"addr/{self.rank}", f"{self._address}:{port}")
+        fingerprint = json.dumps({k: v for k, v in self.settings.as_record().items()
+                                  if k in ("algo", "order", "conn", "handshake", "chunks", "streams", "io")},
+                                 sort_keys=True)
+        store.set(f"knobs/{self.rank}", fingerprint)
+        try:
+            token = bytes(store.get("token"))
+            reference = bytes(store.get("knobs/0")).decode()
+            self._addresses = [bytes(store.get(f"addr/{peer}")).decode() for peer in range(self.world_size)]
+        except RuntimeError as exc:
+            raise DiagError(f"rank {self.rank}: not all ranks published their address within "
+                            f"{self.timeout_s:g}s ({str(exc).splitlines()[0]})") from None
+        if reference != fingerprint:
+            raise DiagError(f"rank {self.rank} runs with knobs {fingerprint} but rank 0 with {reference}: "
+                            "give every rank the same raw transport settings")
+        for peer in range(self.rank):
+            host, peer_port = self._addresses[peer].rsplit(":", 1)
+            for role, stream in mesh.conn_plan(self.rank, peer, self.settings):
+                self._conns.append(mesh.connect_to(self.rank, peer, (host, int(peer_port)), token, role, stream,
+                                                   self.settings, deadline))
+        self._conns.extend(mesh.accept_all(listener, self.rank, self.world_size, token, self.settings,
+                                           deadline))
+
+    # ----------------------------------------------------------------------------------- Transport
+    def knobs(self) -> dict[str, Any]:
+        resolved = self.settings.as_record()
+        resolved["address"] = self._address
+        if self._conns:
+            sock = self._conns[0].sock
+            resolved["so_sndbuf"] = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+            resolved["so_rcvbuf"] = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        resolved["connections_per_peer"] = len(mesh.conn_plan(0, 1, self.settings))
+        return resolved
+
+    def hosts(self) -> list[str]:
+        return [address.rsplit(":", 1)[0] for address in self._addresses]
+
+    def barrier(self) -> None:
+        self._barrier_out[:] = bytes(self.world_size)
+        view = memoryview(self._barrier_out)
+        stages = schedules.all_gather("direct", view, self.rank, self.world_size, 1, 1,
+                                      self.settings.order == "send-first")
+        self._run(stages, "barrier")
+
+    def synchronize(self) -> None:
+        """CPU sockets: an operation is complete when it returns."""
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        out = tensor_bytes(output)
+        inp = tensor_bytes(input)
+        if len(out) != len(inp) * self.world_size:
+            raise DiagError(f"all_gather output has {len(out)} bytes, expected world_size x {len(inp)}")
+        self._last_size_bytes = len(inp)
+        block = len(inp)
+        if len(inp) and output.data_ptr() + self.rank * block != input.data_ptr():
+            out[self.rank * block:(self.rank + 1) * block] = inp
+        knobs = self.settings
+        stages = schedules.all_gather(knobs.algo, out, self.rank, self.world_size, knobs.chunks, knobs.streams,
+                                      knobs.order == "send-first")
+        self._run(stages, "all_gather")
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        self._check_peer(dst)
+        view = tensor_bytes(tensor)
+        self._last_size_bytes = len(view)
+        self._run([schedules.transfer_ops(SEND, dst, view, self.settings.chunks, self.settings.streams)],
+                  f"send to rank {dst}")
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        self._check_peer(src)
+        view = tensor_bytes(tensor)
+        self._last_size_bytes = len(view)
+        self._run([schedules.transfer_ops(RECV, src, view, self.settings.chunks, self.settings.streams)],
+                  f"receive from rank {src}")
+
+    def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, order: str) -> None:
+        self._check_peer(peer)
+        out_view = tensor_bytes(send)
+        in_view = tensor_bytes(recv)
+        self._last_size_bytes = len(out_view)
+        sends = schedules.transfer_ops(SEND, peer, out_view, self.settings.chunks, self.settings.streams)
+        recvs = schedules.transfer_ops(RECV, peer, in_view, self.settings.chunks, self.settings.streams)
+        self._run([sends + recvs if order == "send-first" else recvs + sends], f"exchange with rank {peer}")
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> None:
+        self._check_peer(root, allow_self=True)
+        view = tensor_bytes(tensor)
+        self._last_size_bytes = len(view)
+        self._run(schedules.broadcast(view, self.rank, root, self.world_size, self.settings.chunks,
+                                      self.settings.streams), "broadcast")
+
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        out = tensor_bytes(output)
+        inp = tensor_bytes(input)
+        if len(out) != len(inp) or len(inp) % self.world_size:
+            raise DiagError("all_to_all needs input and output of equal size, divisible by world_size")
+        self._last_size_bytes = len(inp)
+        block = len(inp) // self.world_size
+        out[self.rank * block:(self.rank + 1) * block] = inp[self.rank * block:(self.rank + 1) * block]
+        self._run(schedules.all_to_all(out, inp, self.rank, self.world_size, self.settings.chunks,
+                                       self.settings.streams, self.settings.order == "send-first"), "all_to_all")
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
+        """Gather every rank's tensor, then reduce locally in rank order: simple, exact and identical on
+        every rank; it moves (N-1) x size per rank (a reference for correctness, not a fast all_reduce)."""
+        import torch
+
+        gathered = torch.empty((self.world_size, *tensor.shape), dtype=tensor.dtype)
+        self.all_gather(gathered, tensor.contiguous())
+        tensor.copy_(_reduce(gathered, op))
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum") -> None:
+        import torch
+
+        if input.numel() != output.numel() * self.world_size:
+            raise DiagError("reduce_scatter input must hold world_size x output elements")
+        received = torch.empty(input.numel(), dtype=input.dtype)
+        self.all_to_all(received, input.contiguous().reshape(-1))
+        output.copy_(_reduce(received.view(self.world_size, *output.shape), op))
+
+    def on_iteration(self, phase: str, index: int) -> None:
+        for conn in self._conns:
+            info = tcpinfo.read_tcp_info(conn.sock)
+            if info is None:
+                continue
+            self._row_samples.setdefault(conn.label, []).append(info)
+            self._row_begin.setdefault(conn.label, info)
+            self._row_last[conn.label] = info
+            self._write_sample(conn, info, phase, index)
+
+    def row_extra(self) -> dict[str, Any]:
+        summary = {label: tcpinfo.summarize(self._row_begin[label], self._row_last[label], samples)
+                   for label, samples in self._row_samples.items()}
+        self._row_begin.clear()
+        self._row_last.clear()
+        self._row_samples.clear()
+        return {"tcp_info": summary} if summary else {}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_sampler.set()
+        if self._sampler is not None:
+            self._sampler.join(timeout=5)
+        mesh.close_all(self._conns)
+        with self._sample_lock:
+            if self._sample_file is not None:
+                self._sample_file.close()
+                self._sample_file = None
+
+    def __enter__(self) -> RawTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------------- helpers
+    def _run(self, stages: list[list[Any]], what: str) -> None:
+        if self._closed:
+            raise DiagError("the raw transport is closed")
+        self._engine.run(stages, what, self.timeout_s)
+
+    def _check_peer(self, peer: int, allow_self: bool = False) -> None:
+        if not 0 <= peer < self.world_size or (peer == self.rank and not allow_self):
+            raise DiagError(f"rank {self.rank}: invalid peer rank {peer} (world size {self.world_size})")
+
+    def _write_sample(self, conn: mesh.Conn, info: dict[str, Any], phase: str, index: int) -> None:
+        if self._sample_file is None:
+            return
+        direction = "both" if conn.sends and conn.receives else ("send" if conn.sends else "recv")
+        line = {"kind": "tcp_info", "t_ns": time.time_ns(), "rank": self.rank, "peer": conn.peer,
+                "conn": conn.label, "direction": direction, "phase": phase,
+                "size_bytes": self._last_size_bytes, "iteration": index, **info}
+        with self._sample_lock:
+            if self._sample_file is not None:
+                self._sample_file.write(json.dumps(line) + "\n")
+                if phase != "interval":
+                    self._sample_file.flush()
+
+    def _sample_periodically(self) -> None:
+        interval = self.settings.tcpinfo_interval_s or 1.0
+        index = 0
+        while not self._stop_sampler.wait(interval):
+            for conn in self._conns:
+                info = tcpinfo.read_tcp_info(conn.sock)
+                if info is not None:
+                    self._write_sample(conn, info, "interval", index)
+            index += 1
+
+
+def _reduce(stacked: torch.Tensor, op: str) -> torch.Tensor:
+    if op == "sum":
+        return stacked.sum(dim=0, dtype=stacked.dtype)
+    if op == "product":
+        return stacked.prod(dim=0, dtype=stacked.dtype)
+    if op == "max":
+        return stacked.amax(dim=0)
+    if op == "min":
+        return stacked.amin(dim=0)
+    raise UnsupportedOperation(f"reduce op {op!r} is not supported by the raw transport "
+                               f"(choose {', '.join(REDUCE_OPS)})")
+
+
+__all__ = ["RawTransport", "rendezvous_store", "tensor_bytes"]

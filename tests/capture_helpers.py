@@ -1,0 +1,208 @@
+"""Shared fixtures for the capture/analyze/observe tests: real traffic, namespaces, tshark as the referee."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+# tshark's expert-info fields we compare, keyed by the diag per-direction counter they correspond to.
+TSHARK_FLAGS = {
+    "retransmissions": "tcp.analysis.retransmission",
+    "fast_retransmissions": "tcp.analysis.fast_retransmission",
+    "dup_acks": "tcp.analysis.duplicate_ack",
+    "zero_windows": "tcp.analysis.zero_window",
+    "window_full": "tcp.analysis.window_full",
+    "spurious_retransmissions": "tcp.analysis.spurious_retransmission",
+    "out_of_order": "tcp.analysis.out_of_order",
+}
+TRAFFIC_TIMEOUT_S = 30.0
+
+
+def need_tools(*tools: str) -> None:
+    missing = [tool for tool in tools if not shutil.which(tool)]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (installed by .ci/run through apt)")
+
+
+def need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root for packet capture and network namespaces")
+
+
+def tshark_directions(pcap: Path) -> dict[tuple[str, str], dict[str, object]]:
+    """Per direction ("ip:port" -> "ip:port"): packets, payload bytes and each analysis flag's frames."""
+    fields = ["frame.number", "ip.src", "ipv6.src", "tcp.srcport", "ip.dst", "ipv6.dst", "tcp.dstport", "tcp.len",
+              *TSHARK_FLAGS.values()]
+    command = ["tshark", "-n", "-r", str(pcap), "-Y", "tcp", "-T", "fields", "-E", "separator=|",
+               "-E", "occurrence=f"]
+    for name in fields:
+        command += ["-e", name]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300).stdout
+    directions: dict[tuple[str, str], dict[str, object]] = {}
+    for line in out.splitlines():
+        parts = line.split("|")
+        frame, src4, src6, sport, dst4, dst6, dport, length = parts[:8]
+        src = f"{src4}:{sport}" if src4 else f"[{src6}]:{sport}"
+        dst = f"{dst4}:{dport}" if dst4 else f"[{dst6}]:{dport}"
+        entry = directions.setdefault((src, dst), {"packets": 0, "payload_bytes": 0,
+                                                   **{k: [] for k in TSHARK_FLAGS}})
+        entry["packets"] += 1  # type: ignore[operator]
+        entry["payload_bytes"] += int(length or 0)  # type: ignore[operator]
+        for key, flag in zip(TSHARK_FLAGS, parts[8:], strict=True):
+            if flag:
+                entry[key].append(int(frame))  # type: ignore[union-attr]
+    return directions
+
+
+def diag_directions(result: dict) -> dict[tuple[str, str], dict]:
+    out = {}
+    for conn in result["connections"]:
+        out[(conn["a"], conn["b"])] = conn["directions"]["a->b"]
+        out[(conn["b"], conn["a"])] = conn["directions"]["b->a"]
+    return out
+
+
+def flagged_frames(pcap: Path, flag: str) -> list[int]:
+    """diag's frames for one per-packet flag (for exact frame-by-frame comparison with tshark)."""
+    from diag.capture.flows import load_packets
+
+    packets, _ = load_packets([pcap])
+    column = getattr(packets.state, flag)
+    return sorted(packets.cols["frame"][column].tolist())
+
+
+# --- traffic ---------------------------------------------------------------------------------------
+
+
+def bulk_transfer(client_addr: tuple[str, int], server_addr: tuple[str, int], nbytes: int,
+                  server_ns: str | None = None, client_ns: str | None = None, reverse_bytes: int = 0,
+                  server_rcvbuf: int | None = None, read_delay_s: float = 0.0) -> None:
+    """Send nbytes client -> server (and reverse_bytes back) with plain sockets, optionally inside namespaces.
+
+    The peers run as `python -c` child processes so each one can live in its own network namespace.
+    """
+    server_code = f"""
+import socket, time
+s = socket.socket(socket.AF_INET6 if ':' in {server_addr[0]!r} else socket.AF_INET)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+if {server_rcvbuf!r}:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, {server_rcvbuf!r})
+s.bind(({server_addr[0]!r}, {server_addr[1]})); s.listen(1); s.settimeout({TRAFFIC_TIMEOUT_S})
+print('ready', flush=True)
+c, _ = s.accept(); c.settimeout({TRAFFIC_TIMEOUT_S})
+got = 0
+deadline = time.monotonic() + {TRAFFIC_TIMEOUT_S}
+while got < {nbytes} and time.monotonic() < deadline:
+    d = c.recv(4096 if {read_delay_s!r} else 1 << 20)
+    if not d: break
+    got += len(d)
+    if {read_delay_s!r}: time.sleep({read_delay_s!r})
+if {reverse_bytes}: c.sendall(b'r' * {reverse_bytes})
+c.shutdown(socket.SHUT_WR)
+while c.recv(65536): pass
+c.close()
+"""
+    client_code = f"""
+import socket
+c = socket.create_connection(({client_addr[0]!r}, {server_addr[1]}), timeout={TRAFFIC_TIMEOUT_S})
+c.sendall(b'x' * {nbytes})
+c.shutdown(socket.SHUT_WR)
+got = 0
+while True:
+    d = c.recv(1 << 20)
+    if not d: break
+    got += len(d)
+c.close()
+"""
+    del client_addr  # the client only needs the server's address; kept in the signature for readability
+    server = subprocess.Popen(_in_ns(server_ns, ["python3", "-c", server_code]), stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        assert line.strip() == "ready", "test server did not start"
+        subprocess.run(_in_ns(client_ns, ["python3", "-c", client_code]), check=True,
+                       timeout=TRAFFIC_TIMEOUT_S * 2)
+        server.wait(TRAFFIC_TIMEOUT_S)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def _in_ns(netns: str | None, command: list[str]) -> list[str]:
+    return ["ip", "netns", "exec", netns, *command] if netns else command
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class NetnsPair:
+    """Two namespaces joined by a veth pair: a (10.x.y.1) and b (10.x.y.2)."""
+
+    a: str
+    b: str
+    dev_a: str
+    dev_b: str
+    addr_a: str
+    addr_b: str
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
+
+
+@contextlib.contextmanager
+def netns_pair(tag: str) -> Iterator[NetnsPair]:
+    need_root()
+    need_tools("ip", "tc")
+    pid = os.getpid()
+    suffix = f"{tag}{pid % 100000}"
+    pair = NetnsPair(a=f"cap5a{suffix}", b=f"cap5b{suffix}", dev_a=f"c5a{pid % 100000}{tag[:2]}",
+                     dev_b=f"c5b{pid % 100000}{tag[:2]}",
+                     addr_a=f"10.{50 + pid % 50}.{(pid // 50) % 250}.1",
+                     addr_b=f"10.{50 + pid % 50}.{(pid // 50) % 250}.2")
+    try:
+        _ip("netns", "add", pair.a)
+        _ip("netns", "add", pair.b)
+        _ip("link", "add", pair.dev_a, "netns", pair.a, "type", "veth", "peer", "name", pair.dev_b, "netns", pair.b)
+        for ns, dev, addr in ((pair.a, pair.dev_a, pair.addr_a), (pair.b, pair.dev_b, pair.addr_b)):
+            _ip("-n", ns, "addr", "add", f"{addr}/30", "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        yield pair
+    finally:
+        for ns in (pair.a, pair.b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+
+
+def tc(ns: str, *args: str) -> None:
+    subprocess.run(["ip", "netns", "exec", ns, "tc", *args], check=True, capture_output=True, timeout=20)
+
+
+def wait_for(predicate, timeout_s: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def run_in_thread(target) -> threading.Thread:  # type: ignore[no-untyped-def]
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,60 @@
+"""Real gloo process groups for harness tests: ranks are spawned processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class CorruptingTransport:
+    """Wraps a real transport; flips one element of rank ``bad_rank``'s all_gather output each time."""
+
+    def __init__(self, inner, bad_rank: int) -> None:
+        self._inner = inner
+        self._bad_rank = bad_rank
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def all_gather(self, output, input):
+        self._inner.all_gather(output, input)
+        if self._inner.rank == self._bad_rank and output.numel() > 8:  # spare the harness's own gathers
+            output[-1] += 1
+
+
+def _rank_main(rank: int, world_size: int, port: int, spec_json: str, result_dir: str, corrupt: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size))
+    from diag.harness import measure_row, plan_rows
+    from diag.spec import SweepSpec
+    from diag.transports.torch_dist import TorchTransport
+
+    spec = SweepSpec.from_dict(json.loads(spec_json))
+    transport = TorchTransport("gloo", timeout_s=30)
+    if corrupt >= 0:
+        transport = CorruptingTransport(transport, corrupt)
+    rows = []
+    for plan in plan_rows(spec, world_size):
+        record = measure_row(transport, spec, plan, "test")
+        if record is not None:
+            rows.append(record.to_event())
+    transport.close()
+    if rank == 0:
+        Path(result_dir, "rows.json").write_text(json.dumps(rows))
+
+
+def run_rows(spec, world_size: int, tmp_path: Path, corrupt_rank: int = -1) -> list[dict]:
+    """Run every row of ``spec`` on a real gloo group of ``world_size`` ranks; rank 0's records."""
+    mp.start_processes(_rank_main, args=(world_size, free_port(), spec.to_json(), str(tmp_path), corrupt_rank),
+                       nprocs=world_size, join=True, start_method="spawn")
+    return json.loads((tmp_path / "rows.json").read_text())

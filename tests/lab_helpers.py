@@ -1,0 +1,63 @@
+"""Shared fixtures for the lab tests: root checks, unique lab names, guaranteed teardown."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_counter = itertools.count()
+
+
+def is_root_with_netns() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
+
+
+requires_root = pytest.mark.skipif(
+    not is_root_with_netns(), reason="needs root with ip/tc (network namespaces and tc qdiscs)"
+)
+
+
+def unique_lab_name(tag: str = "") -> str:
+    """Lab names must not clash with other engineers' concurrent test runs: pid + counter (<= 12 chars)."""
+    name = f"t{os.getpid() % 10_000_000}{next(_counter)}{tag}"
+    return name[:12]
+
+
+def lab_netns(name: str) -> list[str]:
+    """This lab's namespaces that exist now."""
+    from diag.lab.config import owns_netns
+    from diag.lab.netns import list_netns
+
+    return [ns for ns in list_netns() if owns_netns(name, ns)]
+
+
+def root_links() -> set[str]:
+    """Interface names in the test's own namespace (the lab must never add any)."""
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line}
+
+
+def run_diag(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real command line: python -m diag ..."""
+    return subprocess.run([sys.executable, "-m", "diag", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env=env)
+
+
+@pytest.fixture
+def lab_names() -> Iterator[list[str]]:
+    """Append every lab name a test uses; each is torn down afterwards, whatever happened."""
+    names: list[str] = []
+    yield names
+    from diag.lab import tear_down
+
+    for name in names:
+        tear_down(name)
+        assert not lab_netns(name), f"namespaces of lab {name} survived teardown"

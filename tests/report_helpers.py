@@ -1,0 +1,204 @@
+"""Builders for report/diagnose/compare/model tests: records and run directories made by code.
+
+Records are written with diag.records.RecordWriter, so tests read them through the same loader as real
+runs. Timing samples are drawn from a seeded generator so every test is deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from diag.records import Record, RecordWriter
+
+MiB = 1 << 20
+KiB = 1 << 10
+TEST_ENV = {"host": "testhost", "kernel": "6.0-test", "cpu_count": 2, "torch": "2.13.0+cpu",
+            "sysctl": {"net.ipv4.tcp_slow_start_after_idle": "1", "net.ipv4.tcp_rmem": "4096 131072 6291456"}}
+
+
+def bus_factor(op: str, n: int) -> float:
+    return (n - 1) / n if op == "all_gather" else 1.0
+
+
+def total_bytes(op: str, n: int, size: int) -> int:
+    return n * size if op == "all_gather" else size
+
+
+def make_record(backend: str, op: str, n: int, size: int, times: Sequence[float], *, algo: str | None = None,
+                knobs: dict[str, Any] | None = None, nwrong: int = 0, t_start_ns: int = 1_000_000_000) -> Record:
+    times = [float(t) for t in times]
+    med = statistics.median(times)
+    total = total_bytes(op, n, size)
+    algbw = total / med
+    mean = statistics.fmean(times)
+    return Record(
+        backend=backend, algo=algo or ("ring" if backend == "raw" else "default"), op=op, world_size=n,
+        size_bytes=size, total_bytes=total, volume_bytes=(n - 1) * size, dtype="uint8", count=size,
+        iters=len(times), warmup=1, times_s=times, time_s=med, min_s=min(times), max_s=max(times), mean_s=mean,
+        p95_s=sorted(times)[-1], stdev_s=statistics.stdev(times) if len(times) > 1 else 0.0,
+        algbw_Bps=algbw, busbw_Bps=algbw * bus_factor(op, n), nwrong=nwrong,
+        t_start_ns=t_start_ns, t_end_ns=t_start_ns + int(sum(times) * 1e9), knobs=dict(knobs or {}),
+        hosts=[f"10.0.0.{i + 1}" for i in range(n)], run_id=f"test-{backend}-n{n}")
+
+
+def timed(seconds: float, count: int = 8, spread: float = 0.02, seed: int = 0) -> list[float]:
+    """`count` samples around `seconds` with a relative spread, deterministic."""
+    rng = random.Random(seed)
+    return [seconds * (1 + rng.gauss(0.0, spread)) for _ in range(count)]
+
+
+def ideal_time(op: str, n: int, size: int, link_Bps: float, slowdown: float = 1.0, latency_s: float = 100e-6) -> float:
+    """A link-bound time: each rank receives (N-1)*size at the link rate (exchange: size)."""
+    volume = (n - 1) * size if op == "all_gather" else size
+    return latency_s + slowdown * volume / link_Bps
+
+
+def write_records(path: Path, records: Iterable[Record], env: dict[str, Any] | None = None) -> Path:
+    records = list(records)
+    with RecordWriter(path) as writer:
+        for run_id in dict.fromkeys(r.run_id for r in records):
+            writer.start(run_id, env=env if env is not None else TEST_ENV, spec={})
+            for r in records:
+                if r.run_id == run_id:
+                    writer.record(r)
+            writer.end(run_id, "ok")
+    return path
+
+
+def write_run_dir(root: Path, records: Iterable[Record], *, meta: dict[str, Any] | None = None,
+                  analyses: dict[str, dict[str, Any]] | None = None,
+                  captures: dict[str, dict[str, Any]] | None = None,
+                  observe: dict[str, list[dict[str, Any]]] | None = None,
+                  tcpinfo: list[dict[str, Any]] | None = None, env: dict[str, Any] | None = None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    write_records(root / "records" / "sweep.jsonl", records, env)
+    if meta is not None:
+        (root / "run.json").write_text(json.dumps(meta))
+    for folder, items, suffix in (("analysis", analyses, ".json"), ("captures", captures, ".capture.json")):
+        for tag, value in (items or {}).items():
+            (root / folder).mkdir(exist_ok=True)
+            (root / folder / f"{tag}{suffix}").write_text(json.dumps(value))
+    for tag, samples in (observe or {}).items():
+        (root / "observe").mkdir(exist_ok=True)
+        (root / "observe" / f"{tag}.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    if tcpinfo:
+        (root / "tcpinfo").mkdir(exist_ok=True)
+        (root / "tcpinfo" / "rank0.jsonl").write_text("".join(json.dumps(s) + "\n" for s in tcpinfo))
+    return root
+
+
+LINK_BPS = 12.5e6  # 100 Mbit/s lab link in bytes/s
+SIZES = (64 * KiB, 256 * KiB, MiB, 4 * MiB)
+
+
+def anomaly_records(n2_slowdown: float = 1.9, raw_dip: bool = False, seed: int = 0) -> list[Record]:
+    """gloo all_gather with an N=2 dip from 256 KiB up, raw ring at link speed, raw shared-connection rows
+    slower at N=2, and exchange rows where send-first is slower: the shape of the reported anomaly."""
+    out: list[Record] = []
+    k = seed
+    for n in (2, 3, 4):
+        for size in SIZES:
+            k += 1
+            dip = n2_slowdown if n == 2 and size >= 256 * KiB else 1.0
+            out.append(make_record("gloo", "all_gather", n, size,
+                                   timed(ideal_time("all_gather", n, size, LINK_BPS, 1.1 * dip), seed=k)))
+            out.append(make_record("raw", "all_gather", n, size,
+                                   timed(ideal_time("all_gather", n, size, LINK_BPS, dip if raw_dip else 1.0),
+                                         seed=k + 1000), knobs={"conn": "split", "order": "recv-first"}))
+            shared = n2_slowdown if n == 2 else 1.0
+            out.append(make_record("raw", "all_gather", n, size,
+                                   timed(ideal_time("all_gather", n, size, LINK_BPS, shared), seed=k + 2000),
+                                   knobs={"conn": "shared", "order": "recv-first"}))
+    for size in SIZES:
+        k += 1
+        for order, slow in (("recv-first", 1.0), ("send-first", 1.6)):
+            out.append(make_record("gloo", "exchange", 2, size, timed(ideal_time("exchange", 2, size, LINK_BPS, slow),
+                                                                       seed=k + (7 if slow > 1 else 0)),
+                                   knobs={"order": order}))
+    return out
+
+
+def flat_records(seed: int = 0) -> list[Record]:
+    """Same sweep with no anomaly anywhere: every rule on records should stay silent."""
+    out: list[Record] = []
+    k = seed
+    for n in (2, 3, 4):
+        for size in SIZES:
+            k += 1
+            out.append(make_record("gloo", "all_gather", n, size,
+                                   timed(ideal_time("all_gather", n, size, LINK_BPS, 1.05), seed=k)))
+            for conn in ("split", "shared"):
+                out.append(make_record("raw", "all_gather", n, size,
+                                       timed(ideal_time("all_gather", n, size, LINK_BPS), seed=k + 1000 + len(conn)),
+                                       knobs={"conn": conn, "order": "recv-first"}))
+    for size in SIZES:
+        k += 1
+        for order in ("recv-first", "send-first"):
+            out.append(make_record("gloo", "exchange", 2, size,
+                                   timed(ideal_time("exchange", 2, size, LINK_BPS), seed=k + len(order)),
+                                   knobs={"order": order}))
+    return out
+
+
+def direction(payload: int, *, packets: int = 1000, retrans: int = 0, zero_windows: int = 0, window_full: int = 0,
+              idle_count: int = 0, idle_total_s: float = 0.0, idle_max_s: float = 0.0, first_ts: float = 100.0,
+              last_ts: float = 102.0, throughput: list[float] | None = None) -> dict[str, Any]:
+    span = last_ts - first_ts
+    return {"packets": packets, "payload_bytes": payload, "unique_payload_bytes": payload - retrans * 1448,
+            "retransmissions": retrans, "fast_retransmissions": 0, "dup_acks": 0, "zero_windows": zero_windows,
+            "window_full": window_full, "first_ts": first_ts, "last_ts": last_ts,
+            "goodput_Bps": payload / span if span else 0.0, "active_goodput_Bps": payload / span if span else 0.0,
+            "rtt_ms": {"median": 0.5, "p95": 1.0, "n": 100},
+            "idle_gaps": {"count": idle_count, "total_s": idle_total_s, "max_s": idle_max_s},
+            "throughput": {"bin_s": 0.1, "t0": first_ts, "Bps": throughput or [payload / span] * int(span / 0.1)}}
+
+
+def connection(a: str, b: str, ab: dict[str, Any], ba: dict[str, Any], overlap: float) -> dict[str, Any]:
+    return {"a": a, "b": b, "directions": {"a->b": ab, "b->a": ba}, "duplex_overlap": overlap, "active_s": 2.0,
+            "overlap_Bps": {"a->b": 0.0, "b->a": 0.0}, "alone_Bps": {"a->b": 0.0, "b->a": 0.0}}
+
+
+def analysis(world_size: int, connections: list[dict[str, Any]], hosts: list[dict[str, Any]] | None = None,
+             backend: str = "gloo", kernel_dropped: int = 0) -> dict[str, Any]:
+    phase = {"backend": backend, "algo": "default", "op": "all_gather", "world_size": world_size,
+             "size_bytes": 4 * MiB, "iteration": 0, "t_start_ns": 0, "t_end_ns": 1}
+    return {"schema": 1, "files": ["x.pcap"], "capture": {"kernel_dropped": kernel_dropped,
+                                                          "flagged": kernel_dropped > 0},
+            "connections": connections, "hosts": hosts or [],
+            "phases": [{"phase": phase, "connections": connections, "hosts": hosts or []}], "warnings": []}
+
+
+def host(address: str, tx: int, rx: int, overlap: float) -> dict[str, Any]:
+    return {"address": address, "tx_bytes": tx, "rx_bytes": rx, "duplex_overlap": overlap,
+            "tx_Bps_overlap": 0.0, "rx_Bps_overlap": 0.0, "active_s": 2.0}
+
+
+def turn_taking_analyses() -> dict[str, dict[str, Any]]:
+    """N=2: one connection carries both directions and they take turns; N=4: one-way ring connections."""
+    half = [LINK_BPS, 0.0] * 10
+    other = [0.0, LINK_BPS] * 10
+    n2 = analysis(2, [connection("10.0.0.1:5000", "10.0.0.2:40000",
+                                 direction(8 * MiB, throughput=half), direction(8 * MiB, throughput=other), 0.1)],
+                  [host("10.0.0.1", 8 * MiB, 8 * MiB, 0.1)])
+    ring = [connection(f"10.0.0.{i + 1}:5000", f"10.0.0.{(i + 1) % 4 + 1}:4000{i}",
+                       direction(12 * MiB), direction(0, packets=500), 0.0) for i in range(4)]
+    n4 = analysis(4, ring, [host("10.0.0.1", 12 * MiB, 12 * MiB, 0.95)])
+    return {"gloo_n2": n2, "gloo_n4": n4}
+
+
+def cpu_samples(name: str, pct: float, count: int = 6, tid: int = 11) -> list[dict[str, Any]]:
+    return [{"kind": "cpu_thread", "t_ns": 1_000_000_000 + i * 100_000_000, "pid": 10, "tid": tid, "name": name,
+             "cpu_pct": pct} for i in range(count)]
+
+
+def tcp_info_samples(rwnd_limited_s: float, busy_s: float = 1.0, count: int = 5) -> list[dict[str, Any]]:
+    return [{"kind": "tcp_info", "t_ns": 1_000_000_000 + i * 100_000_000, "pid": 10, "local": "10.0.0.1:5000",
+             "remote": "10.0.0.2:40000", "cwnd": 10 + 5 * i, "rtt_us": 500, "send_q": 1000 * i, "recv_q": 0,
+             "delivery_rate_Bps": LINK_BPS, "busy_s": busy_s * i / (count - 1),
+             "rwnd_limited_s": rwnd_limited_s * i / (count - 1), "sndbuf_limited_s": 0.0, "retrans": 0}
+            for i in range(count)]

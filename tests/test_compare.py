@@ -1,0 +1,89 @@
+"""compare: Welch's t-test on synthetic samples with known answers, row matching, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from diag.__main__ import main
+from diag.report.compare import compare, compare_rows, welch_test
+from report_helpers import MiB, make_record, timed, write_records
+
+
+def test_welch_matches_the_textbook_formula() -> None:
+    a = [1.0, 1.1, 0.9, 1.05, 0.95]
+    b = [1.3, 1.4, 1.2, 1.35, 1.25]
+    mean_a, mean_b = sum(a) / 5, sum(b) / 5
+    var_a = sum((x - mean_a) ** 2 for x in a) / 4
+    var_b = sum((x - mean_b) ** 2 for x in b) / 4
+    t = (mean_a - mean_b) / math.sqrt(var_a / 5 + var_b / 5)
+    result = welch_test(a, b)
+    assert result.statistic == pytest.approx(t)
+    assert result.p_value is not None and result.p_value < 0.001
+
+
+def test_same_distribution_is_not_significant() -> None:
+    a = make_record("gloo", "all_gather", 2, MiB, timed(0.1, count=20, spread=0.05, seed=1))
+    b = make_record("gloo", "all_gather", 2, MiB, timed(0.1, count=20, spread=0.05, seed=2))
+    row = compare_rows(a, b)
+    assert row.verdict == "same" and not row.significant
+    assert row.p_value is not None and row.p_value > 0.05
+    assert "not significantly different" in row.sentence
+
+
+def test_a_50_percent_slowdown_is_significant() -> None:
+    a = make_record("gloo", "all_gather", 2, MiB, timed(0.1, seed=1))
+    b = make_record("gloo", "all_gather", 2, MiB, timed(0.15, seed=2))
+    row = compare_rows(a, b)
+    assert row.verdict == "slower" and row.significant
+    assert row.time_ratio == pytest.approx(1.5, rel=0.03)
+    assert row.busbw_ratio == pytest.approx(1 / 1.5, rel=0.03)
+    assert "1.5" in row.sentence and "slower" in row.sentence
+    assert compare_rows(b, a).verdict == "faster"
+
+
+def test_significant_but_below_threshold_counts_as_same() -> None:
+    a = make_record("gloo", "all_gather", 2, MiB, timed(0.100, count=50, spread=0.001, seed=1))
+    b = make_record("gloo", "all_gather", 2, MiB, timed(0.102, count=50, spread=0.001, seed=2))
+    row = compare_rows(a, b, threshold=0.05)
+    assert row.p_value is not None and row.p_value < 0.05
+    assert row.verdict == "same"
+    assert compare_rows(a, b, threshold=0.01).verdict == "slower"
+
+
+def test_one_sample_cannot_be_tested() -> None:
+    a = make_record("gloo", "all_gather", 2, MiB, [0.1])
+    b = make_record("gloo", "all_gather", 2, MiB, [0.2, 0.21])
+    row = compare_rows(a, b)
+    assert row.verdict == "untested" and row.p_value is None
+    assert "cannot test" in row.sentence
+
+
+def test_rows_match_by_key_and_across_backends() -> None:
+    gloo = [make_record("gloo", "all_gather", n, MiB, timed(0.2 if n == 2 else 0.1, seed=n)) for n in (2, 3)]
+    raw = [make_record("raw", "all_gather", n, MiB, timed(0.1, seed=10 + n)) for n in (2, 3)]
+    same_backend = compare(gloo, raw)
+    assert same_backend.rows == [] and len(same_backend.only_a) == 2
+    across = compare(raw, gloo, across=True)
+    verdicts = {r.world_size: r.verdict for r in across.rows}
+    assert verdicts == {2: "slower", 3: "same"}
+    with pytest.raises(Exception, match="several transports"):
+        compare(gloo + raw, gloo, across=True)
+    picked = compare(gloo + raw, gloo + raw, across=True, a_transport="raw:ring", b_transport="gloo")
+    assert {r.world_size: r.verdict for r in picked.rows} == {2: "slower", 3: "same"}
+
+
+def test_cli_text_and_json(tmp_path, capsys) -> None:
+    a = write_records(tmp_path / "a.jsonl", [make_record("gloo", "all_gather", 2, MiB, timed(0.1, seed=1))])
+    b = write_records(tmp_path / "b.jsonl", [make_record("gloo", "all_gather", 2, MiB, timed(0.2, seed=2))])
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "slower, significant" in out and "1 rows compared: 1 significantly slower" in out
+    assert main(["compare", str(a), str(b), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["rows"][0]["verdict"] == "slower"
+    assert document["summary"] == {"slower": 1}
+    assert main(["compare", str(a), str(tmp_path / "missing.jsonl")]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -1,0 +1,80 @@
+"""The timing loop on real gloo process groups: formulas, data checks, samples."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from harness_helpers import run_rows
+
+from diag.records import Record
+from diag.spec import SweepSpec
+
+SIZE = 3072  # divisible by 3 ranks x 4-byte elements, so no op rounds it
+
+# Hand-computed from nccl-tests doc/PERFORMANCE.md for S = 3072 bytes:
+# op -> N -> (total_bytes, bus factor, per-device volume D)
+EXPECTED = {
+    "all_gather": {2: (6144, 1 / 2, 3072), 3: (9216, 2 / 3, 6144)},
+    "all_reduce": {2: (3072, 1.0, 3072), 3: (3072, 4 / 3, 4096)},
+    "reduce_scatter": {2: (3072, 1 / 2, 1536), 3: (3072, 2 / 3, 2048)},
+    "broadcast": {2: (3072, 1.0, 3072), 3: (3072, 1.0, 3072)},
+    "all_to_all": {2: (3072, 1 / 2, 1536), 3: (3072, 2 / 3, 2048)},
+    "send_recv": {2: (3072, 1.0, 3072), 3: (3072, 1.0, 3072)},
+    "ping_pong": {2: (6144, 1.0, 6144), 3: (6144, 1.0, 6144)},
+    "exchange": {2: (3072, 1.0, 3072), 3: (3072, 1.0, 3072)},
+}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_bandwidth_formulas_for_every_op(world_size, tmp_path):
+    spec = SweepSpec(ops=tuple(EXPECTED), sizes=(SIZE,), warmup=1, iters=3)
+    rows = {row["op"]: Record.from_event(row) for row in run_rows(spec, world_size, tmp_path)}
+    assert set(rows) == set(EXPECTED)
+    for op, by_n in EXPECTED.items():
+        total, factor, volume = by_n[world_size]
+        row = rows[op]
+        assert row.nwrong == 0, op
+        assert row.size_bytes == SIZE and row.world_size == world_size
+        assert row.total_bytes == total, op
+        assert row.volume_bytes == volume, op
+        assert row.algbw_Bps == pytest.approx(total / row.time_s), op
+        assert row.busbw_Bps == pytest.approx(row.algbw_Bps * factor), op
+
+
+def test_samples_are_max_over_ranks_and_windows_are_ordered(tmp_path):
+    spec = SweepSpec(ops=("all_gather",), sizes=(1024, 65536), warmup=2, iters=4)
+    rows = [Record.from_event(r) for r in run_rows(spec, 3, tmp_path)]
+    assert [r.size_bytes for r in rows] == [1024, 65536]
+    for row in rows:
+        assert len(row.times_s) == 4 and len(row.rank_times_s) == 3 and len(row.warmup_times_s) == 2
+        for i, t in enumerate(row.times_s):
+            assert t == max(per_rank[i] for per_rank in row.rank_times_s)
+        assert row.rank0_times_s == row.rank_times_s[0]
+        assert row.time_s == sorted(row.times_s)[1] + (sorted(row.times_s)[2] - sorted(row.times_s)[1]) / 2
+        assert row.min_s <= row.time_s <= row.p95_s <= row.max_s
+        for start, end in row.iter_windows_ns:
+            assert start < end
+        starts = [w[0] for w in row.iter_windows_ns]
+        assert starts == sorted(starts)
+        assert row.t_start_ns == row.iter_windows_ns[0][0] and row.t_end_ns == row.iter_windows_ns[-1][1]
+        # the timed op lies inside its wall-clock window on every rank
+        assert max(row.times_s) <= max(e - s for s, e in row.iter_windows_ns) / 1e9 + 1e-3
+
+
+def test_corrupted_data_is_counted(tmp_path):
+    spec = SweepSpec(ops=("all_gather",), sizes=(4096,), warmup=1, iters=5)
+    rows = run_rows(spec, 2, tmp_path, corrupt_rank=1)
+    # one flipped element per timed iteration on rank 1
+    assert rows[0]["nwrong"] == 5
+
+
+def test_odd_sizes_round_to_whole_elements_and_say_so(tmp_path):
+    spec = SweepSpec(ops=("all_gather",), sizes=(1, 4099), dtype="uint8", warmup=0, iters=2)
+    rows = [Record.from_event(r) for r in run_rows(spec, 2, tmp_path)]
+    assert [r.size_bytes for r in rows] == [1, 4099]
+    assert all(r.nwrong == 0 for r in rows)
+    spec32 = SweepSpec(ops=("all_gather",), sizes=(4099,), warmup=0, iters=2)
+    (row,) = [Record.from_event(r) for r in run_rows(spec32, 2, tmp_path)]
+    assert row.size_bytes == 4096 and any("rounded down" in w for w in row.warnings)
+    assert math.isclose(row.algbw_Bps, 2 * 4096 / row.time_s)
