@@ -206,3 +206,92 @@ def run_in_thread(target) -> threading.Thread:  # type: ignore[no-untyped-def]
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     return thread
+
+
+# --- synthetic captures built with scapy -----------------------------------------------------------
+
+
+def synthetic_flow(ipv6: bool = False) -> list[tuple[float, bytes]]:
+    """A handshake, data with one lost segment, three duplicate ACKs, a fast retransmission, a zero window,
+    a FIN exchange: (time, IP packet bytes). Known answers are in SYNTHETIC_EXPECTED."""
+    from scapy.layers.inet import IP, TCP
+    from scapy.layers.inet6 import IPv6
+    from scapy.packet import Raw
+
+    a, b = ("fd00::1", "fd00::2") if ipv6 else ("10.9.0.1", "10.9.0.2")
+    net = (lambda s, d: IPv6(src=s, dst=d)) if ipv6 else (lambda s, d: IP(src=s, dst=d))
+    isn_a, isn_b = 4_294_960_000, 1000   # a's sequence numbers wrap during the flow
+    mss = 1000
+    opts_syn = [("MSS", mss), ("NOP", None), ("WScale", 7), ("SAckOK", b""), ("Timestamp", (100, 0))]
+    out: list[tuple[float, bytes]] = []
+    t = 1_700_000_000.0
+
+    def add(dt: float, src: str, dst: str, sport: int, dport: int, flags: str, seq: int, ack: int, win: int,
+            payload: int = 0, ts: tuple[int, int] | None = None, options: list | None = None) -> None:
+        nonlocal t
+        t += dt
+        opts = options if options is not None else ([("NOP", None), ("NOP", None), ("Timestamp", ts)] if ts else [])
+        tcp = TCP(sport=sport, dport=dport, flags=flags, seq=seq % (1 << 32), ack=ack % (1 << 32), window=win,
+                  options=opts)
+        pkt = net(src, dst) / tcp / (Raw(b"z" * payload) if payload else b"")
+        out.append((t, bytes(pkt)))
+
+    A = (a, b, 40000, 5000)
+    B = (b, a, 5000, 40000)
+    add(0, *A, "S", isn_a, 0, 64240, options=opts_syn)
+    add(0.001, *B, "SA", isn_b, isn_a + 1, 65160, options=[*opts_syn[:-1], ("Timestamp", (500, 100))])
+    add(0.001, *A, "A", isn_a + 1, isn_b + 1, 502, ts=(101, 500))
+    seq = isn_a + 1
+    for i in range(6):
+        if i != 2:  # segment 2 is "lost" before the capture point
+            add(0.0005, *A, "PA", seq + i * mss, isn_b + 1, 502, payload=mss, ts=(102 + i, 500))
+        if i >= 2:  # receiver keeps ACKing the hole: the first is an ordinary ACK, the next three duplicates
+            add(0.0002, *B, "A", isn_b + 1, seq + 2 * mss, 509, ts=(501 + i, 102 + i))
+        else:
+            add(0.0002, *B, "A", isn_b + 1, seq + (i + 1) * mss, 509, ts=(501 + i, 102 + i))
+    add(0.001, *A, "PA", seq + 2 * mss, isn_b + 1, 502, payload=mss, ts=(110, 505))   # fast retransmission
+    add(0.0002, *B, "A", isn_b + 1, seq + 6 * mss, 0, ts=(510, 110))                  # zero window
+    add(0.2, *B, "A", isn_b + 1, seq + 6 * mss, 509, ts=(520, 110))                   # window opens
+    add(0.0005, *B, "PA", isn_b + 1, seq + 6 * mss, 509, payload=300, ts=(521, 110))  # reverse data
+    add(0.0002, *A, "A", seq + 6 * mss, isn_b + 301, 502, ts=(111, 521))
+    add(0.001, *A, "FA", seq + 6 * mss, isn_b + 301, 502, ts=(112, 521))
+    add(0.0002, *B, "FA", isn_b + 301, seq + 6 * mss + 1, 509, ts=(522, 112))
+    add(0.0002, *A, "A", seq + 6 * mss + 1, isn_b + 302, 502, ts=(113, 522))
+    return out
+
+
+SYNTHETIC_EXPECTED = {
+    "a->b": {"packets": 11, "payload_bytes": 6000, "unique_payload_bytes": 6000, "retransmissions": 1,
+             "fast_retransmissions": 1, "dup_acks": 0, "zero_windows": 0},
+    "b->a": {"packets": 11, "payload_bytes": 300, "unique_payload_bytes": 300, "retransmissions": 0,
+             "fast_retransmissions": 0, "dup_acks": 3, "zero_windows": 1},
+}
+
+LINK_HEADERS = {
+    # linktype -> function(ip packet bytes, is_ipv6) -> frame bytes
+    1: lambda ip, v6: b"\x02" * 6 + b"\x04" * 6 + (b"\x86\xdd" if v6 else b"\x08\x00") + ip,
+    "vlan": lambda ip, v6: b"\x02" * 6 + b"\x04" * 6 + b"\x81\x00\x00\x05" + (b"\x86\xdd" if v6 else b"\x08\x00") + ip,
+    113: lambda ip, v6: b"\x00\x00\x00\x01\x00\x06" + b"\x02" * 6 + b"\x00\x00" + (b"\x86\xdd" if v6 else b"\x08\x00") + ip,
+    276: lambda ip, v6: (b"\x86\xdd" if v6 else b"\x08\x00") + b"\x00\x00" + b"\x00\x00\x00\x02" + b"\x00\x01"
+    + b"\x00\x06" + b"\x02" * 6 + b"\x00\x00" + ip,
+    101: lambda ip, v6: ip,
+    0: lambda ip, v6: (30 if v6 else 2).to_bytes(4, "little") + ip,
+}
+
+
+def write_pcap(path: Path, frames: list[tuple[float, bytes]], linktype: int, snaplen: int = 65535,
+               nanosecond: bool = False, big_endian: bool = False) -> Path:
+    """A pcap written by hand (so every header field, including snaplen truncation, is under test control)."""
+    import struct
+
+    endian = ">" if big_endian else "<"
+    magic = 0xA1B23C4D if nanosecond else 0xA1B2C3D4
+    with path.open("wb") as f:
+        f.write(struct.pack(endian + "IHHiIII", magic, 2, 4, 0, 0, snaplen, linktype))
+        for ts, data in frames:
+            sec = int(ts)
+            frac = round((ts - sec) * (1e9 if nanosecond else 1e6))
+            caplen = min(len(data), snaplen)
+            f.write(struct.pack(endian + "IIII", sec, frac, caplen, len(data)))
+            f.write(data[:caplen])
+    return path

@@ -409,6 +409,13 @@ def analyze_files(paths: Sequence[str | os.PathLike[str]], records: Sequence[str
                   bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S,
                   with_series: bool = True) -> dict[str, Any]:
     """The `diag analyze --json` object for these capture files (and sweep phases from records)."""
+    return analyze(paths, records, bin_s, idle_gap_s, with_series)[0]
+
+
+def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.PathLike[str]] | None = None,
+            bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S,
+            with_series: bool = True) -> tuple[dict[str, Any], Packets]:
+    """analyze_files plus the packet table (for plots)."""
     from diag.errors import DiagError
 
     if not paths:
@@ -465,4 +472,4 @@ def analyze_files(paths: Sequence[str | os.PathLike[str]], records: Sequence[str
         "hosts": hosts,
         "phases": phases_out,
         "warnings": warnings,
-    }
+    }, packets

@@ -138,8 +138,12 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     nextseq_time = np.where(setter_before >= 0, o_ts[np.maximum(setter_before, 0)], 0)
     del inclusive_max
 
-    new_bytes = np.where(o_plen > 0, np.maximum(0, (seq_rel + o_plen) - np.maximum(seq_rel, nextseq_before)), 0)
-    new_bytes = np.minimum(new_bytes, o_plen)
+    # Sequence space first covered by this packet's data: a segment that jumps over a hole the capture
+    # missed claims the hole too (it was sent), so the sum over a direction is highest end - first seq.
+    data_end = np.where(o_plen > 0, seq_rel + o_plen, empty)
+    prev_data_end = running_max_exclusive(data_end, g, starts, empty)
+    base = np.where(prev_data_end > empty, prev_data_end, seq_rel)
+    new_bytes = np.where(o_plen > 0, np.maximum(0, seq_rel + o_plen - base), 0)
 
     # This direction's previous packet (tshark's fwd->window / fwd->lastack).
     o_win, o_ack32 = win[order], ack32[order]

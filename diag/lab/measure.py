@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -24,6 +25,9 @@ WARMUP_FRACTION = 0.2           # of the run: slow start and queue build-up, exc
 MAX_WARMUP_S = 0.5
 GRACE_S = 5.0                   # beyond `seconds`, before a stuck stream is abandoned
 IPERF3_PORT = 5201              # inside the lab's private namespaces, so it clashes with nothing
+# struct tcp_info (linux/tcp.h): __u64 tcpi_bytes_received sits at byte 128 (since Linux 4.1).
+TCPI_BYTES_RECEIVED_OFFSET = 128
+TCP_INFO_LEN = 232
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,8 @@ def _run_streams(pairs: list[tuple[LabHost, LabHost]], seconds: float) -> list[f
 
         warmup_s = min(MAX_WARMUP_S, seconds * WARMUP_FRACTION)
         receivers = [_Receiver(warmup_s) for _ in pairs]
-        start = threading.Barrier(len(pairs) * 2)
+        # The sampler (this thread) joins the start barrier too, so its clock starts with the senders'.
+        start = threading.Barrier(len(pairs) * 2 + 1)
         threads = []
         for index in range(len(pairs)):
             threads.append(threading.Thread(target=_send, args=(senders[index], seconds, start),
@@ -111,6 +116,9 @@ def _run_streams(pairs: list[tuple[LabHost, LabHost]], seconds: float) -> list[f
                                             daemon=True, name=f"lab-recv-{index}"))
         for thread in threads:
             thread.start()
+        start.wait(GRACE_S)
+        began = time.monotonic()
+        kernel_rates = _kernel_rates(accepted, began + warmup_s, began + seconds * (1 - WARMUP_FRACTION / 4))
         hard_deadline = time.monotonic() + seconds + 2 * GRACE_S
         for thread in threads:
             thread.join(max(0.0, hard_deadline - time.monotonic()))
@@ -119,10 +127,37 @@ def _run_streams(pairs: list[tuple[LabHost, LabHost]], seconds: float) -> list[f
         for receiver in receivers:
             if receiver.error is not None:
                 raise DiagError(f"link measurement failed: {receiver.error}")
+        if kernel_rates is not None:
+            return kernel_rates
         return [receiver.rate_Bps() for receiver in receivers]
     finally:
         for sock in listeners + senders + accepted:
             sock.close()
+
+
+def _kernel_rates(sockets: list[socket.socket], t_from: float, t_to: float) -> list[float] | None:
+    """Goodput from the kernel's per-socket byte counters (tcpi_bytes_received) between two instants.
+
+    Counted as segments arrive, not when a (possibly descheduled) reader gets them, so CPU contention on
+    the measuring process does not blur the link rate. None where TCP_INFO lacks the counter.
+    """
+    def sample() -> tuple[float, list[int]] | None:
+        now = time.monotonic()
+        counts = []
+        for sock in sockets:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_LEN)
+            if len(info) < TCPI_BYTES_RECEIVED_OFFSET + 8:
+                return None
+            counts.append(struct.unpack_from("<Q", info, TCPI_BYTES_RECEIVED_OFFSET)[0])
+        return now, counts
+
+    time.sleep(max(0.0, t_from - time.monotonic()))
+    first = sample()
+    time.sleep(max(0.0, t_to - time.monotonic()))
+    last = sample()
+    if first is None or last is None or last[0] <= first[0]:
+        return None
+    return [(b - a) / (last[0] - first[0]) for a, b in zip(first[1], last[1], strict=True)]
 
 
 def _send(sock: socket.socket, seconds: float, start: threading.Barrier) -> None:

@@ -1,0 +1,238 @@
+"""Each diagnosis rule fires on inputs built to trigger it, stays silent on ones that should not, and says
+when it cannot decide. Inputs are run directories written by code (report_helpers)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diag.__main__ import main
+from diag.report import diagnose, load_run
+from diag.report.diagnose import (
+    CPU_PINNED_PCT,
+    DUPLEX_OVERLAP_LOW,
+    N2_DIP_RATIO,
+    Evidence,
+    Finding,
+    rule_backend_vs_raw,
+    rule_capture_drops,
+    rule_conn_split,
+    rule_cpu_pinned,
+    rule_data_errors,
+    rule_duplex_overlap,
+    rule_exchange_order,
+    rule_idle_gaps,
+    rule_n2_dip,
+    rule_retransmissions,
+    rule_window_limited,
+)
+from report_helpers import (
+    KiB,
+    MiB,
+    analysis,
+    anomaly_records,
+    connection,
+    cpu_samples,
+    direction,
+    flat_records,
+    make_record,
+    tcp_info_samples,
+    timed,
+    turn_taking_analyses,
+    write_run_dir,
+)
+
+
+def statuses(findings: list[Finding]) -> set[str]:
+    return {f.status for f in findings}
+
+
+def fired(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.status == "fired"]
+
+
+@pytest.fixture
+def anomaly_run(tmp_path):
+    return load_run([write_run_dir(tmp_path / "anomaly", anomaly_records())])
+
+
+@pytest.fixture
+def flat_run(tmp_path):
+    return load_run([write_run_dir(tmp_path / "flat", flat_records())])
+
+
+def test_a_finding_needs_evidence() -> None:
+    with pytest.raises(ValueError):
+        Finding("x", "fired", "something", "strong")
+    Finding("x", "fired", "something", "strong", (Evidence("1 > 0"),))
+
+
+def test_n2_dip_fires_with_onset_and_evidence(anomaly_run) -> None:
+    findings = fired(rule_n2_dip(anomaly_run))
+    gloo = [f for f in findings if f.statement.startswith("torch:gloo all_gather")]
+    assert len(gloo) == 1
+    f = gloo[0]
+    assert "from 256 KiB per rank upward" in f.statement
+    assert f.strength == "strong"
+    assert f.thresholds["N2_DIP_RATIO"] == N2_DIP_RATIO
+    sizes = [e.values["size_bytes"] for e in f.evidence]
+    assert sizes == [256 * KiB, MiB, 4 * MiB]
+    assert all(e.values["ratio"] < N2_DIP_RATIO and e.source == "records/sweep.jsonl" for e in f.evidence)
+    # the raw split-connection reference has no dip; the shared-connection raw rows do
+    labels = {f.statement.split(" all_gather")[0] for f in findings}
+    assert any("conn=shared" in label for label in labels)
+    assert not any(label.startswith("raw:ring [order") for label in labels)
+
+
+def test_n2_dip_silent_on_flat_and_undecided_without_n3(flat_run, tmp_path) -> None:
+    assert statuses(rule_n2_dip(flat_run)) == {"clear"}
+    only_n2 = load_run([write_run_dir(tmp_path / "n2", [make_record("gloo", "all_gather", 2, MiB, timed(0.1))])])
+    (f,) = rule_n2_dip(only_n2)
+    assert f.status == "undecided" and "cannot compare" in f.statement
+
+
+def test_backend_below_raw(anomaly_run, flat_run, tmp_path) -> None:
+    (f,) = rule_backend_vs_raw(anomaly_run)
+    assert f.status == "fired" and "N=2" in f.statement
+    assert {e.values["world_size"] for e in f.evidence} == {2}
+    assert all(e.values["efficiency"] < 0.7 for e in f.evidence)
+    assert statuses(rule_backend_vs_raw(flat_run)) == {"clear"}
+    no_raw = load_run([write_run_dir(tmp_path / "g", [make_record("gloo", "all_gather", 2, MiB, timed(0.1))])])
+    (u,) = rule_backend_vs_raw(no_raw)
+    assert u.status == "undecided" and u.statement.startswith("no raw rows: cannot compare")
+
+
+def test_shared_connection_rule(anomaly_run, flat_run) -> None:
+    (f,) = rule_conn_split(anomaly_run)
+    assert f.status == "fired"
+    assert {e.values["world_size"] for e in f.evidence} == {2}
+    assert "no effect where" in f.statement and "N=3" in f.statement
+    assert statuses(rule_conn_split(flat_run)) == {"clear"}
+
+
+def test_exchange_order_rule(anomaly_run, flat_run, tmp_path) -> None:
+    (f,) = rule_exchange_order(anomaly_run)
+    assert f.status == "fired"
+    assert f.evidence[0].values["time_ratio_send_over_recv"] == pytest.approx(1.6, rel=0.1)
+    assert statuses(rule_exchange_order(flat_run)) == {"clear"}
+    one_order = load_run([write_run_dir(tmp_path / "one", [make_record(
+        "gloo", "exchange", 2, MiB, timed(0.1), knobs={"order": "recv-first"})])])
+    (u,) = rule_exchange_order(one_order)
+    assert u.status == "undecided" and "one order only" in u.statement
+
+
+def test_duplex_overlap_rule(tmp_path) -> None:
+    run = load_run([write_run_dir(tmp_path / "d", flat_records(), analyses=turn_taking_analyses())])
+    (f,) = rule_duplex_overlap(run)
+    assert f.status == "fired" and "N=2" in f.statement and "N=4" in f.statement
+    assert {e.values["world_size"] for e in f.evidence} == {2}
+    assert {e.values["kind"] for e in f.evidence} == {"connection", "host"}
+    assert all(e.values["duplex_overlap"] < DUPLEX_OVERLAP_LOW for e in f.evidence)
+    assert f.evidence[0].source == "analysis/gloo_n2.json"
+    good = analysis(2, [connection("a:1", "b:2", direction(8 * MiB), direction(8 * MiB), 0.9)])
+    (ok,) = rule_duplex_overlap(load_run([write_run_dir(tmp_path / "ok", flat_records(), analyses={"n2": good})]))
+    assert ok.status == "clear"
+    (u,) = rule_duplex_overlap(load_run([write_run_dir(tmp_path / "none", flat_records())]))
+    assert u.status == "undecided"
+
+
+def test_window_limited_rule(tmp_path) -> None:
+    zero = analysis(2, [connection("a:1", "b:2", direction(MiB, zero_windows=3), direction(MiB), 0.9)])
+    run = load_run([write_run_dir(tmp_path / "z", flat_records(), analyses={"n2": zero})])
+    (f,) = rule_window_limited(run)
+    assert f.status == "fired" and f.strength == "strong" and "3 zero windows" in f.statement
+    limited = load_run([write_run_dir(tmp_path / "t", flat_records(),
+                                      observe={"n2": tcp_info_samples(rwnd_limited_s=0.5)})])
+    (g,) = rule_window_limited(limited)
+    assert g.status == "fired" and g.evidence[0].values["fraction"] == pytest.approx(0.5)
+    fine = load_run([write_run_dir(tmp_path / "f", flat_records(), observe={"n2": tcp_info_samples(0.01)},
+                                   analyses={"n2": analysis(2, [connection("a:1", "b:2", direction(MiB),
+                                                                           direction(MiB), 0.9)])})])
+    assert statuses(rule_window_limited(fine)) == {"clear"}
+
+
+def test_retransmission_rule(tmp_path) -> None:
+    lossy = analysis(2, [connection("a:1", "b:2", direction(MiB, packets=1000, retrans=20), direction(MiB), 0.9)])
+    (f,) = rule_retransmissions(load_run([write_run_dir(tmp_path / "l", flat_records(), analyses={"n2": lossy})]))
+    assert f.status == "fired" and f.evidence[0].values["rate"] == pytest.approx(0.02)
+    clean = analysis(2, [connection("a:1", "b:2", direction(MiB), direction(MiB), 0.9)])
+    (ok,) = rule_retransmissions(load_run([write_run_dir(tmp_path / "c", flat_records(), analyses={"n2": clean})]))
+    assert ok.status == "clear"
+
+
+def test_idle_gap_rule_names_slow_start_after_idle(tmp_path) -> None:
+    idle = analysis(2, [connection("a:1", "b:2", direction(MiB, idle_count=4, idle_total_s=1.2, idle_max_s=0.4),
+                                   direction(MiB), 0.9)])
+    (f,) = rule_idle_gaps(load_run([write_run_dir(tmp_path / "i", flat_records(), analyses={"n2": idle})]))
+    assert f.status == "fired" and f.strength == "strong"
+    assert "slow start after idle" in f.statement and "tcp_slow_start_after_idle = 1" in f.statement
+    busy = analysis(2, [connection("a:1", "b:2", direction(MiB, idle_count=2, idle_total_s=0.01, idle_max_s=0.005),
+                                   direction(MiB), 0.9)])
+    (ok,) = rule_idle_gaps(load_run([write_run_dir(tmp_path / "b", flat_records(), analyses={"n2": busy})]))
+    assert ok.status == "clear"
+
+
+def test_cpu_pinned_rule(tmp_path) -> None:
+    hot = cpu_samples("gloo-worker", 99.0) + cpu_samples("main", 10.0, tid=12)
+    (f,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "h", flat_records(), observe={"gloo_n2": hot})]))
+    assert f.status == "fired" and "CPU-bound, not network-bound" in f.statement
+    assert [e.values["thread"] for e in f.evidence] == ["gloo-worker"]
+    cool = cpu_samples("gloo-worker", CPU_PINNED_PCT - 30)
+    (ok,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "c", flat_records(), observe={"gloo_n2": cool})]))
+    assert ok.status == "clear"
+    (u,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "u", flat_records())]))
+    assert u.status == "undecided"
+
+
+def test_capture_drop_rule_and_weakened_wire_findings(tmp_path) -> None:
+    analyses = turn_taking_analyses()
+    analyses["gloo_n2"]["capture"] = {"kernel_dropped": 120, "flagged": True}
+    run = load_run([write_run_dir(tmp_path / "d", flat_records(), analyses=analyses,
+                                  captures={"gloo_n2": {"iface": "veth0", "kernel_dropped": 120, "packets": 9000}})])
+    (f,) = rule_capture_drops(run)
+    assert f.status == "fired" and f.evidence[0].values["kernel_dropped"] == 120
+    (duplex,) = rule_duplex_overlap(run)
+    assert "unreliable" in duplex.evidence[0].text
+    clean = load_run([write_run_dir(tmp_path / "c", flat_records(), captures={"n2": {"kernel_dropped": 0}})])
+    assert statuses(rule_capture_drops(clean)) == {"clear"}
+    assert statuses(rule_capture_drops(load_run([write_run_dir(tmp_path / "n", flat_records())]))) == {"undecided"}
+
+
+def test_data_errors_rule(tmp_path) -> None:
+    bad = load_run([write_run_dir(tmp_path / "b", [make_record("gloo", "all_gather", 2, MiB, timed(0.1), nwrong=5)])])
+    (f,) = rule_data_errors(bad)
+    assert f.status == "fired" and f.evidence[0].values["nwrong"] == 5
+
+
+def test_mechanism_cites_the_experiments(tmp_path) -> None:
+    run = load_run([write_run_dir(tmp_path / "m", anomaly_records(), analyses=turn_taking_analyses())])
+    mech = [f for f in diagnose(run) if f.rule == "mechanism"][0]
+    assert mech.status == "fired" and mech.strength == "strong"
+    rules = {e.values["rule"] for e in mech.evidence}
+    assert {"n2_busbw_dip", "shared_connection", "exchange_order", "low_duplex_overlap"} <= rules
+
+
+def test_mechanism_undecided_without_experiments(tmp_path) -> None:
+    gloo_only = [r for r in anomaly_records() if r.backend == "gloo" and r.op == "all_gather"]
+    mech = [f for f in diagnose(load_run([write_run_dir(tmp_path / "g", gloo_only)])) if f.rule == "mechanism"][0]
+    assert mech.status == "undecided" and "no experiment here isolates why" in mech.statement
+
+
+def test_flat_run_fires_nothing(flat_run) -> None:
+    assert fired(diagnose(flat_run)) == []
+
+
+def test_cli_json_and_plain_records(tmp_path, capsys) -> None:
+    root = write_run_dir(tmp_path / "r", anomaly_records())
+    assert main(["diagnose", str(root), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    rules = {f["rule"]: f for f in document["findings"] if f["status"] == "fired"}
+    assert {"n2_busbw_dip", "backend_below_raw", "shared_connection", "exchange_order", "mechanism"} <= set(rules)
+    assert all(f["evidence"] for f in rules.values())
+    assert any("analysis" in m for m in document["missing_inputs"])
+    assert main(["diagnose", str(root / "records" / "sweep.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "[FINDING (strong)] n2_busbw_dip" in out and "[CANNOT DECIDE] low_duplex_overlap" in out
+    assert main(["diagnose", str(tmp_path / "nothing")]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -1,0 +1,170 @@
+"""diag report: renders a run directory into report.html/md, PNGs, findings.json and model.json that agree
+with the records they came from; once from a synthetic run directory with every part present, once from a
+real gloo sweep on loopback (diag sweep)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diag.__main__ import main
+from diag.records import load_records
+from diag.report import load_run, write_report
+from diag.units import human_rate
+from report_helpers import (
+    LINK_BPS,
+    anomaly_records,
+    cpu_samples,
+    tcp_info_samples,
+    turn_taking_analyses,
+    write_run_dir,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+ALL_PLOTS = {"time_vs_volume.png", "busbw_vs_size.png", "efficiency.png", "conn_throughput.png",
+             "duplex_overlap.png", "window.png", "cpu_threads.png"}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def full_run_dir(tmp_path: Path) -> Path:
+    analyses = turn_taking_analyses()
+    return write_run_dir(
+        tmp_path / "run", anomaly_records(),
+        meta={"lab": {"rate_bps": LINK_BPS * 8, "hosts": 4}, "link": {"single_stream_Bps": LINK_BPS * 0.97,
+                                                                      "bidir_Bps": [LINK_BPS, LINK_BPS]},
+              "cpu_count": 2, "created_ns": 1},
+        analyses=analyses,
+        captures={tag: {"iface": "br0", "snaplen": 128, "filter": "tcp", "start_ns": 0, "stop_ns": 1,
+                        "kernel_dropped": 0, "packets": 1000, "tool": "tcpdump", "host": "h0"} for tag in analyses},
+        observe={"gloo_n2": cpu_samples("gloo", 40.0) + tcp_info_samples(0.0),
+                 "gloo_n4": cpu_samples("gloo", 35.0)},
+        tcpinfo=[{"kind": "tcp_info", "t_ns": i * 10**8, "rank": 0, "peer": 1, "conn": "shared", "cwnd": 10 + i,
+                  "rtt_us": 300, "busy_s": 0.1 * i, "rwnd_limited_s": 0.0, "sndbuf_limited_s": 0.0,
+                  "total_retrans": 0} for i in range(5)])
+
+
+def md_rows(md: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines() if line.startswith("| ")]
+
+
+def test_full_run_dir_renders_every_plot_and_agrees_with_records(full_run_dir: Path) -> None:
+    result = write_report(load_run([full_run_dir]), full_run_dir / "report")
+    out = full_run_dir / "report"
+    assert {p.name for p in out.glob("*.png")} == ALL_PLOTS
+    assert all((out / name).read_bytes().startswith(PNG_MAGIC) for name in ALL_PLOTS)
+    html = (out / "report.html").read_text()
+    assert html.count("src='data:image/png;base64,") == len(ALL_PLOTS)  # self-contained
+    assert "testhost" in html and "tcp_slow_start_after_idle" in html  # environment fingerprint
+    md = (out / "report.md").read_text()
+    assert all(f"]({name})" in md for name in ALL_PLOTS)
+    assert "Missing inputs" not in md
+
+    # every record appears in the table with its own busbw and time
+    records = load_records(full_run_dir / "records" / "sweep.jsonl").records
+    rows = md_rows(md)
+    for r in records:
+        assert any(row[1] == r.op and row[2] == str(r.world_size) and row[7] == human_rate(r.busbw_Bps)
+                   for row in rows), r.key
+
+    findings = json.loads((out / "findings.json").read_text())
+    fired = {f["rule"] for f in findings["findings"] if f["status"] == "fired"}
+    assert {"n2_busbw_dip", "backend_below_raw", "low_duplex_overlap", "mechanism"} <= fired
+    assert {f.rule for f in result.findings if f.status == "fired"} == fired
+    for f in findings["findings"]:
+        if f["status"] == "fired":
+            assert f["evidence"] and f["strength"] in ("strong", "moderate", "weak")
+            assert f"`{f['rule']}`" in md
+    model = json.loads((out / "model.json").read_text())
+    assert {(m["transport"], m["world_size"]) for m in model["models"]} >= {("torch:gloo", 2), ("raw:ring", 4)}
+
+
+def test_report_cli_default_out_and_missing_parts(tmp_path: Path, capsys) -> None:
+    root = write_run_dir(tmp_path / "bare", anomaly_records())
+    assert main(["report", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "finding (strong) n2_busbw_dip" in out and "plot not drawn: Per-thread CPU" in out
+    md = (root / "report" / "report.md").read_text()
+    assert "### Missing inputs" in md and "run.json" in md and "Not drawn: no per-thread CPU samples" in md
+    # re-runnable: a second run overwrites the same files
+    assert main(["report", str(root)]) == 0
+    # plain record files need --out
+    records = str(root / "records" / "sweep.jsonl")
+    assert main(["report", records]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert main(["report", records, "--out", str(tmp_path / "plain")]) == 0
+    assert (tmp_path / "plain" / "report.html").exists()
+
+
+def test_report_help_does_not_import_torch() -> None:
+    code = ("import sys; from diag.__main__ import main; "
+            "rc = main(['report', '--help']) if False else None; "
+            "import diag.cli.report, diag.cli.diagnose, diag.cli.compare, diag.cli.model, diag.report; "
+            "from diag.report import rundir, diagnose, compare, model; "
+            "print('torch' in sys.modules, 'matplotlib' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.stdout.split() == ["False", "False"], done.stderr
+
+
+@pytest.fixture(scope="module")
+def real_sweep(tmp_path_factory) -> Path:
+    """A real gloo all_gather sweep on loopback (N=2,3), as a run directory without lab or captures."""
+    try:
+        import diag.cli.sweep  # noqa: F401
+        import torch.distributed  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - both are in this repo's environment
+        pytest.skip(f"diag sweep needs torch: {exc}")
+    root = tmp_path_factory.mktemp(f"report_real_{os.getpid()}")
+    out = root / "records" / "gloo.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "diag", "sweep", "--backend", "gloo", "--op", "all_gather", "--nproc", "2,3",
+         "--sizes", "1K,64K", "--iters", "3", "--warmup", "1", "--out", str(out)],
+        capture_output=True, text=True, cwd=root, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return root
+
+
+@pytest.mark.slow
+def test_report_from_a_real_sweep(real_sweep: Path) -> None:
+    assert main(["report", str(real_sweep)]) == 0
+    out = real_sweep / "report"
+    for name in ("report.html", "report.md", "findings.json", "model.json", "time_vs_volume.png",
+                 "busbw_vs_size.png"):
+        assert (out / name).stat().st_size > 0, name
+    records = load_records(real_sweep / "records" / "gloo.jsonl").records
+    assert len(records) == 4
+    md = (out / "report.md").read_text()
+    rows = md_rows(md)
+    for r in records:
+        assert any(row[0] == "torch:gloo" and row[2] == str(r.world_size) and row[7] == human_rate(r.busbw_Bps)
+                   and row[8] == str(r.nwrong) for row in rows), r.key
+    env = load_records(real_sweep / "records" / "gloo.jsonl").starts[0]["env"]
+    assert env["kernel"] in (out / "report.html").read_text()
+    findings = {f["rule"]: f for f in json.loads((out / "findings.json").read_text())["findings"]}
+    # two world sizes at the same sizes: the N=2 rule decides (either way), the raw rule cannot
+    assert findings["n2_busbw_dip"]["status"] in ("fired", "clear")
+    assert findings["backend_below_raw"]["status"] == "undecided"
+    assert findings["data_errors"]["status"] == "clear"
+    ratio_text = re.search(r"ratio by size: ([^)]*)", findings["n2_busbw_dip"]["statement"]).group(1)
+    n2 = {r.size_bytes: r for r in records if r.world_size == 2}
+    n3 = {r.size_bytes: r for r in records if r.world_size == 3}
+    expected = ", ".join(f"{k}: {n2[s].busbw_Bps / n3[s].busbw_Bps:.2f}" for s, k in ((1024, "1 KiB"),
+                                                                                        (65536, "64 KiB")))
+    assert ratio_text == expected
+
+
+@pytest.mark.slow
+def test_diagnose_compare_and_model_on_the_real_sweep(real_sweep: Path, tmp_path: Path, capsys) -> None:
+    records = str(real_sweep / "records" / "gloo.jsonl")
+    assert main(["compare", records, records, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert len(document["rows"]) == 4 and all(r["verdict"] in ("same", "untested") for r in document["rows"])
+    assert main(["model", "fit", str(real_sweep), "-o", str(tmp_path / "m.json")]) == 0
+    assert main(["model", "predict", "--model", str(tmp_path / "m.json"), "--world-size", "2", "--size", "32K"]) == 0
+    assert "on 2 ranks with torch:gloo" in capsys.readouterr().out
