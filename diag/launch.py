@@ -11,6 +11,7 @@ turns torchrun's multi-page failure report into one line naming world size, row 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -149,10 +150,8 @@ def _latest_progress_ns(state_dir: Path) -> int:
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
@@ -169,7 +168,7 @@ def _stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
 
 
 def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence[WorldHook] = (),
-              master_port: int | None = None, tag: str = "") -> None:
+              master_port: int | None = None, tag: str = "", run_dir: Path | None = None) -> None:
     """Start one launcher per host for one world size and supervise them until all end.
 
     Raises DiagError with a one-line summary if any rank fails; finished rows are already on disk.
@@ -194,7 +193,8 @@ def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence
     # The launcher re-imports diag in a fresh interpreter: make sure it finds the same package.
     package_root = str(Path(__file__).resolve().parent.parent)
     env_base["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env_base.get("PYTHONPATH")) if p)
-    context = WorldContext(world_size, hosts, work_dir, tag or f"n{world_size}", master_port=master_port)
+    context = WorldContext(world_size, hosts, run_dir or work_dir, tag or f"n{world_size}",
+                           master_port=master_port)
 
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Path] = []

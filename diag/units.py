@@ -56,7 +56,7 @@ def geometric_sizes(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
     sizes = []
     size = float(min_bytes)
     while size <= max_bytes * (1 + 1e-9):
-        sizes.append(int(round(size)))
+        sizes.append(round(size))
         size *= factor
     return sorted(set(sizes))
 

@@ -100,10 +100,11 @@ if {server_rcvbuf!r}:
 s.bind(({server_addr[0]!r}, {server_addr[1]})); s.listen(1); s.settimeout({TRAFFIC_TIMEOUT_S})
 print('ready', flush=True)
 c, _ = s.accept(); c.settimeout({TRAFFIC_TIMEOUT_S})
+if {read_delay_s!r}: time.sleep(0.3)  # let the sender fill the receive buffer: zero windows
 got = 0
 deadline = time.monotonic() + {TRAFFIC_TIMEOUT_S}
 while got < {nbytes} and time.monotonic() < deadline:
-    d = c.recv(4096 if {read_delay_s!r} else 1 << 20)
+    d = c.recv(1024 if {read_delay_s!r} else 1 << 20)
     if not d: break
     got += len(d)
     if {read_delay_s!r}: time.sleep({read_delay_s!r})
@@ -212,7 +213,7 @@ def run_in_thread(target) -> threading.Thread:  # type: ignore[no-untyped-def]
 
 
 def synthetic_flow(ipv6: bool = False) -> list[tuple[float, bytes]]:
-    """A handshake, data with one lost segment, three duplicate ACKs, a fast retransmission, a zero window,
+    """A handshake, data with one lost segment, four duplicate ACKs, a fast retransmission, a zero window,
     a FIN exchange: (time, IP packet bytes). Known answers are in SYNTHETIC_EXPECTED."""
     from scapy.layers.inet import IP, TCP
     from scapy.layers.inet6 import IPv6
@@ -245,7 +246,7 @@ def synthetic_flow(ipv6: bool = False) -> list[tuple[float, bytes]]:
     for i in range(6):
         if i != 2:  # segment 2 is "lost" before the capture point
             add(0.0005, *A, "PA", seq + i * mss, isn_b + 1, 502, payload=mss, ts=(102 + i, 500))
-        if i >= 2:  # receiver keeps ACKing the hole: the first is an ordinary ACK, the next three duplicates
+        if i >= 2:  # receiver keeps ACKing the hole (segment 1 was already ACKed up to it): four duplicates
             add(0.0002, *B, "A", isn_b + 1, seq + 2 * mss, 509, ts=(501 + i, 102 + i))
         else:
             add(0.0002, *B, "A", isn_b + 1, seq + (i + 1) * mss, 509, ts=(501 + i, 102 + i))
@@ -264,7 +265,7 @@ SYNTHETIC_EXPECTED = {
     "a->b": {"packets": 11, "payload_bytes": 6000, "unique_payload_bytes": 6000, "retransmissions": 1,
              "fast_retransmissions": 1, "dup_acks": 0, "zero_windows": 0},
     "b->a": {"packets": 11, "payload_bytes": 300, "unique_payload_bytes": 300, "retransmissions": 0,
-             "fast_retransmissions": 0, "dup_acks": 3, "zero_windows": 1},
+             "fast_retransmissions": 0, "dup_acks": 4, "zero_windows": 1},
 }
 
 LINK_HEADERS = {

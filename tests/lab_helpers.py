@@ -17,11 +17,15 @@ _counter = itertools.count()
 
 
 def is_root_with_netns() -> bool:
-    return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
+    from diag.lab.netns import CAP_NET_ADMIN, CAP_SYS_ADMIN, has_capability
+
+    return (has_capability(CAP_NET_ADMIN) and has_capability(CAP_SYS_ADMIN)
+            and all(shutil.which(tool) for tool in ("ip", "tc", "ethtool")))
 
 
 requires_root = pytest.mark.skipif(
-    not is_root_with_netns(), reason="needs root with ip/tc (network namespaces and tc qdiscs)"
+    not is_root_with_netns(),
+    reason="needs root (CAP_NET_ADMIN + CAP_SYS_ADMIN) and ip/tc/ethtool: network namespaces and tc qdiscs",
 )
 
 

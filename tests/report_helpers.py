@@ -154,6 +154,7 @@ def direction(payload: int, *, packets: int = 1000, retrans: int = 0, zero_windo
             "window_full": window_full, "first_ts": first_ts, "last_ts": last_ts,
             "goodput_Bps": payload / span if span else 0.0, "active_goodput_Bps": payload / span if span else 0.0,
             "rtt_ms": {"median": 0.5, "p95": 1.0, "n": 100},
+            "bytes_in_flight": {"median": 32 * KiB, "p95": 64 * KiB, "max": 128 * KiB},
             "idle_gaps": {"count": idle_count, "total_s": idle_total_s, "max_s": idle_max_s},
             "throughput": {"bin_s": 0.1, "t0": first_ts, "Bps": throughput or [payload / span] * int(span / 0.1)}}
 

@@ -6,10 +6,10 @@ import json
 import math
 
 import pytest
+from report_helpers import MiB, make_record, timed, write_records
 
 from diag.__main__ import main
 from diag.report.compare import compare, compare_rows, welch_test
-from report_helpers import MiB, make_record, timed, write_records
 
 
 def test_welch_matches_the_textbook_formula() -> None:

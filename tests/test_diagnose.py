@@ -6,6 +6,21 @@ from __future__ import annotations
 import json
 
 import pytest
+from report_helpers import (
+    KiB,
+    MiB,
+    analysis,
+    anomaly_records,
+    connection,
+    cpu_samples,
+    direction,
+    flat_records,
+    make_record,
+    tcp_info_samples,
+    timed,
+    turn_taking_analyses,
+    write_run_dir,
+)
 
 from diag.__main__ import main
 from diag.report import diagnose, load_run
@@ -26,21 +41,6 @@ from diag.report.diagnose import (
     rule_n2_dip,
     rule_retransmissions,
     rule_window_limited,
-)
-from report_helpers import (
-    KiB,
-    MiB,
-    analysis,
-    anomaly_records,
-    connection,
-    cpu_samples,
-    direction,
-    flat_records,
-    make_record,
-    tcp_info_samples,
-    timed,
-    turn_taking_analyses,
-    write_run_dir,
 )
 
 
@@ -207,7 +207,7 @@ def test_data_errors_rule(tmp_path) -> None:
 
 def test_mechanism_cites_the_experiments(tmp_path) -> None:
     run = load_run([write_run_dir(tmp_path / "m", anomaly_records(), analyses=turn_taking_analyses())])
-    mech = [f for f in diagnose(run) if f.rule == "mechanism"][0]
+    mech = next(f for f in diagnose(run) if f.rule == "mechanism")
     assert mech.status == "fired" and mech.strength == "strong"
     rules = {e.values["rule"] for e in mech.evidence}
     assert {"n2_busbw_dip", "shared_connection", "exchange_order", "low_duplex_overlap"} <= rules
@@ -215,7 +215,7 @@ def test_mechanism_cites_the_experiments(tmp_path) -> None:
 
 def test_mechanism_undecided_without_experiments(tmp_path) -> None:
     gloo_only = [r for r in anomaly_records() if r.backend == "gloo" and r.op == "all_gather"]
-    mech = [f for f in diagnose(load_run([write_run_dir(tmp_path / "g", gloo_only)])) if f.rule == "mechanism"][0]
+    mech = next(f for f in diagnose(load_run([write_run_dir(tmp_path / "g", gloo_only)])) if f.rule == "mechanism")
     assert mech.status == "undecided" and "no experiment here isolates why" in mech.statement
 
 
@@ -236,3 +236,29 @@ def test_cli_json_and_plain_records(tmp_path, capsys) -> None:
     assert "[FINDING (strong)] n2_busbw_dip" in out and "[CANNOT DECIDE] low_duplex_overlap" in out
     assert main(["diagnose", str(tmp_path / "nothing")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_mechanism_ignores_evidence_seen_at_every_n(tmp_path) -> None:
+    """Retransmissions at N=2 and N=4 alike cannot explain what only N=2 suffers."""
+    gloo_only = [r for r in anomaly_records() if r.backend == "gloo" and r.op == "all_gather"]
+    lossy = {f"gloo_n{n}": analysis(n, [connection("a:1", "b:2", direction(MiB, retrans=20), direction(MiB), 0.9)])
+             for n in (2, 4)}
+    findings = diagnose(load_run([write_run_dir(tmp_path / "l", gloo_only, analyses=lossy)]))
+    assert next(f for f in findings if f.rule == "retransmissions").status == "fired"
+    mech = next(f for f in findings if f.rule == "mechanism")
+    assert mech.status == "undecided" and "not specific to N=2: retransmissions" in mech.statement
+
+
+def test_capture_metadata_named_after_the_pcap(tmp_path) -> None:
+    """The capture tool writes <tag>.pcap.capture.json; it belongs to the same capture as analysis/<tag>.json."""
+    no_count = analysis(2, [])
+    no_count["capture"] = {}
+    root = write_run_dir(tmp_path / "p", flat_records(), analyses={"gloo-all_gather-n2": no_count})
+    (root / "captures").mkdir()
+    (root / "captures" / "gloo-all_gather-n2.pcap.capture.json").write_text(json.dumps({"kernel_dropped": 7}))
+    run = load_run([root])
+    assert list(run.captures) == ["gloo-all_gather-n2"]
+    assert run.captures["gloo-all_gather-n2"].kernel_dropped == 7
+    assert run.captures["gloo-all_gather-n2"].world_size == 2
+    (f,) = rule_capture_drops(run)
+    assert f.status == "fired" and f.evidence[0].values["kernel_dropped"] == 7

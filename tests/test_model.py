@@ -7,11 +7,11 @@ import json
 import random
 
 import pytest
+from report_helpers import KiB, MiB, make_record, write_records
 
 from diag.__main__ import main
 from diag.errors import DiagError
 from diag.report.model import fit_all, models_from_json, models_to_json, select
-from report_helpers import KiB, MiB, make_record, write_records
 
 ALPHA_S = 250e-6
 BETA_S_PER_BYTE = 1 / 110e6  # 110 MB/s

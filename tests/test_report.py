@@ -12,11 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from diag.__main__ import main
-from diag.records import load_records
-from diag.report import load_run, write_report
-from diag.units import human_rate
 from report_helpers import (
     LINK_BPS,
     anomaly_records,
@@ -26,9 +21,14 @@ from report_helpers import (
     write_run_dir,
 )
 
+from diag.__main__ import main
+from diag.records import load_records
+from diag.report import load_run, write_report
+from diag.units import human_rate
+
 REPO = Path(__file__).resolve().parents[1]
 ALL_PLOTS = {"time_vs_volume.png", "busbw_vs_size.png", "efficiency.png", "conn_throughput.png",
-             "duplex_overlap.png", "window.png", "cpu_threads.png"}
+             "duplex_overlap.png", "window.png", "in_flight.png", "cpu_threads.png"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -103,8 +103,7 @@ def test_report_cli_default_out_and_missing_parts(tmp_path: Path, capsys) -> Non
 
 
 def test_report_help_does_not_import_torch() -> None:
-    code = ("import sys; from diag.__main__ import main; "
-            "rc = main(['report', '--help']) if False else None; "
+    code = ("import sys; "
             "import diag.cli.report, diag.cli.diagnose, diag.cli.compare, diag.cli.model, diag.report; "
             "from diag.report import rundir, diagnose, compare, model; "
             "print('torch' in sys.modules, 'matplotlib' in sys.modules)")
@@ -116,8 +115,9 @@ def test_report_help_does_not_import_torch() -> None:
 def real_sweep(tmp_path_factory) -> Path:
     """A real gloo all_gather sweep on loopback (N=2,3), as a run directory without lab or captures."""
     try:
-        import diag.cli.sweep  # noqa: F401
         import torch.distributed  # noqa: F401
+
+        import diag.cli.sweep  # noqa: F401
     except ImportError as exc:  # pragma: no cover - both are in this repo's environment
         pytest.skip(f"diag sweep needs torch: {exc}")
     root = tmp_path_factory.mktemp(f"report_real_{os.getpid()}")

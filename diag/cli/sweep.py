@@ -169,50 +169,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_local_or_lab(args: argparse.Namespace, spec, job, out: Path, run_dir: Path) -> int:
-    from diag.harness import plan_rows
-    from diag.hooks import CaptureHook, ObserveHook
-    from diag.launch import HostLaunch, append_failure_end, run_world
+    from diag.runner import run_worlds
 
     lab = None
     if args.lab:
         from diag.lab import load_lab
 
         lab = load_lab(args.lab)
-    world_sizes = list(args.nproc or [len(lab.hosts)])
-    if lab is not None and max(world_sizes) > len(lab.hosts):
-        raise DiagError(f"lab {lab.name!r} has {len(lab.hosts)} hosts, fewer than N={max(world_sizes)}: "
-                        f"run diag lab up --name {lab.name} --hosts {max(world_sizes)}")
-    if min(world_sizes) < 2 and any(op in spec.ops for op in ("send_recv", "ping_pong", "exchange")):
-        raise DiagError("point-to-point ops need at least 2 ranks")
-    rows_per_world = {n: len(plan_rows(spec, n)) for n in world_sizes}
-    total = sum(rows_per_world.values())
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs").mkdir(exist_ok=True)
-    done = 0
-    for n in world_sizes:
-        if lab is not None:
-            hosts = [HostLaunch(h.name, 1, h.address, netns=h.netns, iface=h.iface,
-                                env={"GLOO_SOCKET_IFNAME": h.iface}) for h in lab.hosts[:n]]
-        else:
-            env = {"GLOO_SOCKET_IFNAME": args.iface} if args.iface else {}
-            hosts = [HostLaunch("local", n, args.master_addr, iface=args.iface, env=env)]
-        hooks = []
-        if args.capture is not None:
-            hooks.append(CaptureHook(iface=args.capture or None, snaplen=args.snaplen))
-        if args.observe:
-            hooks.append(ObserveHook())
-        world_job = type(job)(**{**job.__dict__, "rows_before": done, "rows_total": total,
-                                 "run_id": f"{job.run_id}-n{n}",
-                                 "meta": {"lab": lab.name if lab else None,
-                                          "capture": args.capture, "run_dir": str(run_dir.resolve())}})
-        tag = f"{spec.backend if spec.backend != 'raw' else 'raw-' + spec.algo}-{'-'.join(spec.ops)}-n{n}"
-        try:
-            run_world(world_job, hosts, run_dir / "logs", hooks, master_port=args.master_port, tag=tag)
-        except DiagError as exc:
-            append_failure_end(str(out), world_job.run_id, str(exc))
-            raise
-        done += rows_per_world[n]
-    print(f"# {done} rows written to {out}", file=sys.stderr)
+    run_worlds(spec, job, out, run_dir, world_sizes=args.nproc, lab=lab, iface=args.iface,
+               master_addr=args.master_addr, master_port=args.master_port, capture=args.capture,
+               snaplen=args.snaplen, observe=args.observe)
     return 0
 
 

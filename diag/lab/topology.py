@@ -14,11 +14,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -67,7 +66,6 @@ class Lab:
     burst_bytes: int
     queue_limit_bytes: int
     created_ns: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def exec_prefix(self, host: LabHost | int | str) -> list[str]:
         """argv prefix that runs a command on host: ["ip", "netns", "exec", netns]."""
@@ -82,6 +80,12 @@ class Lab:
                 return host
         names = ", ".join(host.name for host in self.hosts)
         raise DiagError(f"lab {self.name} has no host {which!r}; its hosts are {names}")
+
+    def host_env(self, host: LabHost | int | str) -> dict[str, str]:
+        """Environment a rank on host needs so gloo/tensorpipe bind the lab NIC, not loopback."""
+        chosen = self.host(host)
+        return {"GLOO_SOCKET_IFNAME": chosen.iface, "TP_SOCKET_IFNAME": chosen.iface,
+                "NCCL_SOCKET_IFNAME": chosen.iface, "MASTER_ADDR": self.hosts[0].address}
 
     @property
     def expected_goodput_Bps(self) -> float:
@@ -354,7 +358,3 @@ def _sigterm_as_keyboard_interrupt() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGTERM, previous)
 
-
-def subprocess_in_host(lab: Lab, host: LabHost | int | str, argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
-    """Start argv on a lab host (the same as prefixing exec_prefix)."""
-    return subprocess.Popen([*lab.exec_prefix(host), *argv], **kwargs)

@@ -43,6 +43,8 @@ RWND_LIMITED_FRACTION = 0.2
 SNDBUF_LIMITED_FRACTION = 0.2
 # Retransmitted segments per data segment above which retransmissions matter.
 RETRANS_RATE = 0.001
+# ... and at least this many, so one resent segment on a tiny connection is not a finding.
+RETRANS_MIN_COUNT = 3
 # Linux resets cwnd after an idle longer than the RTO (tcp_slow_start_after_idle); the RTO is >= 200 ms.
 IDLE_RESTART_S = 0.2
 # Idle time (gaps) above this fraction of a direction's active span is significant.
@@ -426,7 +428,7 @@ def rule_window_limited(run: RunData) -> list[Finding]:
                 zero, full = d.get("zero_windows", 0) or 0, d.get("window_full", 0) or 0
                 if zero or full:
                     hits.append(Evidence(f"{c.label} {label}: {zero} zero-window and {full} window-full events"
-                                         f"{_drop_note(c)}", {"zero_windows": zero, "window_full": full},
+                                         f"{_drop_note(c)}", {"zero_windows": zero, "window_full": full, "world_size": c.world_size},
                                          f"analysis/{c.tag}.json", "window.png"))
     for conn, samples in sorted(tcp.items()):
         busy = _delta(samples, "busy_s")
@@ -453,7 +455,7 @@ def rule_window_limited(run: RunData) -> list[Finding]:
 
 def rule_retransmissions(run: RunData) -> list[Finding]:
     name = "retransmissions"
-    thresholds = {"RETRANS_RATE": RETRANS_RATE}
+    thresholds = {"RETRANS_RATE": RETRANS_RATE, "RETRANS_MIN_COUNT": RETRANS_MIN_COUNT}
     captures = _analysed(run)
     tcp = _tcp_info_series(run)
     if not captures and not tcp:
@@ -464,17 +466,18 @@ def rule_retransmissions(run: RunData) -> list[Finding]:
         for conn in c.connections:
             for label, d in _directions(conn):
                 retrans, packets = d.get("retransmissions", 0) or 0, d.get("packets", 0) or 0
-                if packets and retrans / packets >= RETRANS_RATE:
+                if packets and retrans >= RETRANS_MIN_COUNT and retrans / packets >= RETRANS_RATE:
                     hits.append(Evidence(f"{c.label} {label}: {retrans} retransmissions in {packets} packets "
                                          f"({retrans / packets:.2%}){_drop_note(c)}",
-                                         {"retransmissions": retrans, "packets": packets, "rate": retrans / packets},
+                                         {"retransmissions": retrans, "packets": packets, "rate": retrans / packets,
+                                          "world_size": c.world_size},
                                          f"analysis/{c.tag}.json"))
     for conn, samples in sorted(tcp.items()):
         total = _delta(samples, "total_retrans")
         if total is None:
             values = [s.get("retrans", 0) for s in samples if isinstance(s.get("retrans"), (int, float))]
             total = max(values) if values else None
-        if total:
+        if total and total >= RETRANS_MIN_COUNT:
             hits.append(Evidence(f"{conn}: {total:.0f} retransmitted segments (TCP_INFO)", {"retrans": total},
                                  "TCP_INFO samples"))
     if not hits:
@@ -510,6 +513,8 @@ def rule_idle_gaps(run: RunData) -> list[Finding]:
     for c in captures:
         for conn in c.connections:
             for label, d in _directions(conn):
+                if (d.get("payload_bytes", 0) or 0) < BIDIR_MIN_BYTES:
+                    continue  # an ACK-only direction idles by design
                 gaps = d.get("idle_gaps") or {}
                 first, last = d.get("first_ts"), d.get("last_ts")
                 span = (last - first) if isinstance(first, (int, float)) and isinstance(last, (int, float)) else 0
@@ -520,7 +525,8 @@ def rule_idle_gaps(run: RunData) -> list[Finding]:
                     hits.append(Evidence(
                         f"{c.label} {label}: {gaps.get('count', 0)} idle gaps, {total:.3g} s idle of {span:.3g} s "
                         f"({fraction:.0%}), longest {longest:.3g} s{_drop_note(c)}",
-                        {"count": gaps.get("count", 0), "total_s": total, "max_s": longest, "fraction": fraction},
+                        {"count": gaps.get("count", 0), "total_s": total, "max_s": longest, "fraction": fraction,
+                         "world_size": c.world_size},
                         f"analysis/{c.tag}.json", "conn_throughput.png"))
     if not hits:
         return [Finding(name, "clear", "no direction idles long enough to matter", thresholds=thresholds)]
@@ -626,18 +632,37 @@ def mechanism(findings: Sequence[Finding]) -> Finding:
             return Finding(name, "undecided", "whether N=2 is slower could not be checked, so there is no "
                            "mechanism to name")
         return Finding(name, "clear", "no N=2 busbw dip to explain")
-    support = [f for f in findings if f.status == "fired" and f.rule in _MECHANISM_READING]
+    support: list[Finding] = []
+    everywhere: list[str] = []
+    for f in findings:
+        if f.status != "fired" or f.rule not in _MECHANISM_READING:
+            continue
+        sizes = {e.values.get("world_size") for e in f.evidence} - {None}
+        if sizes and 2 not in sizes:
+            continue  # seen only at other world sizes: says nothing about N=2
+        if any(n >= 3 for n in sizes):
+            everywhere.append(f.rule)  # present at N>=3 too, so it cannot explain what only N=2 suffers
+            continue
+        support.append(f)
     if not support:
         missing = sorted({f.rule for f in findings if f.status == "undecided" and f.rule in _MECHANISM_READING})
         return Finding(name, "undecided",
                        "N=2 is slower but no experiment here isolates why"
+                       + (f"; seen at N>=3 as well, so not specific to N=2: {', '.join(everywhere)}"
+                          if everywhere else "")
                        + (f"; missing evidence for: {', '.join(missing)}" if missing else ""))
     readings = "; ".join(_MECHANISM_READING[f.rule] for f in support)
     evidence = tuple(Evidence(f"{f.rule}: {f.statement}", {"rule": f.rule, "strength": f.strength},
                               f.evidence[0].source, f.evidence[0].plot) for f in [*dips[:1], *support])
     strong = sum(f.strength == "strong" for f in support)
     strength = "strong" if strong >= 2 else "moderate" if strong == 1 or len(support) >= 2 else "weak"
-    return Finding(name, "fired", f"the N=2 loss is supported by: {readings}", strength, evidence)
+    # No surer than the dip it explains.
+    weakest_dip = max(STRENGTHS.index(f.strength) for f in dips[:1])
+    strength = STRENGTHS[max(STRENGTHS.index(strength), weakest_dip)]
+    statement = f"the N=2 loss is supported by: {readings}"
+    if everywhere:
+        statement += f" (not counted, seen at N>=3 too: {', '.join(everywhere)})"
+    return Finding(name, "fired", statement, strength, evidence)
 
 
 def diagnose(run: RunData) -> list[Finding]:

@@ -61,10 +61,12 @@ def _save(plt: Any, fig: Any, out: Path, filename: str) -> None:
 
 
 def _bytes_axis(ax: Any, axis: str = "x") -> None:
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
-    formatter = FuncFormatter(lambda v, _pos: human_bytes(v) if v >= 1 else "")
-    (ax.xaxis if axis == "x" else ax.yaxis).set_major_formatter(formatter)
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    # Every 4x, not every 2x: byte labels are wide and collide otherwise.
+    target.set_major_locator(LogLocator(base=4))
+    target.set_major_formatter(FuncFormatter(lambda v, _pos: human_bytes(v) if v >= 1 else ""))
 
 
 def _main_op(run: RunData) -> str | None:
@@ -129,6 +131,7 @@ def plot_busbw(run: RunData, out: Path) -> Plot | Skipped:
         _bytes_axis(ax)
         ax.set_xlabel("per-rank size [bytes]")
         ax.set_ylabel("busbw [MB/s]")
+        ax.set_ylim(bottom=0)  # from zero, so run-to-run noise does not look like a dip
         ax.set_title(f"{key[0]} {key[1]}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
@@ -168,6 +171,7 @@ def plot_efficiency(run: RunData, out: Path) -> Plot | Skipped:
         _bytes_axis(ax)
         ax.set_xlabel("per-rank size [bytes]")
         ax.set_ylabel("busbw / best raw busbw [ratio]")
+        ax.set_ylim(bottom=0)
         ax.set_title(f"{key[0]} {key[1]}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
@@ -327,6 +331,38 @@ def plot_window(run: RunData, out: Path) -> Plot | Skipped:
                 "not keep the socket fed.")
 
 
+def plot_in_flight(run: RunData, out: Path) -> Plot | Skipped:
+    title = "Bytes in flight per direction (from the wire)"
+    bars: list[tuple[str, float, float]] = []
+    for c in sorted(run.captures.values(), key=lambda c: (str(c.transport), c.world_size or 0, c.tag)):
+        conn = _busiest(c) if c.analysis else None
+        for label, key in (("a->b", "a->b"), ("b->a", "b->a")):
+            d = ((conn or {}).get("directions") or {}).get(key) or {}
+            flight = d.get("bytes_in_flight") or {}
+            if isinstance(flight.get("median"), (int, float)) and (d.get("payload_bytes") or 0) > 0:
+                bars.append((f"{c.transport or '?'} N={c.world_size or '?'}\n{label}", flight["median"],
+                             flight.get("p95") or flight["median"]))
+    if not bars:
+        return Skipped(title, "the analyses carry no bytes_in_flight (analysis/*.json)")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(bars)), 3.8))
+    xs = range(len(bars))
+    ax.bar([x - 0.2 for x in xs], [b[1] for b in bars], 0.4, label="median")
+    ax.bar([x + 0.2 for x in xs], [b[2] for b in bars], 0.4, label="p95")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([b[0] for b in bars], fontsize=7)
+    ax.set_yscale("log", base=2)
+    _bytes_axis(ax, "y")
+    ax.set_ylabel("unacknowledged bytes in flight [bytes]")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    _save(plt, fig, out, "in_flight.png")
+    return Plot("in_flight.png", title,
+                "Bytes sent but not yet acknowledged, per direction of each capture's busiest connection. To "
+                "fill a link the sender needs about rate x RTT in flight; a direction far below that at N=2 "
+                "but not at N>=3 waits on its window, its ACKs or the application.")
+
+
 def plot_cpu(run: RunData, out: Path) -> Plot | Skipped:
     title = "Per-thread CPU"
     per_capture: dict[str, dict[tuple[Any, Any], list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
@@ -361,7 +397,8 @@ def plot_cpu(run: RunData, out: Path) -> Plot | Skipped:
 
 
 PLOTS: tuple[Callable[[RunData, Path], Plot | Skipped], ...] = (
-    plot_time_vs_volume, plot_busbw, plot_efficiency, plot_conn_throughput, plot_duplex, plot_window, plot_cpu,
+    plot_time_vs_volume, plot_busbw, plot_efficiency, plot_conn_throughput, plot_duplex, plot_window, plot_in_flight,
+    plot_cpu,
 )
 
 

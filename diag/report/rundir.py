@@ -37,12 +37,17 @@ class CaptureSet:
         for source in (self.meta or {}, self.analysis or {}):
             if isinstance(source.get("world_size"), int):
                 return source["world_size"]
+        # Phases that carried packets first: an analysis given a whole records file lists every phase.
+        busy = Counter(p.get("phase", {}).get("world_size") for p in self.phases if p.get("connections"))
+        busy.pop(None, None)
+        if busy:
+            return busy.most_common(1)[0][0]
+        match = _TAG_WORLD_RE.search(self.tag)
+        if match:
+            return int(match.group(1))
         phase_sizes = Counter(p.get("phase", {}).get("world_size") for p in self.phases)
         phase_sizes.pop(None, None)
-        if phase_sizes:
-            return phase_sizes.most_common(1)[0][0]
-        match = _TAG_WORLD_RE.search(self.tag)
-        return int(match.group(1)) if match else None
+        return phase_sizes.most_common(1)[0][0] if phase_sizes else None
 
     @property
     def transport(self) -> str | None:
@@ -50,8 +55,10 @@ class CaptureSet:
         for source in (self.meta or {}, self.analysis or {}):
             if isinstance(source.get("transport"), str):
                 return source["transport"]
-        kinds = Counter()
+        kinds: Counter[str] = Counter()
         for p in self.phases:
+            if not p.get("connections"):
+                continue
             phase = p.get("phase", {})
             backend = phase.get("backend")
             if backend:
@@ -212,7 +219,8 @@ def load_run_dir(root: Path) -> RunData:
         return captures.setdefault(tag, CaptureSet(tag))
 
     for path in sorted((root / "captures").glob("*.capture.json")):
-        capture(_tag_of(path, [".capture.json"])).meta = _read_json(path)
+        # The capture tool names it after the pcap (<tag>.pcap.capture.json); the contract says <tag>.capture.json.
+        capture(_tag_of(path, [".pcap.capture.json", ".pcapng.capture.json", ".capture.json"])).meta = _read_json(path)
     for path in sorted((root / "analysis").glob("*.json")):
         capture(_tag_of(path, [".json"])).analysis = _read_json(path)
     for path in sorted((root / "observe").glob("*.jsonl")):

@@ -72,10 +72,20 @@ class TorchTransport:
         return knobs
 
     def _gather_hostnames(self) -> list[str]:
+        """hostname, plus the interface address when GLOO_SOCKET_IFNAME names one (lab hosts share a name)."""
         import socket
 
+        name = socket.gethostname()
+        iface = (os.environ.get("GLOO_SOCKET_IFNAME") or "").split(",")[0]
+        if iface:
+            import psutil
+
+            for addr in psutil.net_if_addrs().get(iface, []):
+                if addr.family == socket.AF_INET:
+                    name = f"{name}/{addr.address}"
+                    break
         names: list[Any] = [None] * self.world_size
-        dist.all_gather_object(names, socket.gethostname())
+        dist.all_gather_object(names, name)
         return [str(n) for n in names]
 
     def hosts(self) -> list[str]:

@@ -1,0 +1,125 @@
+"""Benchmark: `diag analyze` vs `tshark -T fields` on a real loopback capture of >= 2M TCP packets.
+
+    python -m diag.capture.bench [--packets 2000000] [--dir /tmp/diag-bench] [--keep]
+
+Generates the capture with tcpdump (snaplen 128) from a loopback transfer whose MSS is clamped small so
+there are many packets, then times, in the same run, `diag analyze --json` end to end (a fresh process,
+so imports and JSON output count) and tshark extracting the columns diag reads. Peak memory is the child's
+max RSS. Needs root, tcpdump and tshark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TSHARK_FIELDS = ["frame.time_epoch", "ip.src", "tcp.srcport", "ip.dst", "tcp.dstport", "tcp.seq_raw", "tcp.ack_raw",
+                 "tcp.len", "tcp.window_size_value", "tcp.flags", "tcp.options.timestamp.tsval",
+                 "tcp.options.timestamp.tsecr"]
+SMALL_MSS = 200
+GENERATE_TIMEOUT_S = 300
+
+
+TRANSFER = """
+import socket, sys, threading
+target = int(sys.argv[1]); mss = int(sys.argv[2])
+server = socket.create_server(("127.0.0.1", 5201))
+def sink():
+    conn, _ = server.accept()
+    while conn.recv(1 << 16):
+        pass
+thread = threading.Thread(target=sink); thread.start()
+client = socket.socket()
+client.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, mss)
+client.connect(("127.0.0.1", 5201))
+chunk = b"x" * (1 << 16); sent = 0
+while sent < target:
+    client.sendall(chunk); sent += len(chunk)
+client.close(); thread.join()
+"""
+
+
+def generate(path: Path, packets: int) -> int:
+    """A transfer inside a private namespace whose loopback has segmentation offloads off (so the capture
+    sees every MSS-sized segment; the machine's own loopback is left alone)."""
+    from diag.capture.live import start_capture
+
+    netns = f"diagbench{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    try:
+        subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
+        subprocess.run(["ip", "netns", "exec", netns, "ethtool", "-K", "lo", "tso", "off", "gso", "off", "gro", "off"],
+                       check=False, capture_output=True)
+        handle = start_capture(path, "lo", "tcp port 5201", 128, netns=netns)
+        # Data segments of SMALL_MSS plus about one ACK per two of them.
+        target_bytes = int(packets / 1.45 * SMALL_MSS)
+        subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", TRANSFER, str(target_bytes),
+                        str(SMALL_MSS)], check=True, timeout=GENERATE_TIMEOUT_S)
+        info = handle.stop()
+    finally:
+        subprocess.run(["ip", "netns", "del", netns], check=False)
+    return int(info.packets or 0)
+
+
+def timed(command: list[str], stdout_path: Path) -> tuple[float, int]:
+    """(wall seconds, peak RSS in KiB) of one child; os.wait4 gives that child's own rusage."""
+    start = time.perf_counter()
+    with stdout_path.open("wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{command[0]} failed with exit code {proc.returncode}")
+    return elapsed, int(usage.ru_maxrss)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m diag.capture.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--packets", type=int, default=2_000_000)
+    parser.add_argument("--dir", type=Path)
+    parser.add_argument("--pcap", type=Path, help="reuse this capture instead of generating one")
+    parser.add_argument("--keep", action="store_true", help="keep the capture")
+    args = parser.parse_args(argv)
+    for tool in ("tcpdump", "tshark"):
+        if not shutil.which(tool):
+            print(f"needs {tool}", file=sys.stderr)
+            return 3
+    work = args.dir or Path(tempfile.mkdtemp(prefix="diag-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    pcap = args.pcap or work / "bench.pcap"
+    try:
+        if not args.pcap:
+            captured = generate(pcap, args.packets)
+            print(f"captured {captured} packets into {pcap} ({pcap.stat().st_size / 1e6:.0f} MB)")
+        diag_s, diag_kb = timed([sys.executable, "-m", "diag", "analyze", str(pcap), "--json"], work / "diag.json")
+        result = json.loads((work / "diag.json").read_text())
+        n = result["capture"]["packets"]
+        fields = [x for f in TSHARK_FIELDS for x in ("-e", f)]
+        tshark_s, tshark_kb = timed(["tshark", "-n", "-r", str(pcap), "-T", "fields", *fields], work / "tshark.txt")
+        report = {
+            "packets": n, "file_bytes": pcap.stat().st_size,
+            "diag_s": round(diag_s, 3), "diag_packets_per_s": round(n / diag_s),
+            "diag_peak_rss_MB": round(diag_kb / 1024, 1),
+            "tshark_s": round(tshark_s, 3), "speedup": round(tshark_s / diag_s, 1),
+            "tshark_peak_rss_MB": round(tshark_kb / 1024, 1),
+        }
+        print(json.dumps(report, indent=1))
+    finally:
+        if not args.keep and not args.pcap:
+            for name in ("bench.pcap", "bench.pcap.capture.json", "diag.json", "tshark.txt"):
+                with_path = work / name
+                if with_path.exists():
+                    os.unlink(with_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

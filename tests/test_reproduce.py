@@ -1,0 +1,67 @@
+"""The main job end to end on a real lab: a small plan, then the run directory must hold everything."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from diag.records import load_records
+
+
+def _namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
+    before = _namespaces()
+    run_dir = tmp_path / "repro"
+    proc = subprocess.run(
+        [sys.executable, "-m", "diag", "reproduce", "--quick", "--max-n", "3", "--volumes", "512K",
+         "--rate", "100mbit", "--out", str(run_dir)],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "findings (" in proc.stdout
+    # no namespace of ours is left behind
+    assert not {ns for ns in _namespaces() - before if ns.startswith("diag-repro")}
+
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["lab"]["hosts"] == 3 and meta["link"]["single_stream_Bps"] > 0 and not meta["failures"]
+    records = {p.stem: load_records(p) for p in (run_dir / "records").glob("*.jsonl")}
+    assert {"gloo-all_gather", "raw-ring-all_gather", "raw-ring-emulate-gloo-all_gather"} <= set(records)
+    gloo = records["gloo-all_gather"].records
+    assert sorted(r.world_size for r in gloo) == [2, 3]
+    # equal per-device volume D at every N (the user's x axis), data verified
+    assert {r.volume_bytes for r in gloo} == {512 * 1024}
+    assert all(r.nwrong == 0 for recs in records.values() for r in recs.records)
+    exchange_orders = {r.knobs.get("order") for r in records["gloo-exchange-send-first"].records}
+    assert exchange_orders == {"send-first"}
+
+    captures = sorted((run_dir / "captures").glob("*.pcap"))
+    analyses = sorted((run_dir / "analysis").glob("*.json"))
+    assert captures and len(analyses) == len(captures)
+    analysis = json.loads(analyses[0].read_text())
+    assert analysis["connections"] and analysis["phases"]
+    assert list((run_dir / "observe").glob("*.jsonl"))
+
+    report = run_dir / "report"
+    assert (report / "report.html").stat().st_size > 10_000
+    assert (report / "report.md").exists() and list(report.glob("*.png"))
+    findings = json.loads((report / "findings.json").read_text())
+    assert findings, "the diagnosis wrote no findings"
+    if isinstance(findings, dict):
+        findings = findings.get("findings", [])
+    for finding in findings:
+        if finding["status"] == "fired":
+            assert finding["evidence"], finding
+
+
+@pytest.mark.parametrize("args", [["--max-n", "1"], ["--rate", "fast"], ["--volumes", "12Q"]])
+def test_reproduce_bad_arguments(args, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "diag", "reproduce", *args, "--out", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
