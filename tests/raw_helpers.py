@@ -67,3 +67,38 @@ def assert_all_ok(outcome: list[tuple[str, Any]]) -> list[Any]:
     problems = [f"rank {rank}: {status}: {value}" for rank, (status, value) in enumerate(outcome) if status != "ok"]
     assert not problems, "\n".join(problems)
     return [value for _status, value in outcome]
+
+
+def seeded_block(rank: int, iteration: int, nbytes: int) -> Any:
+    """Bytes rank ``rank`` contributes in ``iteration``: differ per rank, iteration and position."""
+    import torch
+
+    generator = torch.Generator().manual_seed(1_000_003 * iteration + rank)
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=generator)
+
+
+def make_transport(rank: int, world_size: int, knobs: dict[str, Any], timeout_s: float = 30.0) -> Any:
+    from diag.spec import SweepSpec
+    from diag.transports.raw import create_transport
+
+    knobs = dict(knobs)
+    spec = SweepSpec(backend="raw", algo=knobs.pop("algo", "ring"), order=knobs.pop("order", "recv-first"),
+                     knobs=knobs)
+    return create_transport(spec, rank, world_size, timeout_s)
+
+
+def check_all_gather(transport: Any, rank: int, world_size: int, nbytes: int, iterations: int = 2,
+                     dtype: Any = None) -> int:
+    """Run all_gather ``iterations`` times with fresh data; -> number of wrong bytes (0 = correct)."""
+    import torch
+
+    wrong = 0
+    element = torch.empty((), dtype=dtype or torch.uint8).element_size()
+    count = max(1, nbytes // element) if nbytes >= element else 0
+    for iteration in range(iterations):
+        blocks = [seeded_block(r, iteration, count * element) for r in range(world_size)]
+        inp = blocks[rank].view(dtype or torch.uint8).clone()
+        out = torch.full((world_size * count,), 0, dtype=dtype or torch.uint8)
+        transport.all_gather(out, inp)
+        wrong += int(out.view(torch.uint8).ne(torch.cat(blocks)).sum().item())
+    return wrong

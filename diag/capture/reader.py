@@ -32,8 +32,10 @@ from diag.errors import DiagError
 CHUNK_BYTES = 8 << 20
 # The most any single record may claim; bigger means the record structure is corrupt.
 MAX_RECORD_BYTES = 1 << 20
-# Bytes of each packet copied into the per-chunk decode matrix: link (<=22) + IPv4 (<=60) + TCP up to TS option.
-DECODE_WIDTH = 22 + 60 + 32
+# Bytes from the network header copied into the per-chunk decode matrix: IPv4 (<=60) + TCP up to the TS option.
+DECODE_WIDTH = 60 + 32
+# Bytes needed to decide the link layer (Ethernet with two VLAN tags, SLL2).
+LINK_WIDTH = 24
 COLUMN_BYTES_PER_PACKET = 8 + 4 + 1 + 4 + 4 + 4 + 2 + 1 + 4 + 4 + 1 + 8
 
 # TCP flag bits (the low byte of the TCP flags field).
@@ -170,26 +172,29 @@ def _read_pcap(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path: P
     if linktype not in SUPPORTED_LINKTYPES:
         raise DiagError(f"{path}: link type {linktype} is not supported "
                         f"(supported: {', '.join(sorted(set(SUPPORTED_LINKTYPES.values())))})")
-    unpack_caplen = struct.Struct(endian + "I").unpack_from
+    unpack_header = struct.Struct(endian + "IIII").unpack_from
     limit = max(snaplen, 65535 + 64) + 64
     limit = min(limit, MAX_RECORD_BYTES)
-    u32 = np.dtype(endian + "u4")
     carry = b""
     record_index = 0
     for data in _chunks(handle):
         buf = carry + data if carry else data
         n = len(buf)
+        # The only per-record Python work: find each record and keep its header fields.
         offsets: list[int] = []
-        append = offsets.append
+        headers: list[tuple[int, int, int, int]] = []
+        append, append_header = offsets.append, headers.append
         off = 0
         while off + 16 <= n:
-            caplen = unpack_caplen(buf, off + 8)[0]
+            header = unpack_header(buf, off)
+            caplen = header[2]
             if caplen > limit:
                 raise DiagError(f"{path}: record {record_index + len(offsets) + 1} claims {caplen} bytes "
                                 f"(snaplen {snaplen}); the file is corrupt")
             if off + 16 + caplen > n:
                 break
             append(off)
+            append_header(header)
             off += 16 + caplen
         carry = buf[off:]
         if not offsets:
@@ -197,11 +202,9 @@ def _read_pcap(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path: P
         record_index += len(offsets)
         arr = np.frombuffer(buf, dtype=np.uint8)
         starts = np.asarray(offsets, dtype=np.int64)
-        hdr = _gather(arr, starts, 16)
-        sec = hdr[:, 0:4].copy().view(u32).ravel().astype(np.int64)
-        frac = hdr[:, 4:8].copy().view(u32).ravel().astype(np.int64)
-        caplens = hdr[:, 8:12].copy().view(u32).ravel().astype(np.int64)
-        builder.add(arr, starts + 16, caplens, sec * 1_000_000_000 + frac * ns_per_tick, linktype)
+        table = np.asarray(headers, dtype=np.int64)
+        builder.add(arr, starts + 16, table[:, 2], table[:, 0] * 1_000_000_000 + table[:, 1] * ns_per_tick,
+                    linktype)
     if carry:
         builder.skip("truncated_record", 1)
         builder.warnings.append(f"{path}: the last record is cut short ({len(carry)} bytes); "
@@ -356,7 +359,7 @@ class _ColumnBuilder:
         frame = self.first_frame + self.frames + np.arange(count, dtype=np.int64)
         self.frames += count
         self.linktypes.add(linktype)
-        mat = _gather(arr, starts, DECODE_WIDTH)
+        mat = _gather(arr, starts, LINK_WIDTH)
         net, ip_version = self._link(mat, caplen, linktype)
         ok = ip_version > 0
         self.skip("non_ip", int(np.count_nonzero(~ok)))

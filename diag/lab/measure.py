@@ -29,6 +29,7 @@ IPERF3_PORT = 5201              # inside the lab's private namespaces, so it cla
 TCPI_BYTES_RECEIVED_OFFSET = 128
 TCP_INFO_LEN = 232
 SAMPLE_WINDOW_S = 0.5e-3
+SAMPLE_INTERVAL_S = 0.02
 # Socket buffers of a few hundred ms of data: the measurement then survives the measuring threads being
 # descheduled on a busy machine (autotuned buffers held ~20 ms here, and bidirectional runs dipped to 78%).
 # The *FORCE options pass the per-namespace net.core.[rw]mem_max cap (we run as root anyway).
@@ -173,13 +174,26 @@ def _kernel_rates(sockets: list[socket.socket], t_from: float, t_to: float) -> l
                 return (before + after) / 2, counts
         return None
 
+    # Many samples and a least-squares slope, not two end points: one stall of the receiver's softirq
+    # (~100 ms on a loaded VM) at an end point would move a two-point rate by several percent.
     time.sleep(max(0.0, t_from - time.monotonic()))
-    first = sample()
-    time.sleep(max(0.0, t_to - time.monotonic()))
-    last = sample()
-    if first is None or last is None or last[0] <= first[0]:
+    samples = []
+    while time.monotonic() < t_to:
+        taken = sample()
+        if taken is None:
+            return None
+        samples.append(taken)
+        time.sleep(SAMPLE_INTERVAL_S)
+    if len(samples) < 3:
         return None
-    return [(b - a) / (last[0] - first[0]) for a, b in zip(first[1], last[1], strict=True)]
+    times = [t for t, _ in samples]
+    return [_slope(times, [counts[index] for _, counts in samples]) for index in range(len(sockets))]
+
+
+def _slope(xs: list[float], ys: list[int]) -> float:
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
 
 
 def _send(sock: socket.socket, seconds: float, start: threading.Barrier) -> None:

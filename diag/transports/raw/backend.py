@@ -66,8 +66,9 @@ def _process_group_class() -> type:
 
     from diag.transports.raw.transport import RawTransport
 
-    reduce_names = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min",
-                    dist.ReduceOp.PRODUCT: "product"}
+    # opts.reduceOp is a ReduceOp object that compares equal to, but does not hash like, the enum values.
+    reduce_names = [(dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.MAX, "max"), (dist.ReduceOp.MIN, "min"),
+                    (dist.ReduceOp.PRODUCT, "product")]
 
     def done(result: Any) -> Any:
         future: Future = Future()
@@ -75,7 +76,7 @@ def _process_group_class() -> type:
         return _create_work_from_future(future)
 
     def reduce_name(opts: Any) -> str:
-        name = reduce_names.get(opts.reduceOp)
+        name = next((name for op, name in reduce_names if opts.reduceOp == op), None)
         if name is None:
             raise ValueError(f"{BACKEND_NAME} supports SUM, MAX, MIN and PRODUCT reductions, not {opts.reduceOp}")
         return name
