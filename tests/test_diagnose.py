@@ -262,3 +262,46 @@ def test_capture_metadata_named_after_the_pcap(tmp_path) -> None:
     assert run.captures["gloo-all_gather-n2"].world_size == 2
     (f,) = rule_capture_drops(run)
     assert f.status == "fired" and f.evidence[0].values["kernel_dropped"] == 7
+
+
+def _turn_taking_run(tmp_path, raw_overlap: float | None):
+    analyses = {"gloo_n2": turn_taking_analyses()["gloo_n2"]}
+    if raw_overlap is not None:
+        analyses["raw_shared_n2"] = analysis(
+            2, [connection("10.0.0.1:6000", "10.0.0.2:41000", direction(8 * MiB), direction(8 * MiB), raw_overlap)],
+            backend="raw")
+    return load_run([write_run_dir(tmp_path / f"tt{raw_overlap}", flat_records(), analyses=analyses)])
+
+
+def test_turn_taking_fires_only_against_a_raw_shared_connection_that_overlaps(tmp_path) -> None:
+    from diag.report.diagnose import TURN_TAKING_GAP, rule_turn_taking
+
+    (f,) = rule_turn_taking(_turn_taking_run(tmp_path, 0.85))
+    assert f.status == "fired" and "in turns (10% overlap)" in f.statement and "85%" in f.statement
+    assert [e.values["duplex_overlap"] for e in f.evidence] == [0.1, 0.85]
+    assert f.thresholds["TURN_TAKING_GAP"] == TURN_TAKING_GAP
+    # raw TCP on one connection takes turns as well: nothing backend-specific to report
+    (g,) = rule_turn_taking(_turn_taking_run(tmp_path, 0.2))
+    assert g.status == "clear"
+    (h,) = rule_turn_taking(_turn_taking_run(tmp_path, None))
+    assert h.status == "undecided" and "no reference" in h.statement
+
+
+def test_half_duplex_match(tmp_path) -> None:
+    from diag.report.diagnose import rule_half_duplex
+
+    size = 16 * MiB
+    gloo = make_record("gloo", "all_gather", 2, size, timed(2.0))
+    full = make_record("raw", "all_gather", 2, size, timed(1.0), knobs={"io": "duplex", "conn": "split"})
+
+    def run_with(alternate_s: float, name: str):
+        alternate = make_record("raw", "all_gather", 2, size, timed(alternate_s),
+                                knobs={"io": "alternate", "conn": "split"})
+        return load_run([write_run_dir(tmp_path / name, [gloo, full, alternate])])
+
+    (f,) = rule_half_duplex(run_with(1.9, "match"))
+    assert f.status == "fired" and f.evidence[0].values["ratio"] == pytest.approx(1.9 / 2.0, rel=0.05)
+    (g,) = rule_half_duplex(run_with(1.0, "nomatch"))
+    assert g.status == "clear"
+    (h,) = rule_half_duplex(load_run([write_run_dir(tmp_path / "none", [gloo, full])]))
+    assert h.status == "undecided"

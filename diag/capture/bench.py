@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 TSHARK_FIELDS = ["frame.time_epoch", "ip.src", "tcp.srcport", "ip.dst", "tcp.dstport", "tcp.seq_raw", "tcp.ack_raw",
@@ -25,11 +26,21 @@ TSHARK_FIELDS = ["frame.time_epoch", "ip.src", "tcp.srcport", "ip.dst", "tcp.dst
                  "tcp.options.timestamp.tsecr"]
 SMALL_MSS = 200
 GENERATE_TIMEOUT_S = 300
+# Captured packets per payload byte sent is about 1/SMALL_MSS (data) plus the ACKs, at least one per
+# ~8 data segments on this loopback; send enough data segments alone to reach the target.
+DATA_MARGIN = 1.05
+# The sender is paced (SO_MAX_PACING_RATE: the kernel's internal TCP pacing, no fq qdisc needed) so that
+# tcpdump, sharing two busy cores with everything else, keeps up: an unpaced loopback transfer outruns it
+# and the kernel drops packets. The large -B buffer absorbs the scheduling hiccups that remain.
+DEFAULT_RATE_BPS = 16_000_000
+TCPDUMP_BUFFER_KIB = 256 * 1024
+# Without --immediate-mode libpcap hands over packets in blocks retired after at most ~1 s: wait that out.
+BLOCK_FLUSH_S = 1.5
 
 
 TRANSFER = """
 import socket, sys, threading
-target = int(sys.argv[1]); mss = int(sys.argv[2])
+target = int(sys.argv[1]); mss = int(sys.argv[2]); rate = int(sys.argv[3])
 server = socket.create_server(("127.0.0.1", 5201))
 def sink():
     conn, _ = server.accept()
@@ -38,6 +49,7 @@ def sink():
 thread = threading.Thread(target=sink); thread.start()
 client = socket.socket()
 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, mss)
+client.setsockopt(socket.SOL_SOCKET, 47, rate)  # SO_MAX_PACING_RATE, bytes/s
 client.connect(("127.0.0.1", 5201))
 chunk = b"x" * (1 << 16); sent = 0
 while sent < target:
@@ -46,26 +58,37 @@ client.close(); thread.join()
 """
 
 
-def generate(path: Path, packets: int) -> int:
-    """A transfer inside a private namespace whose loopback has segmentation offloads off (so the capture
-    sees every MSS-sized segment; the machine's own loopback is left alone)."""
+@dataclass(frozen=True)
+class Generated:
+    packets: int
+    kernel_dropped: int | None
+    seconds: float
+
+
+def generate(path: Path, packets: int, rate_Bps: int = DEFAULT_RATE_BPS) -> Generated:
+    """A paced transfer inside a private namespace whose loopback has segmentation offloads off (so the
+    capture sees every MSS-sized segment; the machine's own loopback is left alone)."""
     from diag.capture.live import start_capture
 
     netns = f"diagbench{os.getpid()}"
     subprocess.run(["ip", "netns", "add", netns], check=True)
+    start = time.monotonic()
     try:
         subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
         subprocess.run(["ip", "netns", "exec", netns, "ethtool", "-K", "lo", "tso", "off", "gso", "off", "gro", "off"],
                        check=False, capture_output=True)
-        handle = start_capture(path, "lo", "tcp port 5201", 128, netns=netns)
-        # Data segments of SMALL_MSS plus about one ACK per two of them.
-        target_bytes = int(packets / 1.45 * SMALL_MSS)
-        subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", TRANSFER, str(target_bytes),
-                        str(SMALL_MSS)], check=True, timeout=GENERATE_TIMEOUT_S)
-        info = handle.stop()
+        handle = start_capture(path, "lo", "tcp port 5201", 128, netns=netns, buffer_kib=TCPDUMP_BUFFER_KIB,
+                               immediate=False)
+        target_bytes = int(packets * DATA_MARGIN * SMALL_MSS)
+        try:
+            subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", TRANSFER, str(target_bytes),
+                            str(SMALL_MSS), str(rate_Bps)], check=True, timeout=GENERATE_TIMEOUT_S)
+        finally:
+            time.sleep(BLOCK_FLUSH_S)
+            info = handle.stop()
     finally:
         subprocess.run(["ip", "netns", "del", netns], check=False)
-    return int(info.packets or 0)
+    return Generated(int(info.packets or 0), info.kernel_dropped, time.monotonic() - start)
 
 
 def timed(command: list[str], stdout_path: Path) -> tuple[float, int]:
@@ -87,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path)
     parser.add_argument("--pcap", type=Path, help="reuse this capture instead of generating one")
     parser.add_argument("--keep", action="store_true", help="keep the capture")
+    parser.add_argument("--rate", type=float, default=DEFAULT_RATE_BPS / 1e6, metavar="MB/s",
+                        help="pace the generating transfer at this payload rate (default %(default)s MB/s)")
     args = parser.parse_args(argv)
     for tool in ("tcpdump", "tshark"):
         if not shutil.which(tool):
@@ -96,9 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     pcap = args.pcap or work / "bench.pcap"
     try:
+        generated = None
         if not args.pcap:
-            captured = generate(pcap, args.packets)
-            print(f"captured {captured} packets into {pcap} ({pcap.stat().st_size / 1e6:.0f} MB)")
+            generated = generate(pcap, args.packets, int(args.rate * 1e6))
+            print(f"captured {generated.packets} packets into {pcap} ({pcap.stat().st_size / 1e6:.0f} MB) in "
+                  f"{generated.seconds:.1f} s, kernel dropped {generated.kernel_dropped}", file=sys.stderr)
+            if generated.packets < args.packets or generated.kernel_dropped:
+                print("warning: the capture is short of the target or dropped packets; lower --rate",
+                      file=sys.stderr)
         diag_s, diag_kb = timed([sys.executable, "-m", "diag", "analyze", str(pcap), "--json"], work / "diag.json")
         result = json.loads((work / "diag.json").read_text())
         n = result["capture"]["packets"]
@@ -106,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         tshark_s, tshark_kb = timed(["tshark", "-n", "-r", str(pcap), "-T", "fields", *fields], work / "tshark.txt")
         report = {
             "packets": n, "file_bytes": pcap.stat().st_size,
+            "kernel_dropped": generated.kernel_dropped if generated else result["capture"]["kernel_dropped"],
+            "load_average_1m": round(os.getloadavg()[0], 2),
             "diag_s": round(diag_s, 3), "diag_packets_per_s": round(n / diag_s),
             "diag_peak_rss_MB": round(diag_kb / 1024, 1),
             "tshark_s": round(tshark_s, 3), "speedup": round(tshark_s / diag_s, 1),

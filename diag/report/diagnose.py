@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -54,6 +54,12 @@ CPU_PINNED_PCT = 90.0
 # ... in at least this share of its samples (and at least CPU_MIN_SAMPLES samples) is pinned.
 CPU_PINNED_SHARE = 0.5
 CPU_MIN_SAMPLES = 3
+
+# A backend's bidirectional connection overlaps its directions this much less than raw TCP on one shared
+# connection between the same hosts: the backend, not TCP or the link, makes the directions take turns.
+TURN_TAKING_GAP = 0.3
+# A backend's busbw within this fraction of a raw ring that alternates directions (half duplex).
+HALF_DUPLEX_MATCH = 0.2
 
 STATUSES = ("fired", "undecided", "clear")
 STRENGTHS = ("strong", "moderate", "weak")
@@ -115,6 +121,7 @@ def rule_n2_dip(run: RunData) -> list[Finding]:
     for (label, op), per_n in sorted(by_series(run.records).items()):
         if op in PAIRWISE_OPS or 2 not in per_n or not any(n >= 3 for n in per_n):
             continue
+        per_n, axis = _match_axis(per_n)
         ratios: dict[int, tuple[float, float, float]] = {}
         for size, row2 in sorted(per_n[2].items()):
             others = [per_n[n][size].busbw_Bps for n in per_n if n >= 3 and size in per_n[n]]
@@ -125,7 +132,7 @@ def rule_n2_dip(run: RunData) -> list[Finding]:
             continue
         sizes = sorted(ratios)
         source = run.source_of(per_n[2][sizes[-1]])
-        table = ", ".join(f"{human_bytes(s)}: {ratios[s][0]:.2f}" for s in sizes)
+        table = ", ".join(f"{axis}{human_bytes(s)}: {ratios[s][0]:.2f}" for s in sizes)
         if ratios[sizes[-1]][0] >= N2_DIP_RATIO:
             findings.append(Finding(name, "clear", f"{label} {op}: busbw at N=2 is not below N>=3 at the largest "
                                     f"size (N=2 / N>=3 ratio by size: {table})", thresholds=thresholds))
@@ -146,19 +153,32 @@ def rule_n2_dip(run: RunData) -> list[Finding]:
             strength = "weak"  # the samples do not separate N=2 from N>=3 with confidence
         significance = (f"p={test.p_value:.2g}" if test.p_value is not None else test.reason)
         evidence = [Evidence(
-            f"at {human_bytes(s)} per rank, N=2 busbw {human_rate(ratios[s][1])} vs median N>=3 "
+            f"at {axis}{human_bytes(s)}{' per rank' if not axis else ''}, N=2 busbw {human_rate(ratios[s][1])} vs median N>=3 "
             f"{human_rate(ratios[s][2])} (ratio {ratios[s][0]:.2f})",
             {"size_bytes": s, "ratio": ratios[s][0], "busbw_n2_Bps": ratios[s][1], "busbw_n3plus_Bps": ratios[s][2]},
             source, "busbw_vs_size.png") for s in dipping]
         findings.append(Finding(
             name, "fired",
-            f"{label} {op}: busbw at N=2 is {1 - worst:.0%} below N>={ns[0]} at {human_bytes(sizes[-1])}, "
-            f"from {human_bytes(onset)} per rank upward ({significance}; ratio by size: {table})",
+            f"{label} {op}: busbw at N=2 is {1 - worst:.0%} below N>={ns[0]} at {axis}{human_bytes(sizes[-1])}, "
+            f"from {axis}{human_bytes(onset)}{' per rank' if not axis else ''} upward "
+            f"({significance}; ratio by size: {table})",
             strength, tuple(evidence), thresholds))
     if not findings:
         return _undecided(name, "no series has both N=2 and N>=3 rows at the same sizes: cannot compare "
                           "(sweep --nproc 2,3,4)", **thresholds)
     return findings
+
+
+def _match_axis(per_n: dict[int, dict[int, Record]]) -> tuple[dict[int, dict[int, Record]], str]:
+    """Compare N=2 with N>=3 at equal per-rank size S, or at equal per-device volume D = (N-1) x S (the
+    user's own axis, and what diag reproduce sweeps) when that matches more rows. Returns the maps and a
+    label prefix for sizes ("" for S, "D=" for volume)."""
+    by_volume = {n: {row.volume_bytes: row for row in rows.values()} for n, rows in per_n.items()}
+
+    def matches(maps: dict[int, dict[int, Record]]) -> int:
+        return sum(1 for key in maps.get(2, {}) if any(key in maps[n] for n in maps if n >= 3))
+
+    return (by_volume, "D=") if matches(by_volume) > matches(per_n) else (per_n, "")
 
 
 def _large_sizes(sizes: Sequence[int]) -> list[int]:
@@ -394,6 +414,107 @@ def rule_duplex_overlap(run: RunData) -> list[Finding]:
     return [Finding(name, "fired", statement, _weaken(strength) if unreliable else strength, tuple(low), thresholds)]
 
 
+def _capture_op(capture: CaptureSet) -> str | None:
+    ops = Counter(p.get("phase", {}).get("op") for p in capture.phases if p.get("connections"))
+    ops.pop(None, None)
+    return ops.most_common(1)[0][0] if ops else None
+
+
+def _bidirectional(capture: CaptureSet) -> list[tuple[dict[str, Any], float, int]]:
+    """(connection, duplex overlap, bytes of the smaller direction) for connections that carry both ways."""
+    out = []
+    for conn in capture.connections:
+        moved = [d.get("payload_bytes", 0) or 0 for _, d in _directions(conn)]
+        overlap = conn.get("duplex_overlap")
+        if min(moved) >= BIDIR_MIN_BYTES and isinstance(overlap, (int, float)):
+            out.append((conn, float(overlap), min(moved)))
+    return sorted(out, key=lambda item: -item[2])
+
+
+def rule_turn_taking(run: RunData) -> list[Finding]:
+    """At N=2 a backend's one connection carries both directions in turns while raw TCP on one shared
+    connection, on the same hosts, carries both at once: the turn-taking is the backend's, not TCP's."""
+    name = "turn_taking"
+    thresholds = {"TURN_TAKING_GAP": TURN_TAKING_GAP, "DUPLEX_OVERLAP_LOW": DUPLEX_OVERLAP_LOW,
+                  "BIDIR_MIN_BYTES": BIDIR_MIN_BYTES}
+    pairs = [c for c in _analysed(run) if c.world_size == 2 and _bidirectional(c)]
+    backend = [c for c in pairs if (c.transport or "").startswith("torch:") and _capture_op(c) == "all_gather"]
+    raw = [c for c in pairs if (c.transport or "").startswith("raw")]
+    if not backend:
+        return _undecided(name, "no capture of a backend all_gather at N=2 with a connection carrying both "
+                          "directions: cannot test turn-taking", **thresholds)
+    if not raw:
+        return _undecided(name, "no capture of raw TCP on one shared connection at N=2 (raw --conn shared or "
+                          "--emulate gloo): no reference for what one connection can do", **thresholds)
+    best_raw = max(raw, key=lambda c: _bidirectional(c)[0][1])
+    raw_conn, raw_overlap, _ = _bidirectional(best_raw)[0]
+    findings = []
+    for c in backend:
+        conn, overlap, _ = _bidirectional(c)[0]
+        evidence = (
+            Evidence(f"{c.label}: connection {conn.get('a')} <-> {conn.get('b')} moves both directions at once "
+                     f"{overlap:.0%} of its active time", {"world_size": 2, "duplex_overlap": overlap,
+                                                           "transport": c.transport},
+                     f"analysis/{c.tag}.json", "duplex_overlap.png"),
+            Evidence(f"{best_raw.label}: raw TCP, one connection {raw_conn.get('a')} <-> {raw_conn.get('b')} "
+                     f"carrying both directions, overlaps them {raw_overlap:.0%} of its active time",
+                     {"world_size": 2, "duplex_overlap": raw_overlap, "transport": best_raw.transport},
+                     f"analysis/{best_raw.tag}.json", "duplex_overlap.png"),
+        )
+        if overlap < DUPLEX_OVERLAP_LOW and raw_overlap - overlap >= TURN_TAKING_GAP:
+            strength = _strength(raw_overlap - overlap - TURN_TAKING_GAP, 0.3, 0.15)
+            findings.append(Finding(
+                name, "fired",
+                f"{c.transport} all_gather at N=2 sends and receives on its one connection in turns "
+                f"({overlap:.0%} overlap), while raw TCP on one shared connection between the same hosts overlaps "
+                f"them {raw_overlap:.0%}: one TCP connection can carry both directions at once, so the turns "
+                "come from how the backend drives the pair, not from TCP or the link",
+                _weaken(strength) if c.kernel_dropped or best_raw.kernel_dropped else strength, evidence,
+                thresholds))
+        else:
+            findings.append(Finding(name, "clear", f"{c.transport} all_gather at N=2 overlaps the two directions "
+                                    f"of its connection {overlap:.0%} (raw shared connection: {raw_overlap:.0%})",
+                                    thresholds=thresholds))
+    return findings
+
+
+def rule_half_duplex(run: RunData) -> list[Finding]:
+    """Does a half-duplex schedule (raw --io alternate) reproduce the backend's N=2 busbw?"""
+    name = "half_duplex_match"
+    thresholds = {"HALF_DUPLEX_MATCH": HALF_DUPLEX_MATCH}
+    rows = [r for r in run.records if r.op == "all_gather" and r.world_size == 2]
+    alternate = [r for r in rows if r.backend == "raw" and r.knobs.get("io") == "alternate"]
+    duplex = [r for r in rows if r.backend == "raw" and r.knobs.get("io", "duplex") == "duplex"]
+    backend = [r for r in rows if r.backend != "raw"]
+    if not alternate or not backend:
+        return _undecided(name, "no raw --io alternate rows at N=2 beside backend rows: cannot test whether a "
+                          "half-duplex schedule explains the N=2 busbw", **thresholds)
+    alt_by_volume = {r.volume_bytes: r for r in alternate}
+    findings = []
+    for r in backend:
+        ref = alt_by_volume.get(r.volume_bytes)
+        if ref is None or ref.busbw_Bps <= 0:
+            continue
+        full = max((d for d in duplex if d.volume_bytes == r.volume_bytes), key=lambda d: d.busbw_Bps, default=None)
+        ratio = r.busbw_Bps / ref.busbw_Bps
+        text = (f"at D={human_bytes(r.volume_bytes)}: {r.transport} N=2 busbw {human_rate(r.busbw_Bps)}, raw ring "
+                f"alternating directions {human_rate(ref.busbw_Bps)} (ratio {ratio:.2f})"
+                + (f", raw ring full duplex {human_rate(full.busbw_Bps)}" if full else ""))
+        evidence = (Evidence(text, {"world_size": 2, "ratio": ratio, "volume_bytes": r.volume_bytes},
+                             run.source_of(r), "busbw_vs_size.png"),)
+        if abs(ratio - 1) <= HALF_DUPLEX_MATCH and (full is None or full.busbw_Bps > 1.2 * r.busbw_Bps):
+            findings.append(Finding(name, "fired", f"{r.transport} at N=2 runs at the speed of a half-duplex "
+                                    f"schedule: {text}", "moderate" if abs(ratio - 1) > HALF_DUPLEX_MATCH / 2
+                                    else "strong", evidence, thresholds))
+        else:
+            findings.append(Finding(name, "clear", f"{r.transport} at N=2 does not match a half-duplex schedule: "
+                                    f"{text}", thresholds=thresholds))
+    if not findings:
+        return _undecided(name, "raw --io alternate and backend rows share no per-device volume at N=2",
+                          **thresholds)
+    return findings
+
+
 def _tcp_info_series(run: RunData) -> dict[str, list[dict[str, Any]]]:
     """Per connection, TCP_INFO samples from observers and raw side files, oldest first."""
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -602,6 +723,8 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("shared_connection", rule_conn_split),
     ("exchange_order", rule_exchange_order),
     ("low_duplex_overlap", rule_duplex_overlap),
+    ("turn_taking", rule_turn_taking),
+    ("half_duplex_match", rule_half_duplex),
     ("window_limited", rule_window_limited),
     ("retransmissions", rule_retransmissions),
     ("idle_gaps", rule_idle_gaps),
@@ -612,6 +735,9 @@ RULES: tuple[tuple[str, Rule], ...] = (
 
 # Rules whose firing points at a mechanism behind an N=2 dip, with what each means.
 _MECHANISM_READING = {
+    "turn_taking": "on the wire, the backend's one connection at N=2 carries its two directions in turns, "
+                   "where raw TCP on one connection between the same hosts carries both at once",
+    "half_duplex_match": "a raw ring that alternates directions (half duplex) runs at the backend's N=2 speed",
     "shared_connection": "raw TCP reproduces the loss when both directions share one connection",
     "exchange_order": "the order of send and receive on a pair changes throughput",
     "low_duplex_overlap": "the wire shows both directions of one connection/host taking turns",
@@ -620,6 +746,10 @@ _MECHANISM_READING = {
     "retransmissions": "losses force retransmissions",
     "idle_gaps": "connections idle between bursts",
 }
+
+
+# Rules whose "clear" verdict rules a suspected mechanism out.
+_RULED_OUT = ("shared_connection", "exchange_order", "cpu_bound")
 
 
 def mechanism(findings: Sequence[Finding]) -> Finding:
@@ -660,6 +790,9 @@ def mechanism(findings: Sequence[Finding]) -> Finding:
     weakest_dip = max(STRENGTHS.index(f.strength) for f in dips[:1])
     strength = STRENGTHS[max(STRENGTHS.index(strength), weakest_dip)]
     statement = f"the N=2 loss is supported by: {readings}"
+    ruled_out = [f.statement for f in findings if f.status == "clear" and f.rule in _RULED_OUT]
+    if ruled_out:
+        statement += "; ruled out by experiment: " + "; ".join(ruled_out)
     if everywhere:
         statement += f" (not counted, seen at N>=3 too: {', '.join(everywhere)})"
     return Finding(name, "fired", statement, strength, evidence)

@@ -85,7 +85,7 @@ class RawTransport:
         # Every rank creates transports in the same sequence, so its own counter names the same
         # generation everywhere: two transports in one process never read each other's keys.
         generation = base.add(f"{STORE_PREFIX}/generation/{rank}", 1)
-        self._store = dist.PrefixStore(f"{STORE_PREFIX}/{generation}/", base)
+        self._store = dist.PrefixStore(f"{STORE_PREFIX}/{generation}", base)   # keys: diag_raw/<gen>/<key>
         self._store.set_timeout(timedelta(seconds=timeout_s))
         deadline = time.monotonic() + timeout_s
         self._address = mesh.choose_address(knobs.iface)

@@ -1,0 +1,173 @@
+"""Raw transport safety: strays cannot touch a run, a dead or stuck peer ends it within the timeout."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from diag.transports.raw import wire
+from tests.raw_helpers import assert_all_ok, check_all_gather, free_port, make_transport, run_ranks
+
+STRAY_DELAY_S = 3.0
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _late_rank_body(rank: int, world_size: int) -> dict[str, Any]:
+    collect = _Collect()
+    logging.getLogger("diag.raw").addHandler(collect)
+    if rank == world_size - 1:
+        time.sleep(STRAY_DELAY_S)   # keep rank 0's listener open while the strays knock
+    transport = make_transport(rank, world_size, {"conn": "shared", "handshake": "notify", "chunks": 2})
+    try:
+        wrong = check_all_gather(transport, rank, world_size, 100_003, iterations=3)
+        return {"wrong": wrong, "log": collect.messages}
+    finally:
+        transport.close()
+
+
+def _send_strays(port: int, results: dict[str, Any]) -> None:
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=__import__("datetime").timedelta(seconds=30))
+    host, listen_port = bytes(store.get("diag_raw/1/addr/0")).decode().rsplit(":", 1)
+    target = (host, int(listen_port))
+    forged = wire.pack_hello(b"\x00" * wire.TOKEN_BYTES, 1, wire.ROLE_SHARED, 0)
+    garbage = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + os.urandom(200)
+    half = forged[: len(forged) // 2]
+    claims_rank0 = wire.pack_hello(b"\x00" * wire.TOKEN_BYTES, 0, wire.ROLE_SHARED, 0)
+    clients = []
+    for payload in (forged, garbage, half, claims_rank0, b"", struct.pack("<I", 0xFFFFFFFF) * 100):
+        client = socket.create_connection(target, timeout=5)
+        if payload:
+            client.sendall(payload)
+        clients.append(client)
+    # the forged clients must be closed by the rank, never answered with an ACK
+    answers = []
+    for client in clients:
+        client.settimeout(STRAY_DELAY_S + 6)
+        try:
+            answers.append(client.recv(64))
+        except (ConnectionResetError, TimeoutError):
+            answers.append(b"")
+        client.close()
+    results["answers"] = answers
+
+
+def test_stray_clients_change_nothing_and_are_logged() -> None:
+    port = free_port()
+    stray_results: dict[str, Any] = {}
+    strays = threading.Thread(target=_send_strays, args=(port, stray_results))
+    strays.start()
+    try:
+        outcome = run_ranks(_late_rank_body, 2, port=port, timeout_s=60)
+    finally:
+        strays.join(timeout=30)
+    results = assert_all_ok(outcome)
+    assert [result["wrong"] for result in results] == [0, 0]
+    assert stray_results["answers"] == [b""] * 6          # nobody got a handshake reply
+    log = "\n".join(results[0]["log"])
+    assert "wrong run token" in log
+    assert "bad magic" in log
+    assert "no complete handshake in time" in log or "closed after" in log
+
+
+def _dies_body(rank: int, world_size: int, how: str) -> dict[str, Any]:
+    import torch
+
+    from diag.errors import DiagError
+
+    transport = make_transport(rank, world_size, {}, timeout_s=4.0)
+    out = torch.empty(world_size * (4 << 20), dtype=torch.uint8)
+    inp = torch.ones(4 << 20, dtype=torch.uint8)
+    transport.all_gather(out, inp)
+    if rank == world_size - 1:
+        if how == "exit":
+            os._exit(17)          # killed: the kernel closes its sockets
+        time.sleep(30)            # stuck: sockets stay open, nothing moves
+        return {}
+    started = time.monotonic()
+    try:
+        for _ in range(100):
+            transport.all_gather(out, inp)
+    except DiagError as exc:
+        return {"error": str(exc), "elapsed_s": time.monotonic() - started}
+    finally:
+        transport.close()
+    return {"error": None}
+
+
+@pytest.mark.parametrize("how", ["exit", "stuck"])
+def test_a_dead_or_stuck_peer_ends_the_run_within_the_timeout(how: str) -> None:
+    outcome = run_ranks(_dies_body, 3, how, timeout_s=40)
+    for rank in (0, 1):
+        status, result = outcome[rank]
+        assert status == "ok", result
+        assert result["error"] is not None
+        assert "\n" not in result["error"]
+        assert result["elapsed_s"] < 4.0 + 2.0
+        assert "rank" in result["error"]
+    # the rank next to the dead one names it
+    assert "rank(s) 2" in outcome[0][1]["error"] or "rank 2" in outcome[0][1]["error"] \
+        or "rank 2" in outcome[1][1]["error"] or "rank(s) 2" in outcome[1][1]["error"]
+
+
+def _mismatch_body(rank: int, world_size: int) -> str | None:
+    from diag.errors import DiagError
+
+    try:
+        make_transport(rank, world_size, {"conn": "shared" if rank == 0 else "split"}, timeout_s=5).close()
+    except DiagError as exc:
+        return str(exc)
+    return None
+
+
+def test_ranks_with_different_knobs_refuse_to_run() -> None:
+    results = assert_all_ok(run_ranks(_mismatch_body, 2))
+    assert results[0] is None
+    assert results[1] is not None and "same raw transport settings" in results[1]
+
+
+def _closed_listener_body(rank: int, world_size: int) -> bool:
+    transport = make_transport(rank, world_size, {})
+    try:
+        host, port = transport._addresses[rank].rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+            return False
+        except ConnectionRefusedError:
+            return True
+    finally:
+        transport.barrier()
+        transport.close()
+
+
+def test_listener_is_closed_once_the_mesh_is_up() -> None:
+    assert assert_all_ok(run_ranks(_closed_listener_body, 2)) == [True, True]
+
+
+def test_bad_knobs_are_one_line_errors() -> None:
+    from diag.errors import DiagError
+    from diag.transports.raw import resolve_knobs
+
+    for knobs, fragment in (({"conn": "both"}, "--conn"), ({"chunks": 0}, "--chunks"),
+                            ({"nodelay": "maybe"}, "--nodelay"), ({"colour": 1}, "unknown raw transport knob"),
+                            ({"emulate": "nccl"}, "--emulate")):
+        with pytest.raises(DiagError, match=fragment):
+            resolve_knobs("ring", "recv-first", knobs)
+    gloo = resolve_knobs("pairwise", "recv-first", {"emulate": "gloo", "conn": "split"})
+    assert (gloo.algo, gloo.conn, gloo.handshake, gloo.chunks) == ("ring", "shared", "notify", 2)
