@@ -77,14 +77,15 @@ def seeded_block(rank: int, iteration: int, nbytes: int) -> Any:
     return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=generator)
 
 
-def make_transport(rank: int, world_size: int, knobs: dict[str, Any], timeout_s: float = 30.0) -> Any:
+def make_transport(rank: int, world_size: int, knobs: dict[str, Any], timeout_s: float = 30.0,
+                   store: Any = None) -> Any:
     from diag.spec import SweepSpec
     from diag.transports.raw import create_transport
 
     knobs = dict(knobs)
     spec = SweepSpec(backend="raw", algo=knobs.pop("algo", "ring"), order=knobs.pop("order", "recv-first"),
                      knobs=knobs)
-    return create_transport(spec, rank, world_size, timeout_s)
+    return create_transport(spec, rank, world_size, timeout_s, store=store)
 
 
 def check_all_gather(transport: Any, rank: int, world_size: int, nbytes: int, iterations: int = 2,

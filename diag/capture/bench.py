@@ -26,9 +26,9 @@ TSHARK_FIELDS = ["frame.time_epoch", "ip.src", "tcp.srcport", "ip.dst", "tcp.dst
                  "tcp.options.timestamp.tsecr"]
 SMALL_MSS = 200
 GENERATE_TIMEOUT_S = 300
-# Captured packets per payload byte sent is about 1/SMALL_MSS (data) plus the ACKs, at least one per
-# ~8 data segments on this loopback; send enough data segments alone to reach the target.
-DATA_MARGIN = 1.05
+# Send as many MSS-sized data segments as packets wanted: with the ACKs (about one per eight data
+# segments on this loopback) the capture then holds ~1.1x the target, never fewer.
+DATA_MARGIN = 1.0
 # The sender is paced (SO_MAX_PACING_RATE: the kernel's internal TCP pacing, no fq qdisc needed) so that
 # tcpdump, sharing two busy cores with everything else, keeps up: an unpaced loopback transfer outruns it
 # and the kernel drops packets. The large -B buffer absorbs the scheduling hiccups that remain.

@@ -26,14 +26,21 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from diag.errors import DiagError
 
 CHUNK_BYTES = 8 << 20
 # The most any single record may claim; bigger means the record structure is corrupt.
 MAX_RECORD_BYTES = 1 << 20
-# Bytes from the network header copied into the per-chunk decode matrix: IPv4 (<=60) + TCP up to the TS option.
-DECODE_WIDTH = 60 + 32
+# Bytes from the network header copied into the per-chunk IP matrix (the IPv6 header; IPv4 fields are within it).
+DECODE_WIDTH = 40
+# Bytes from the TCP header copied into the TCP matrix: the header and a timestamp option after two NOPs.
+TCP_WIDTH = 32
+# The vectorized record finder assumes the records of one chunk span less than this (else: walked).
+CHUNK_SPAN_S = 1 << 16
+# Zero bytes kept after a chunk's data so fixed-width rows of the last records never need a padded copy.
+GATHER_PAD = 128
 # Bytes needed to decide the link layer (Ethernet with two VLAN tags, SLL2).
 LINK_WIDTH = 24
 COLUMN_BYTES_PER_PACKET = 8 + 4 + 1 + 4 + 4 + 4 + 2 + 1 + 4 + 4 + 1 + 8
@@ -172,43 +179,138 @@ def _read_pcap(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path: P
     if linktype not in SUPPORTED_LINKTYPES:
         raise DiagError(f"{path}: link type {linktype} is not supported "
                         f"(supported: {', '.join(sorted(set(SUPPORTED_LINKTYPES.values())))})")
-    unpack_header = struct.Struct(endian + "IIII").unpack_from
     limit = max(snaplen, 65535 + 64) + 64
     limit = min(limit, MAX_RECORD_BYTES)
-    carry = b""
-    record_index = 0
-    for data in _chunks(handle):
-        buf = carry + data if carry else data
-        n = len(buf)
-        # The only per-record Python work: find each record and keep its header fields.
-        offsets: list[int] = []
-        headers: list[tuple[int, int, int, int]] = []
-        append, append_header = offsets.append, headers.append
-        off = 0
-        while off + 16 <= n:
-            header = unpack_header(buf, off)
-            caplen = header[2]
-            if caplen > limit:
-                raise DiagError(f"{path}: record {record_index + len(offsets) + 1} claims {caplen} bytes "
-                                f"(snaplen {snaplen}); the file is corrupt")
-            if off + 16 + caplen > n:
-                break
-            append(off)
-            append_header(header)
-            off += 16 + caplen
-        carry = buf[off:]
-        if not offsets:
-            continue
-        record_index += len(offsets)
-        arr = np.frombuffer(buf, dtype=np.uint8)
-        starts = np.asarray(offsets, dtype=np.int64)
-        table = np.asarray(headers, dtype=np.int64)
-        builder.add(arr, starts + 16, table[:, 2], table[:, 0] * 1_000_000_000 + table[:, 1] * ns_per_tick,
-                    linktype)
+    walker = _PcapWalker(endian, ns_per_tick, limit, snaplen, path)
+    # One buffer for the whole file: the unfinished record of a chunk moves to its front and the next
+    # chunk is read in behind it. Reusing it spares a fresh multi-MB allocation (and its page faults) per
+    # chunk; everything kept from a chunk is copied out of it by the decoder. GATHER_PAD zero bytes after
+    # the data let the decoder read fixed-width rows past the last record.
+    store = bytearray(CHUNK_BYTES + limit + 16 + GATHER_PAD)
+    view = memoryview(store)
+    carry = 0
+    while True:
+        got = _read_into(handle, view[carry:carry + CHUNK_BYTES])
+        if not got:
+            break
+        n = carry + got
+        store[n:n + GATHER_PAD] = bytes(GATHER_PAD)
+        padded = np.frombuffer(store, dtype=np.uint8, count=n + GATHER_PAD)
+        starts, header = walker.records(view[:n], padded[:n])
+        end = int(starts[-1] + 16 + header[-1, 2]) if starts.size else 0
+        if starts.size:
+            ts_ns = (header[:, 0].astype(np.int64) * 1_000_000_000
+                     + header[:, 1].astype(np.int64) * ns_per_tick)
+            builder.add(padded, starts + 16, header[:, 2].astype(np.int64), ts_ns, linktype)
+        del padded
+        carry = n - end
+        store[:carry] = store[end:n]
+    view.release()
     if carry:
         builder.skip("truncated_record", 1)
-        builder.warnings.append(f"{path}: the last record is cut short ({len(carry)} bytes); "
+        builder.warnings.append(f"{path}: the last record is cut short ({carry} bytes); "
                                 "the capture was probably killed while writing - it was skipped")
+
+
+def _read_into(handle: IO[bytes], target: memoryview) -> int:
+    """Fill target from handle (several reads if the stream returns short ones); 0 at the end."""
+    total = 0
+    while total < len(target):
+        got = handle.readinto(target[total:])  # type: ignore[attr-defined]
+        if not got:
+            break
+        total += got
+    return total
+
+
+class _PcapWalker:
+    """Finds where each pcap record of a chunk starts, without a Python step per record.
+
+    A record's length is in its own header, so the offsets form a chain. Rather than walk it in Python
+    (~0.4 us a record, the largest single cost of a big capture), every byte equal to the top byte of the
+    first record's ts_sec is taken as a possible header (that byte changes every 194 days), the plausible
+    ones (caplen within limits, caplen <= orig_len, fraction < 1 s) are kept, and the chain from the chunk's
+    first record is followed through them by pointer doubling in numpy. Whenever that chain does not end
+    exactly where the chunk's complete records end (the top byte changed, or the file is corrupt) the chunk
+    is walked record by record instead, which also produces the exact error for a corrupt record.
+    """
+
+    def __init__(self, endian: str, ns_per_tick: int, limit: int, snaplen: int, path: Path) -> None:
+        self.endian, self.limit, self.snaplen, self.path = endian, limit, snaplen, path
+        self.u32 = np.dtype(endian + "u4")
+        self.ticks_per_s = 1_000_000_000 // ns_per_tick
+        self.unpack_header = struct.Struct(endian + "IIII").unpack_from
+        self.record_index = 0
+
+    def records(self, buf: bytes, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(record start offsets, [ts_sec, ts_frac, caplen, orig_len] rows) of the complete records in buf."""
+        found = self._vectorized(buf, arr) if len(buf) >= 16 else None
+        if found is None:
+            found = self._walk(buf)
+        self.record_index += int(found[0].size)
+        return found
+
+    def _headers(self, arr: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        rows = _gather(arr, starts, 16)
+        return rows.view(self.u32).astype(np.int64)
+
+    def _vectorized(self, buf: bytes, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        n = arr.size
+        top_at = 0 if self.endian == ">" else 3
+        cand = np.flatnonzero(arr[top_at:n - 15 + top_at] == buf[top_at])
+        if cand.size == 0 or cand[0] != 0:
+            return None
+        head = self._headers(arr, cand)
+        caplen, orig = head[:, 2], head[:, 3]
+        # Records of one chunk lie within hours of each other; a true record that fails this test only
+        # ends the chain early, and the chunk is then walked record by record.
+        near = np.abs(head[:, 0] - head[0, 0]) < CHUNK_SPAN_S
+        plausible = ((caplen <= self.limit) & (caplen <= orig) & (head[:, 1] < self.ticks_per_s)
+                     & (cand + 16 + caplen <= n) & near)
+        if not plausible[0]:
+            return None
+        cand, head = cand[plausible], head[plausible]
+        nxt = cand + 16 + head[:, 2]
+        count = cand.size
+        if count == 1 or (nxt[:-1] == cand[1:]).all():
+            chain = np.arange(count)  # no false candidate: the common case, checked in one pass
+        else:
+            index = np.searchsorted(cand, nxt)
+            hit = index < count
+            hit[hit] = cand[index[hit]] == nxt[hit]
+            jump = np.append(np.where(hit, index, count), count)  # count: the end of the chain
+            chain = np.zeros(1, dtype=np.int64)
+            step = jump
+            while chain[-1] != count:
+                chain = np.concatenate([chain, step[chain]])
+                step = step[step]
+            chain = chain[chain < count]
+        end = int(nxt[chain[-1]])
+        if n - end >= 16:
+            # The chain must stop only at an incomplete (but sane) last record of the chunk.
+            caplen_next = self.unpack_header(buf, end)[2]
+            if caplen_next > self.limit or end + 16 + caplen_next <= n:
+                return None
+        return cand[chain], head[chain]
+
+    def _walk(self, buf: bytes) -> tuple[np.ndarray, np.ndarray]:
+        n = len(buf)
+        offsets: list[int] = []
+        headers: list[tuple[int, int, int, int]] = []
+        off = 0
+        while off + 16 <= n:
+            header = self.unpack_header(buf, off)
+            caplen = header[2]
+            if caplen > self.limit:
+                raise DiagError(f"{self.path}: record {self.record_index + len(offsets) + 1} claims {caplen} "
+                                f"bytes (snaplen {self.snaplen}); the file is corrupt")
+            if off + 16 + caplen > n:
+                break
+            offsets.append(off)
+            headers.append(header)
+            off += 16 + caplen
+        return (np.asarray(offsets, dtype=np.int64),
+                np.asarray(headers, dtype=np.int64).reshape(-1, 4))
 
 
 @dataclass
@@ -311,17 +413,34 @@ def _tsresol(buf: bytes, start: int, end: int, endian: str) -> tuple[int, int]:
 
 
 def _gather(arr: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
-    """rows x width matrix of the bytes at starts[i] + 0..width-1 (zero past the end of the buffer)."""
-    idx = starts[:, None] + np.arange(width, dtype=np.int64)[None, :]
+    """rows x width matrix of the bytes at starts[i] + 0..width-1 (zero past the end of the buffer).
+
+    Rows are copied whole out of a sliding-window view (one memcpy-like copy per row), not byte by byte.
+    """
     if starts.size and int(starts.max()) + width > arr.size:
-        padded = np.concatenate([arr, np.zeros(width, dtype=np.uint8)])
-        return padded[np.minimum(idx, padded.size - 1)]
-    return arr[idx]
+        arr = np.concatenate([arr, np.zeros(width, dtype=np.uint8)])
+    if arr.size < width:
+        arr = np.concatenate([arr, np.zeros(width - arr.size, dtype=np.uint8)])
+    return sliding_window_view(arr, width)[starts]
+
+
+_BIG_ENDIAN = {1: np.dtype(np.uint8), 2: np.dtype(">u2"), 4: np.dtype(">u4")}
+
+
+def _be(mat: np.ndarray, pos: int, nbytes: int) -> np.ndarray:
+    """Big-endian unsigned integer of nbytes (1, 2 or 4) at column pos of each row, in its narrow dtype."""
+    if nbytes == 1:
+        return mat[:, pos]
+    if pos % nbytes == 0 and mat.shape[1] % nbytes == 0 and mat.flags.c_contiguous:
+        return mat.view(_BIG_ENDIAN[nbytes])[:, pos // nbytes]  # aligned: a strided view, no copy
+    return np.ascontiguousarray(mat[:, pos:pos + nbytes]).view(_BIG_ENDIAN[nbytes]).ravel()
 
 
 def _field(mat: np.ndarray, pos: np.ndarray | int, nbytes: int) -> np.ndarray:
     """Big-endian unsigned integer of nbytes at column pos (scalar or per row) of each row."""
     if isinstance(pos, (int, np.integer)):
+        if nbytes in _BIG_ENDIAN:
+            return _be(mat, int(pos), nbytes).astype(np.uint64)
         out = mat[:, pos].astype(np.uint64)
         for k in range(1, nbytes):
             out = (out << np.uint64(8)) | mat[:, pos + k].astype(np.uint64)
@@ -340,6 +459,8 @@ class _ColumnBuilder:
     def __init__(self, first_frame: int) -> None:
         self.parts: dict[str, list[np.ndarray]] = {name: [] for name in COLUMN_DTYPES}
         self.endpoint_ids: dict[bytes, int] = {}
+        # Sorted IPv4 endpoint keys seen so far and their ids (see _v4_ids).
+        self.v4_known: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.uint64), np.zeros(0, np.int32))
         self.endpoints: list[tuple[str, int]] = []
         self.syns: list[SynInfo] = []
         self.frames = 0
@@ -403,29 +524,35 @@ class _ColumnBuilder:
         short_tcp = keep & (caplen < tcp_off + 20)
         self.skip("truncated_headers", int(np.count_nonzero(short_tcp)))
         keep &= ~short_tcp
-        thl = (_field(mat, tcp_off + 12, 1).astype(np.int64) >> 4) * 4
+        net_start = starts[ok] + net[ok]
+        tmat = _gather(arr, net_start + tcp_off, TCP_WIDTH)  # every TCP field at a fixed column
+        thl = (tmat[:, 12] >> 4).astype(np.int64) * 4
         bad_len = keep & ((thl < 20) | (ip_total < tcp_off + thl))
         self.skip("bad_header_length", int(np.count_nonzero(bad_len)))
         keep &= ~bad_len
         if not keep.any():
             return
-        sel = np.flatnonzero(keep)
-        mat, caplen, ts_ns, frame = mat[sel], caplen[sel], ts_ns[sel], frame[sel]
+        all_kept = bool(keep.all())
+        sel = slice(None) if all_kept else np.flatnonzero(keep)
+        mat, tmat, caplen, ts_ns, frame = mat[sel], tmat[sel], caplen[sel], ts_ns[sel], frame[sel]
         v4, tcp_off, thl, ip_total = v4[sel], tcp_off[sel], thl[sel], ip_total[sel]
-        src, dst = self._endpoint_ids(arr, starts[ok][sel] + net[ok][sel], mat, v4, tcp_off)
-        flags = _field(mat, tcp_off + 13, 1).astype(np.uint8)
-        tsval, tsecr, has_ts = _timestamps(mat, tcp_off, thl, caplen)
+        net_start = net_start[sel]
+        src, dst = self._endpoint_ids(arr, net_start, mat, tmat, v4)
+        flags = tmat[:, 13]
+        tsval, tsecr, has_ts = _timestamps(tmat, tcp_off, thl, caplen)
         out = {
             "ts_ns": ts_ns, "src": src, "dst": dst,
-            "seq": _field(mat, tcp_off + 4, 4), "ack": _field(mat, tcp_off + 8, 4),
-            "plen": ip_total - tcp_off - thl, "win": _field(mat, tcp_off + 14, 2),
+            "seq": _be(tmat, 4, 4), "ack": _be(tmat, 8, 4),
+            "plen": ip_total - tcp_off - thl, "win": _be(tmat, 14, 2),
             "flags": flags, "tsval": tsval, "tsecr": tsecr, "has_ts": has_ts, "frame": frame,
         }
         for name, dtype in COLUMN_DTYPES.items():
-            self.parts[name].append(np.asarray(out[name]).astype(dtype, copy=False))
+            column = np.asarray(out[name]).astype(dtype, copy=False)
+            # A view would keep its whole chunk matrix (or the reused read buffer) alive: keep a copy.
+            self.parts[name].append(column.copy() if column.base is not None else column)
         syn_rows = np.flatnonzero(flags & SYN)
         for row in syn_rows:
-            start = int(starts[ok][sel][row] + net[ok][sel][row] + tcp_off[row])
+            start = int(net_start[row] + tcp_off[row])
             length = min(int(thl[row]), int(caplen[row] - tcp_off[row]))
             options = parse_tcp_options(bytes(arr[start + 20:start + max(length, 20)]))
             self.syns.append(SynInfo(
@@ -475,13 +602,18 @@ class _ColumnBuilder:
         # The IP version nibble must agree with what the link layer announced.
         return net, version
 
-    def _endpoint_ids(self, arr: np.ndarray, net_start: np.ndarray, mat: np.ndarray, v4: np.ndarray,
-                      tcp_off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _endpoint_ids(self, arr: np.ndarray, net_start: np.ndarray, mat: np.ndarray, tmat: np.ndarray,
+                      v4: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         n = mat.shape[0]
         src = np.empty(n, dtype=np.int32)
         dst = np.empty(n, dtype=np.int32)
-        sport = _field(mat, tcp_off, 2)
-        dport = _field(mat, tcp_off + 2, 2)
+        sport = _be(tmat, 0, 2).astype(np.uint64)
+        dport = _be(tmat, 2, 2).astype(np.uint64)
+        if v4.all():
+            for addr_pos, port, out in ((12, sport, src), (16, dport, dst)):
+                key = (_be(mat, addr_pos, 4).astype(np.uint64) << np.uint64(16)) | port
+                out[:] = self._v4_ids(key)
+            return src, dst
         if v4.any():
             rows = np.flatnonzero(v4)
             for addr_pos, port, out in ((12, sport, src), (16, dport, dst)):
@@ -500,6 +632,23 @@ class _ColumnBuilder:
                 ids = np.array([self._endpoint_id(b"6" + bytes(k)) for k in uniq], dtype=np.int32)
                 out[rows] = ids[inverse.ravel()]
         return src, dst
+
+    def _v4_ids(self, key: np.ndarray) -> np.ndarray:
+        """Endpoint ids of IPv4 (address << 16 | port) keys: a lookup in the sorted keys seen so far, so
+        a chunk with no new endpoint (nearly all of them) costs a binary search per packet, not a sort."""
+        known, ids = self.v4_known
+        if known.size:
+            pos = np.minimum(np.searchsorted(known, key), known.size - 1)
+            if bool((known[pos] == key).all()):
+                return ids[pos]
+        uniq = np.unique(key)
+        new_ids = np.array([self._endpoint_id(b"4" + int(k).to_bytes(6, "big")) for k in uniq], dtype=np.int32)
+        merged = np.union1d(known, uniq)
+        merged_ids = np.empty(merged.size, dtype=np.int32)
+        merged_ids[np.searchsorted(merged, known)] = ids
+        merged_ids[np.searchsorted(merged, uniq)] = new_ids
+        self.v4_known = (merged, merged_ids)
+        return merged_ids[np.searchsorted(merged, key)]
 
     def _endpoint_id(self, key: bytes) -> int:
         found = self.endpoint_ids.get(key)
@@ -527,22 +676,24 @@ class _ColumnBuilder:
                           sorted(self.linktypes), self.snaplen, file_format, self.warnings)
 
 
-def _timestamps(mat: np.ndarray, tcp_off: np.ndarray, thl: np.ndarray,
+def _timestamps(tmat: np.ndarray, tcp_off: np.ndarray, thl: np.ndarray,
                 caplen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """TCP timestamp option in the two layouts stacks use: NOP NOP TS (Linux, BSD) or TS first."""
-    n = mat.shape[0]
-    tsval = np.zeros(n, dtype=np.uint64)
-    tsecr = np.zeros(n, dtype=np.uint64)
+    """TCP timestamp option in the two layouts stacks use: NOP NOP TS (Linux, BSD) or TS first.
+
+    tmat rows start at the TCP header, so the option sits at fixed columns.
+    """
+    n = tmat.shape[0]
+    tsval = np.zeros(n, dtype=np.uint32)
+    tsecr = np.zeros(n, dtype=np.uint32)
     has = np.zeros(n, dtype=bool)
     for lead in (2, 0):
-        kind = _field(mat, tcp_off + 20 + lead, 1)
-        length = _field(mat, tcp_off + 21 + lead, 1)
-        fits = (thl >= 20 + lead + 10) & (caplen >= tcp_off + 20 + lead + 10) & (tcp_off + 30 + lead <= mat.shape[1])
-        nops = True if lead == 0 else ((_field(mat, tcp_off + 20, 1) == 1) & (_field(mat, tcp_off + 21, 1) == 1))
-        match = ~has & fits & (kind == 8) & (length == 10) & nops
+        fits = (thl >= 20 + lead + 10) & (caplen >= tcp_off + 20 + lead + 10)
+        match = ~has & fits & (tmat[:, 20 + lead] == 8) & (tmat[:, 21 + lead] == 10)
+        if lead:
+            match &= (tmat[:, 20] == 1) & (tmat[:, 21] == 1)
         if match.any():
-            tsval = np.where(match, _field(mat, tcp_off + 22 + lead, 4), tsval)
-            tsecr = np.where(match, _field(mat, tcp_off + 26 + lead, 4), tsecr)
+            tsval = np.where(match, _be(tmat, 22 + lead, 4), tsval)
+            tsecr = np.where(match, _be(tmat, 26 + lead, 4), tsecr)
             has |= match
     return tsval, tsecr, has
 

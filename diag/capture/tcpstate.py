@@ -48,6 +48,29 @@ class PacketState:
     ts_rtt_ns: np.ndarray       # TSval -> TSecr RTT, attributed to the echoing packet (-1 where none)
 
 
+def group_order(group: np.ndarray, ngroups: int) -> np.ndarray:
+    """Stable permutation that sorts rows by group: a radix sort when group ids fit 16 bits."""
+    if ngroups <= 8:  # a few connections: one pass per group beats any sort
+        itype = index_dtype(group.size)
+        return np.concatenate([np.flatnonzero(group == k).astype(itype, copy=False) for k in range(ngroups)]
+                              or [np.zeros(0, dtype=itype)])
+    if ngroups <= 1 << 16:
+        return np.argsort(group.astype(np.uint16), kind="stable")
+    return np.argsort(group, kind="stable")
+
+
+def index_dtype(n: int) -> type:
+    """Row indices in 32 bits when they fit: half the memory traffic of int64 for every index array."""
+    return np.int32 if n < (1 << 31) - 1 else np.int64
+
+
+def group_first(starts: np.ndarray) -> np.ndarray:
+    """Index of the first row of each row's group (groups are contiguous)."""
+    n = starts.size
+    idx = np.arange(n, dtype=index_dtype(n))
+    return np.fmax.accumulate(np.where(starts, idx, 0)) if n else idx
+
+
 def group_starts(group: np.ndarray) -> np.ndarray:
     """Boolean: row starts a new group (groups are contiguous)."""
     start = np.ones(group.size, dtype=bool)
@@ -68,36 +91,58 @@ def running_max_exclusive(values: np.ndarray, group: np.ndarray, starts: np.ndar
     """Max of values over earlier rows of the same group; ``empty`` where there are none."""
     if values.size == 0:
         return values.copy()
-    shifted = values - empty  # >= 0 for real values, so 0 means "none"
-    keyed = shifted + group.astype(np.int64) * _GROUP_SPAN * 4
-    acc = np.maximum.accumulate(keyed)
+    bounds = np.flatnonzero(starts)
+    if bounds.size <= 64:  # few groups: a running max per slice, no per-row group offsets
+        out = np.empty_like(values)
+        for start, stop in zip(bounds.tolist(), bounds[1:].tolist() + [values.size], strict=True):
+            out[start] = empty
+            if stop - start > 1:
+                np.fmax.accumulate(values[start:stop - 1], out=out[start + 1:stop])
+        return np.maximum(out, empty, out=out)
+    # Lift each group above all earlier ones so one running max never crosses a group boundary.
+    offset = group.astype(np.int64)
+    offset *= _GROUP_SPAN * 4
+    keyed = values - empty  # >= 0 for real values, so 0 means "none"
+    keyed += offset
+    acc = np.fmax.accumulate(keyed)
+    del keyed
     out = np.empty_like(values)
-    out[1:] = acc[:-1] - group[1:].astype(np.int64) * _GROUP_SPAN * 4 + empty
+    out[1:] = acc[:-1]
+    del acc
+    out[1:] -= offset[1:]
+    out += empty
     out[0] = empty
     out[starts] = empty
-    return np.maximum(out, empty)
+    return np.maximum(out, empty, out=out)
 
 
-def last_index_where(mask: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """For each row, the index of the latest row at or before it (same group) where mask holds, else -1."""
+def last_index_where(mask: np.ndarray, starts: np.ndarray, first: np.ndarray | None = None) -> np.ndarray:
+    """For each row, the index of the latest row at or before it (same group) where mask holds, else -1.
+
+    first: group_first(starts), when the caller already has it.
+    """
     n = mask.size
-    pos = np.where(mask, np.arange(n), -1)
-    start_pos = np.where(starts, np.arange(n), 0)
-    group_first = np.maximum.accumulate(start_pos) if n else start_pos
-    acc = np.maximum.accumulate(pos) if n else pos
-    return np.where(acc >= group_first, acc, -1)
+    if first is None:
+        first = group_first(starts)
+    pos = np.where(mask, np.arange(n, dtype=first.dtype), -1)
+    acc = np.fmax.accumulate(pos) if n else pos
+    return np.where(acc >= first, acc, -1)
 
 
-def unwrap(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+def unwrap(values: np.ndarray, starts: np.ndarray, first: np.ndarray | None = None) -> np.ndarray:
     """32-bit sequence numbers -> int64 relative to each group's first row, following wrap-arounds."""
-    v = values.astype(np.int64)
-    delta = np.zeros_like(v)
+    v = values.astype(np.uint32)
+    delta = np.zeros(v.size, dtype=np.int64)
     if v.size > 1:
-        delta[1:] = ((v[1:] - v[:-1] + _HALF) % _WRAP) - _HALF
+        # uint32 subtraction wraps modulo 2**32; reading it as int32 gives the signed step in (-2**31, 2**31).
+        delta[1:] = (v[1:] - v[:-1]).view(np.int32)
     delta[starts] = 0
-    total = np.cumsum(delta)
-    base = total[np.maximum.accumulate(np.where(starts, np.arange(v.size), 0))] if v.size else total
-    return total - base
+    total = np.cumsum(delta, out=delta)
+    if first is None:
+        first = group_first(starts)
+    if v.size:
+        total -= total[first]
+    return total
 
 
 def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray,
@@ -105,48 +150,55 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     """cols: reader columns in time order. wscale[conn, dir]: shift of dir's advertised window, -1 unknown.
 
     first_rtt_ns[conn]: handshake RTT (tshark's ts_first_rtt) or 0 when the handshake was not captured.
+    Intermediate arrays are deleted as soon as they are used: at millions of packets each is tens of MB.
     """
     n = conn.size
-    flags = cols["flags"].astype(np.int64)
+    itype = index_dtype(n)
+    flags = cols["flags"]
     plen = cols["plen"].astype(np.int64)
     ts = cols["ts_ns"]
-    seq32 = cols["seq"].astype(np.int64)
-    ack32 = cols["ack"].astype(np.int64)
+    seq32 = cols["seq"]
+    ack32 = cols["ack"]
     win = cols["win"].astype(np.int64)
     synfin = (flags & (SYN | FIN)) != 0
     syn_fin_rst = (flags & (SYN | FIN | RST)) != 0
     has_ack = (flags & ACK) != 0
 
     # Direction-major order: every per-direction prefix quantity is an accumulation over a contiguous run.
+    ngroups = 2 * (int(conn.max()) + 1) if n else 0
     group = conn.astype(np.int64) * 2 + direction
-    order = np.lexsort((np.arange(n), group))
+    order = group_order(group, ngroups).astype(itype, copy=False)
     g = group[order]
     starts = group_starts(g)
+    first = group_first(starts)
     o_seq32, o_plen, o_synfin = seq32[order], plen[order], synfin[order]
     o_ts = ts[order]
-    seq_rel = unwrap(o_seq32, starts)
+    seq_rel = unwrap(o_seq32, starts, first)
     end_rel = seq_rel + o_plen + o_synfin
     advances = (o_plen > 0) | o_synfin
     empty = -(_GROUP_SPAN)
     nextseq_before = running_max_exclusive(np.where(advances, end_rel, empty), g, starts, empty)
     has_nextseq = nextseq_before > empty
     # Time at which the current nextseq was set (a strictly new maximum).
-    inclusive_max = np.maximum(nextseq_before, np.where(advances, end_rel, empty))
     sets_max = advances & (end_rel > nextseq_before)
-    setter = last_index_where(sets_max, starts)
+    setter = last_index_where(sets_max, starts, first)
+    del sets_max, advances
     setter_before = previous_in_group(setter, starts, -1)
+    del setter
     nextseq_time = np.where(setter_before >= 0, o_ts[np.maximum(setter_before, 0)], 0)
-    del inclusive_max
+    del setter_before, o_ts
 
     # Sequence space first covered by this packet's data: a segment that jumps over a hole the capture
     # missed claims the hole too (it was sent), so the sum over a direction is highest end - first seq.
     data_end = np.where(o_plen > 0, seq_rel + o_plen, empty)
     prev_data_end = running_max_exclusive(data_end, g, starts, empty)
+    del data_end
     base = np.where(prev_data_end > empty, prev_data_end, seq_rel)
     new_bytes = np.where(o_plen > 0, np.maximum(0, seq_rel + o_plen - base), 0)
+    del prev_data_end, base
 
     # This direction's previous packet (tshark's fwd->window / fwd->lastack).
-    o_win, o_ack32 = win[order], ack32[order]
+    o_win, o_ack32 = win[order], ack32[order].astype(np.int64)
     prev_win = previous_in_group(o_win, starts, -1)
     prev_ack = previous_in_group(o_ack32, starts, -1)
     # nextseq in 32-bit space: tshark compares absolute sequence numbers with '=='.
@@ -154,73 +206,88 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     o_sfr = syn_fin_rst[order]
     dup_ack = ((o_plen == 0) & (o_win != 0) & (o_win == prev_win) & seq_eq_next
                & (o_ack32 == prev_ack) & ~o_sfr)
+    del o_win, prev_win, seq_eq_next, o_sfr, o_plen, o_synfin
     # tshark's dupacknum: duplicate ACKs since this direction's ACK number last changed. (A window update
     # in between does not reset it - measured against tshark 4.0.)
     ack_changes = starts | (o_ack32 != prev_ack)
+    del prev_ack
     dup_total = np.cumsum(dup_ack)
     run_base_at = np.where(ack_changes, dup_total - dup_ack, 0)
-    base_index = last_index_where(ack_changes, starts)
+    base_index = last_index_where(ack_changes, starts, first)
     dupacknum = dup_total - run_base_at[np.maximum(base_index, 0)]
+    del ack_changes, dup_total, run_base_at, base_index
 
     # Back to time order for the cross-direction lookups.
-    inverse = np.empty(n, dtype=np.int64)
-    inverse[order] = np.arange(n)
+    inverse = np.empty(n, dtype=itype)
+    inverse[order] = np.arange(n, dtype=itype)
 
-    def to_time(a: np.ndarray) -> np.ndarray:
+    def to_time(a: np.ndarray, inverse: np.ndarray = inverse) -> np.ndarray:
         return a[inverse]
 
-    t_seq_rel, t_end_rel, t_next, t_has_next = (to_time(seq_rel), to_time(end_rel),
-                                               to_time(nextseq_before), to_time(has_nextseq))
+    t_seq_rel, t_end_rel, t_next = to_time(seq_rel), to_time(end_rel), to_time(nextseq_before)
+    t_has_next = t_next > empty
     t_next_time, t_dupack, t_dupacknum = to_time(nextseq_time), to_time(dup_ack), to_time(dupacknum)
+    new_bytes = to_time(new_bytes)
+    del seq_rel, end_rel, nextseq_before, has_nextseq, nextseq_time, dup_ack, dupacknum
 
     # Reverse direction's last packet before each packet, in connection-major time order.
-    corder = np.lexsort((np.arange(n), conn))
+    corder = group_order(conn, ngroups // 2).astype(itype, copy=False)
     cstarts = group_starts(conn[corder])
+    cfirst = group_first(cstarts)
     cdir = direction[corder]
-    last_dir1 = last_index_where(cdir == 1, cstarts)
-    last_dir0 = last_index_where(cdir == 0, cstarts)
+    last_dir1 = last_index_where(cdir == 1, cstarts, cfirst)
+    last_dir0 = last_index_where(cdir == 0, cstarts, cfirst)
     rev_c = np.where(cdir == 0, last_dir1, last_dir0)
-    rev = np.full(n, -1, dtype=np.int64)
+    del last_dir1, last_dir0, cdir, cstarts, cfirst
+    rev = np.full(n, -1, dtype=itype)
     rev[corder] = np.where(rev_c >= 0, corder[np.maximum(rev_c, 0)], -1)
+    del rev_c, corder
     has_rev = rev >= 0
     r = np.maximum(rev, 0)
+    del rev
 
     # The ACK numbers of each direction, unwrapped into the *other* direction's seq_rel space. Packets
     # without the ACK flag (a bare SYN) carry no ACK number: forward-fill so they do not break the unwrap.
-    ngroups = 2 * (int(conn.max()) + 1) if n else 0
     base_seq32 = np.zeros(ngroups, dtype=np.int64)
     known_base = np.zeros(ngroups, dtype=bool)
     base_seq32[g[starts]] = o_seq32[starts]
     known_base[g[starts]] = True
-    ack_valid_t = has_ack
-    a_ack = ack32[order]
-    fill_idx = last_index_where(has_ack[order], starts)
-    a_filled = np.where(fill_idx >= 0, a_ack[np.maximum(fill_idx, 0)], a_ack)
-    a_unwrapped = unwrap(a_filled, starts)
-    first_ack_per_row = a_filled[starts][np.cumsum(starts) - 1]
+    del o_seq32
+    fill_idx = last_index_where(has_ack[order], starts, first)
+    a_filled = np.where(fill_idx >= 0, o_ack32[np.maximum(fill_idx, 0)], o_ack32)
+    del fill_idx, o_ack32
+    a_unwrapped = unwrap(a_filled, starts, first)
+    first_ack_per_row = a_filled[first]
+    del a_filled
     target_group = g ^ 1  # g = conn * 2 + direction, so the reverse direction is g ^ 1
     target_base = np.where(known_base[target_group], base_seq32[target_group], first_ack_per_row)
     anchor = ((first_ack_per_row - target_base + _HALF) % _WRAP) - _HALF
+    del target_group, target_base, first_ack_per_row
     ack_rel = to_time(a_unwrapped + anchor)  # in the reverse direction's seq_rel space
+    del a_unwrapped, anchor, g, starts, first, inverse
 
     rev_ack_rel = ack_rel[r]                  # reverse's lastack, in *this* direction's seq_rel space
     rev_ack32 = ack32[r]
-    rev_ack_valid = has_rev & ack_valid_t[r]
+    rev_ack_valid = has_rev & has_ack[r]
     rev_time = ts[r]
     rev_dupacknum = t_dupacknum[r]
     rev_win = win[r]
+    del r, t_dupacknum
 
     data_or_sf = (plen > 0) | synfin
     candidate = data_or_sf & t_has_next & (t_seq_rel < t_next)
     fast = (candidate & has_rev & (rev_dupacknum >= 2) & (rev_ack32 == seq32)
             & ((ts - rev_time) < FAST_RETRANSMISSION_WINDOW_NS))
+    del rev_dupacknum, rev_time
     ooo_threshold = np.where(first_rtt_ns[conn] > 0, first_rtt_ns[conn], DEFAULT_OOO_THRESHOLD_NS)
     ooo = (candidate & ~fast & ((ts - t_next_time) < ooo_threshold)
            & (t_next != t_seq_rel + plen))
+    del ooo_threshold, t_next_time
     spurious = (candidate & ~fast & ~ooo & (plen > 0) & rev_ack_valid & (rev_ack32 != 0)
                 & (t_seq_rel + plen <= rev_ack_rel))
     retrans = candidate & ~ooo  # tshark also marks fast and spurious ones as retransmissions
     lost = data_or_sf & t_has_next & (t_seq_rel > t_next)
+    del candidate, data_or_sf
 
     zero_window = (win == 0) & ~syn_fin_rst
     shift_fwd = wscale[conn, direction]
@@ -228,33 +295,41 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     rev_window_bytes = np.where(shift_rev >= 0, rev_win << np.maximum(shift_rev, 0), rev_win)
     window_full = ((plen > 0) & ~syn_fin_rst & rev_ack_valid & (shift_rev >= 0)
                    & (((seq32 + plen) % _WRAP) == ((rev_ack32 + rev_window_bytes) % _WRAP)))
+    del rev_window_bytes, shift_rev, rev_win, rev_ack32
     window_bytes = np.where(shift_fwd >= 0, win << np.maximum(shift_fwd, 0), win)
     window_bytes = np.where((flags & SYN) != 0, win, window_bytes)  # the SYN's own window is never scaled
+    window_bytes = window_bytes.astype(np.int32)  # <= 65535 << 14 fits; half the memory of int64
+    del shift_fwd
 
     highest = np.maximum(t_next, t_end_rel)
     in_flight = np.where((plen > 0) & rev_ack_valid, np.maximum(highest - rev_ack_rel, 0), -1)
+    del highest, rev_ack_rel, t_next
 
-    ack_rtt = _ack_rtt(conn, direction, ts, plen, t_end_rel, retrans, ack_rel, has_ack)
-    ts_rtt = _ts_rtt(cols, conn, direction, ts, has_ack)
-    return PacketState(conn, direction, t_seq_rel, t_end_rel, to_time(new_bytes), retrans, fast, spurious,
+    ack_rtt = _ack_rtt(order, group, ts, plen, t_end_rel, retrans, ack_rel, has_ack)
+    ts_rtt = _ts_rtt(cols, order, group, ts, has_ack)
+    return PacketState(conn, direction, t_seq_rel, t_end_rel, new_bytes, retrans, fast, spurious,
                        ooo, lost, t_dupack, zero_window, window_full, in_flight, window_bytes, ack_rtt, ts_rtt)
 
 
-def _ack_rtt(conn: np.ndarray, direction: np.ndarray, ts: np.ndarray, plen: np.ndarray, end_rel: np.ndarray,
+def _ack_rtt(order: np.ndarray, group: np.ndarray, ts: np.ndarray, plen: np.ndarray, end_rel: np.ndarray,
              retrans: np.ndarray, ack_rel: np.ndarray, has_ack: np.ndarray) -> np.ndarray:
-    """RTT from a data segment to the first ACK that covers exactly its end (Karn: never retransmitted)."""
-    n = conn.size
+    """RTT from a data segment to the first ACK that covers exactly its end (Karn: never retransmitted).
+
+    Rows are taken in direction-major order (order), so the sort keys below are nearly sorted already and
+    the stable sorts run in about linear time.
+    """
+    n = ts.size
     out = np.full(n, -1, dtype=np.int64)
-    data = np.flatnonzero((plen > 0) & ~retrans)
+    data = order[((plen > 0) & ~retrans)[order]]
     if data.size == 0:
         return out
-    group = conn.astype(np.int64) * 2 + direction
     key_data = group[data] * _GROUP_SPAN * 4 + end_rel[data]
-    order = np.argsort(key_data, kind="stable")
-    key_sorted, data_sorted = key_data[order], data[order]
+    sort = np.argsort(key_data, kind="stable")
+    key_sorted, data_sorted = key_data[sort], data[sort]
+    del key_data, sort, data
     # Only the first ACK that reaches a given point measures an RTT; later ones are duplicates.
-    acks = np.flatnonzero(has_ack)
-    target = (conn[acks].astype(np.int64) * 2 + (1 - direction[acks])) * _GROUP_SPAN * 4 + ack_rel[acks]
+    acks = order[has_ack[order]]
+    target = (group[acks] ^ 1) * _GROUP_SPAN * 4 + ack_rel[acks]
     _, first = np.unique(target, return_index=True)
     acks, target = acks[first], target[first]
     pos = np.searchsorted(key_sorted, target)
@@ -268,21 +343,22 @@ def _ack_rtt(conn: np.ndarray, direction: np.ndarray, ts: np.ndarray, plen: np.n
     return out
 
 
-def _ts_rtt(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray, ts: np.ndarray,
+def _ts_rtt(cols: dict[str, np.ndarray], order: np.ndarray, group: np.ndarray, ts: np.ndarray,
             has_ack: np.ndarray) -> np.ndarray:
     """RTT from the first packet carrying a TSval to the first reverse packet echoing it (RFC 7323)."""
-    n = conn.size
+    n = ts.size
     out = np.full(n, -1, dtype=np.int64)
     has_ts = cols["has_ts"]
-    senders = np.flatnonzero(has_ts)
-    echoers = np.flatnonzero(has_ts & has_ack & (cols["tsecr"] != 0))
+    senders = order[has_ts[order]]
+    echoers = order[(has_ts & has_ack & (cols["tsecr"] != 0))[order]]
     if senders.size == 0 or echoers.size == 0:
         return out
-    group = conn.astype(np.int64) * 2 + direction
     key_s = group[senders] * _WRAP + cols["tsval"][senders].astype(np.int64)
     uniq_s, first_s = np.unique(key_s, return_index=True)
-    key_e = (conn[echoers].astype(np.int64) * 2 + (1 - direction[echoers])) * _WRAP + cols["tsecr"][echoers]
+    del key_s
+    key_e = (group[echoers] ^ 1) * _WRAP + cols["tsecr"][echoers].astype(np.int64)
     uniq_e, first_e = np.unique(key_e, return_index=True)
+    del key_e
     pos = np.searchsorted(uniq_s, uniq_e)
     found = pos < uniq_s.size
     found[found] &= uniq_s[pos[found]] == uniq_e[found]

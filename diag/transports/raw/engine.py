@@ -380,9 +380,16 @@ class Engine:
 
     # ----------------------------------------------------------------------------------- failures
     def _timeout(self, links: list[Link], what: str, timeout_s: float) -> None:
-        waiting = sorted({link.conn.peer for link in links if not link.idle()})
-        who = ", ".join(str(peer) for peer in waiting) or "?"
-        raise DiagError(f"{what} timed out after {timeout_s:g}s waiting for rank(s) {who}; "
+        starved = sorted({link.conn.peer for link in links
+                          if link.posted or link.receiving is not None or link.header_filled
+                          or (self.notify and link.to_send and not link.credits)})
+        blocked = sorted({link.conn.peer for link in links if link.out})
+        parts = []
+        if starved:
+            parts.append(f"no data from rank(s) {', '.join(map(str, starved))}")
+        if blocked:
+            parts.append(f"rank(s) {', '.join(map(str, blocked))} not reading")
+        raise DiagError(f"{what} timed out after {timeout_s:g}s: {'; '.join(parts) or 'no progress'}; "
                         "a peer is stuck or dead (check its log), or raise --timeout")
 
     @staticmethod

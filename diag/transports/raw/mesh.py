@@ -196,7 +196,7 @@ def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes
         while expected:
             now = time.monotonic()
             for fd in [fd for fd, entry in pending.items() if entry.deadline <= now]:
-                drop(fd, "no complete handshake in time")
+                drop(fd, "incomplete handshake (timed out)")
             wait = _remaining(deadline, f"waiting for ranks {sorted({p for p, _, _ in expected})} to connect")
             if pending:
                 wait = min(wait, max(0.0, min(entry.deadline for entry in pending.values()) - now))
@@ -255,6 +255,8 @@ def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes
         raise
     finally:
         for entry in pending.values():
+            log.warning("raw transport rank %d: closed connection from %s: incomplete handshake "
+                        "(%d bytes) when the mesh was complete", rank, entry.origin, entry.filled)
             entry.sock.close()
     return accepted
 

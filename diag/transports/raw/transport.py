@@ -131,14 +131,15 @@ class RawTransport:
         store.set(f"knobs/{self.rank}", fingerprint)
         try:
             token = bytes(store.get("token"))
-            reference = bytes(store.get("knobs/0")).decode()
+            fingerprints = [bytes(store.get(f"knobs/{peer}")).decode() for peer in range(self.world_size)]
             self._addresses = [bytes(store.get(f"addr/{peer}")).decode() for peer in range(self.world_size)]
         except RuntimeError as exc:
             raise DiagError(f"rank {self.rank}: not all ranks published their address within "
                             f"{self.timeout_s:g}s ({str(exc).splitlines()[0]})") from None
-        if reference != fingerprint:
-            raise DiagError(f"rank {self.rank} runs with knobs {fingerprint} but rank 0 with {reference}: "
-                            "give every rank the same raw transport settings")
+        for peer, theirs in enumerate(fingerprints):
+            if theirs != fingerprint:
+                raise DiagError(f"rank {self.rank} runs with knobs {fingerprint} but rank {peer} with {theirs}: "
+                                "give every rank the same raw transport settings")
         for peer in range(self.rank):
             host, peer_port = self._addresses[peer].rsplit(":", 1)
             for role, stream in mesh.conn_plan(self.rank, peer, self.settings):
@@ -295,7 +296,8 @@ class RawTransport:
         if self._sample_file is None:
             return
         direction = "both" if conn.sends and conn.receives else ("send" if conn.sends else "recv")
-        line = {"kind": "tcp_info", "t_ns": time.time_ns(), "rank": self.rank, "peer": conn.peer,
+        line = {"kind": "tcp_info", "t_ns": time.time_ns(), "rank": self.rank, "world_size": self.world_size,
+                "peer": conn.peer,
                 "conn": conn.label, "direction": direction, "phase": phase,
                 "size_bytes": self._last_size_bytes, "iteration": index, **info}
         with self._sample_lock:
