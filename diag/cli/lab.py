@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--hosts", type=int, default=2, help="number of hosts h0..hN-1 (default 2)")
     up.add_argument("--rate", default="1gbit", help="each host's NIC rate per direction, tc units (default 1gbit)")
     up.add_argument("--queue-limit", metavar="BYTES", default=None,
-                    help="tbf queue per direction before tail drops (default: 5 ms of the rate, >= 64K)")
+                    help="switch-port (host RX) tbf queue before tail drops (default: 5 ms of the rate, >= 64K); "
+                         "the host TX queue is a NIC's 1000 frames")
     up.add_argument("--burst", metavar="BYTES", default=None,
                     help="tbf bucket (default: 100 us of the rate, >= 8 frames; see docs/lab.md)")
     up.add_argument("--delay", default=None, help="one-way delay between hosts, e.g. 100us (needs netem)")
@@ -170,7 +171,7 @@ def _print_lab(lab: Any, links: list[dict[str, Any]] | None = None) -> None:
     from diag.units import human_bits, human_bytes, human_rate
 
     config = lab.config
-    extras = [f"mtu {config.mtu}", f"burst {lab.burst_bytes} B", f"queue {human_bytes(lab.queue_limit_bytes)}",
+    extras = [f"mtu {config.mtu}", f"burst {lab.burst_bytes} B", f"switch queue {human_bytes(lab.queue_limit_bytes)}",
               "offloads " + ("on" if config.offloads else "off")]
     if config.delay:
         extras.append(f"delay {config.delay}")

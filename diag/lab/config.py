@@ -32,6 +32,12 @@ BURST_TIME_S = 100e-6
 # QUEUE_MIN_BYTES -- the order of a switch port buffer; TCP fills it before it tail-drops.
 QUEUE_TIME_S = 5e-3
 QUEUE_MIN_BYTES = 64 * 1024
+# The host's own transmit queue (host TX tbf) holds a NIC's default txqueuelen of frames. On a real host
+# TCP is throttled by its own qdisc and driver (TCP small queues, BQL) before that queue overflows, so
+# the sender almost never drops its own packets; a switch-sized queue there made the sender tail-drop
+# thousands of its own segments a second (iperf3 --bidir at 200mbit: ~3600 retransmissions in 3 s with
+# 122 KiB, none with 1 MB) -- losses no real NIC shows. --queue-limit sets the switch port (host RX).
+HOST_TX_QUEUE_FRAMES = 1000
 
 SUBNET_PREFIX = "10.77.0."      # host i is SUBNET_PREFIX + (i + 1), /24, inside the lab's namespaces only
 SUBNET_BITS = 24
@@ -100,6 +106,10 @@ class LabConfig:
         if self.queue_limit_bytes is not None:
             return int(self.queue_limit_bytes)
         return max(QUEUE_MIN_BYTES, int(self.rate_bps / 8 * QUEUE_TIME_S))
+
+    @property
+    def host_tx_queue_bytes(self) -> int:
+        return max(self.effective_queue_limit_bytes, HOST_TX_QUEUE_FRAMES * self.frame_bytes)
 
     @property
     def expected_goodput_Bps(self) -> float:

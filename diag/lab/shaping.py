@@ -20,10 +20,12 @@ NETEM_HANDLE = "10:"
 NETEM_PROBE_IFACE = "diagprobe0"
 
 
-def tbf_line(iface: str, config: LabConfig) -> str:
-    """One 'tc -batch' line: the rate limiter on iface's egress."""
+def tbf_line(iface: str, config: LabConfig, host_side: bool = False) -> str:
+    """One 'tc -batch' line: the rate limiter on iface's egress (host TX: a NIC's queue; switch port: the
+    switch's buffer, where --queue-limit applies)."""
+    limit = config.host_tx_queue_bytes if host_side else config.effective_queue_limit_bytes
     return (f"qdisc replace dev {iface} root handle {TBF_HANDLE} tbf rate {int(config.rate_bps)}bit "
-            f"burst {config.effective_burst_bytes} limit {config.effective_queue_limit_bytes} "
+            f"burst {config.effective_burst_bytes} limit {limit} "
             f"overhead {ETH_WIRE_OVERHEAD_BYTES}")
 
 

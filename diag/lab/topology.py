@@ -98,6 +98,7 @@ class Lab:
             "rate_bps": self.rate_bps,
             "burst_bytes": self.burst_bytes,
             "queue_limit_bytes": self.queue_limit_bytes,
+            "host_tx_queue_bytes": self.config.host_tx_queue_bytes,
             "mtu": self.config.mtu,
             "delay": self.config.delay,
             "loss": self.config.loss,
@@ -298,7 +299,7 @@ def _build(lab: Lab) -> None:
             _run_in_netns(netns, shaping.offload_argv(iface))
 
     for host in lab.hosts:
-        lines = [shaping.tbf_line(host.iface, config)]
+        lines = [shaping.tbf_line(host.iface, config, host_side=True)]
         netem = shaping.netem_line(host.iface, config)
         if netem:
             lines.append(netem)

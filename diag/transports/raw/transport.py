@@ -136,10 +136,14 @@ class RawTransport:
         except RuntimeError as exc:
             raise DiagError(f"rank {self.rank}: not all ranks published their address within "
                             f"{self.timeout_s:g}s ({str(exc).splitlines()[0]})") from None
-        for peer, theirs in enumerate(fingerprints):
-            if theirs != fingerprint:
-                raise DiagError(f"rank {self.rank} runs with knobs {fingerprint} but rank {peer} with {theirs}: "
-                                "give every rank the same raw transport settings")
+        mismatched = [(peer, theirs) for peer, theirs in enumerate(fingerprints) if theirs != fingerprint]
+        if mismatched:
+            # Every rank read every rank's knobs, so all of them see the mismatch and refuse; but the
+            # store may live in one of them (rank 0 under env://), so nobody leaves before all have read.
+            self._leave_together(store, deadline)
+            peer, theirs = mismatched[0]
+            raise DiagError(f"rank {self.rank} runs with knobs {fingerprint} but rank {peer} with {theirs}: "
+                            "give every rank the same raw transport settings")
         for peer in range(self.rank):
             host, peer_port = self._addresses[peer].rsplit(":", 1)
             for role, stream in mesh.conn_plan(self.rank, peer, self.settings):
@@ -147,6 +151,19 @@ class RawTransport:
                                                    self.settings, deadline))
         self._conns.extend(mesh.accept_all(listener, self.rank, self.world_size, token, self.settings,
                                            deadline))
+
+    def _leave_together(self, store: Any, deadline: float) -> None:
+        """Wait (bounded) until every rank has read the knobs before this rank may exit. Each rank counts
+        itself in after its reads; rank 0, which may host the store, also waits for the others' count so
+        a rank still reading never finds the store gone. Store errors here only shorten the wait."""
+        try:
+            store.add("refused", 1)
+            if self.rank != 0:
+                return
+            while store.add("refused", 0) < self.world_size and time.monotonic() < deadline:
+                time.sleep(0.02)
+        except RuntimeError:
+            pass
 
     # ----------------------------------------------------------------------------------- Transport
     def knobs(self) -> dict[str, Any]:
