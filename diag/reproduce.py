@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,23 +65,14 @@ def per_rank_size(volume: int, world_size: int, element: int = 4) -> int:
     return max(element, volume // (world_size - 1) // element * element)
 
 
-@dataclass
-class Step:
-    title: str
-    action: Callable[[], None]
+def make_say(started: float) -> Callable[[str], None]:
+    """Progress lines on stderr, each with the time since the start (the tables go to stdout)."""
 
+    def say(text: str) -> None:
+        elapsed = int(time.monotonic() - started)
+        print(f"{elapsed // 60:2d}:{elapsed % 60:02d} {text}", file=sys.stderr, flush=True)
 
-@dataclass
-class Reproduction:
-    plan: Plan
-    run_dir: Path
-    use_lab: bool
-    rate: str
-    steps: list[Step] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def say(self, text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
+    return say
 
 
 def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | None, keep_going: bool,
@@ -103,8 +94,8 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
 
     use_lab = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
-    say = Reproduction(plan, run_dir, use_lab, rate).say
     started = time.monotonic()
+    say = make_say(started)
     say(f"diag reproduce: {'quick' if quick else 'full'} run into {run_dir}; N = "
         f"{', '.join(map(str, plan.world_sizes))}; D = {', '.join(human_bytes(v) for v in plan.volumes)}")
     if not use_lab:
@@ -204,8 +195,11 @@ def _run_sweeps(plan: Plan, run_dir: Path, lab: Any, capture: str | None, meta: 
                                   run_worlds)))
     for index, (title, action) in enumerate(steps, 1):
         say(f"[{index}/{len(steps)}] {title}")
+        step_started = time.monotonic()
         try:
             action()
+            meta.setdefault("step_seconds", {})[title] = round(time.monotonic() - step_started, 2)
+            write_meta()
         except DiagError as exc:
             meta["failures"].append({"step": title, "error": str(exc)})
             write_meta()
@@ -231,6 +225,7 @@ def _analyze(run_dir: Path, say: Callable[[str], None]) -> None:
     from diag.capture import analyze_files
 
     records = [str(p) for p in sorted((run_dir / "records").glob("*.jsonl"))]
+    started = time.monotonic()
     for index, pcap in enumerate(pcaps, 1):
         say(f"[analyze {index}/{len(pcaps)}] {pcap.name}")
         try:
@@ -239,3 +234,4 @@ def _analyze(run_dir: Path, say: Callable[[str], None]) -> None:
             say(f"[analyze] {pcap.name}: {exc}")
             continue
         (run_dir / "analysis" / f"{pcap.stem}.json").write_text(json.dumps(result, default=str))
+    say(f"[analyze] {len(pcaps)} captures in {time.monotonic() - started:.0f} s")

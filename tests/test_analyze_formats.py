@@ -111,3 +111,40 @@ def test_two_files_are_merged_in_time_order(tmp_path: Path) -> None:
     result = analyze_files([second, first])
     _check_expected(result)
     assert result["capture"]["frames"] == len(frames)
+
+
+@pytest.mark.parametrize("big_endian", [False, True])
+def test_vectorized_record_finder_matches_a_record_by_record_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  big_endian: bool) -> None:
+    """Payloads full of decoy pcap headers, a clock jump past the finder's span and a change of the top byte
+    of ts_sec, read in tiny chunks: the numpy record finder must give exactly the record-by-record result."""
+    import struct
+
+    import numpy as np
+    from scapy.layers.inet import IP, TCP
+    from scapy.layers.l2 import Ether
+
+    from diag.capture import reader
+
+    endian = ">" if big_endian else "<"
+    frames: list[tuple[float, bytes]] = []
+    seq = 1000
+    clocks = [0x0FFFFFFE + i * 0.01 for i in range(300)]              # crosses top byte 0x0F -> 0x10
+    clocks += [0x10000004 + (1 << 17) + i * 0.01 for i in range(300)]  # jumps by more than CHUNK_SPAN_S
+    for i, ts in enumerate(clocks):
+        decoy = struct.pack(endian + "IIII", int(ts), 5, 20, 20) * (i % 7)  # plausible header, wrong place
+        payload = decoy + bytes([i % 251]) * (i % 50)
+        frame = bytes(Ether() / IP(src="10.0.0.1", dst="10.0.0.2") / TCP(sport=4000, dport=5000, seq=seq,
+                                                                         flags="A") / payload)
+        seq += len(payload)
+        frames.append((ts, frame))
+    pcap = write_pcap(tmp_path / "decoys.pcap", frames, 1, big_endian=big_endian)
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 4096)  # many chunks, many carried partial records
+    fast = reader.read_capture(pcap)
+    monkeypatch.setattr(reader._PcapWalker, "_vectorized", lambda self, buf, arr: None)
+    walked = reader.read_capture(pcap)
+    assert fast.frames == walked.frames == len(frames)
+    assert fast.skipped == walked.skipped == {}
+    for name in reader.COLUMN_DTYPES:
+        assert np.array_equal(fast.columns[name], walked.columns[name]), name
+    assert np.array_equal(fast.columns["ts_ns"] // 1_000_000_000, np.array([int(t) for t in clocks]))

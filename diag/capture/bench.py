@@ -129,15 +129,20 @@ def main(argv: list[str] | None = None) -> int:
             if generated.packets < args.packets or generated.kernel_dropped:
                 print("warning: the capture is short of the target or dropped packets; lower --rate",
                       file=sys.stderr)
+        load_before_diag = os.getloadavg()[0]
         diag_s, diag_kb = timed([sys.executable, "-m", "diag", "analyze", str(pcap), "--json"], work / "diag.json")
         result = json.loads((work / "diag.json").read_text())
         n = result["capture"]["packets"]
         fields = [x for f in TSHARK_FIELDS for x in ("-e", f)]
+        load_before_tshark = os.getloadavg()[0]
         tshark_s, tshark_kb = timed(["tshark", "-n", "-r", str(pcap), "-T", "fields", *fields], work / "tshark.txt")
         report = {
             "packets": n, "file_bytes": pcap.stat().st_size,
             "kernel_dropped": generated.kernel_dropped if generated else result["capture"]["kernel_dropped"],
-            "load_average_1m": round(os.getloadavg()[0], 2),
+            # Other work on the machine slows both tools; the ratio is fair only if these are alike.
+            "load_1m_before_diag": round(load_before_diag, 2),
+            "load_1m_before_tshark": round(load_before_tshark, 2),
+            "load_1m_after": round(os.getloadavg()[0], 2),
             "diag_s": round(diag_s, 3), "diag_packets_per_s": round(n / diag_s),
             "diag_peak_rss_MB": round(diag_kb / 1024, 1),
             "tshark_s": round(tshark_s, 3), "speedup": round(tshark_s / diag_s, 1),

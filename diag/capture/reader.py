@@ -1,10 +1,11 @@
 """Capture files -> numpy columns, one row per TCP segment.
 
 The file formats (pcap with micro- or nanosecond stamps in either byte order, pcapng, both optionally
-gzip-compressed) are walked record by record in a tight loop that only finds where each record starts;
-everything else - link layers, IPv4/IPv6, TCP header fields and the timestamp option - is decoded with
-vectorized numpy over a whole chunk of records at once. The file is read in chunks of CHUNK_BYTES, so the
-only memory that grows with the capture is the output columns (about COLUMN_BYTES_PER_PACKET a packet).
+gzip-compressed) are read in chunks of CHUNK_BYTES. pcap record offsets are found with numpy
+(_PcapWalker; a record-by-record walk only as the fallback), pcapng blocks by a tight loop that only finds
+where each block starts; everything else - link layers, IPv4/IPv6, TCP header fields and the timestamp
+option - is decoded with vectorized numpy over a whole chunk of records at once, so the only memory that
+grows with the capture is the output columns (COLUMN_BYTES_PER_PACKET a packet).
 
 Packets that cannot be a complete TCP header are never an error: they are counted in ``ReadResult.skipped``
 under a reason (non_ip, non_tcp, fragment, truncated_headers, bad_header_length, ...). A file that is not a
@@ -43,7 +44,7 @@ CHUNK_SPAN_S = 1 << 16
 GATHER_PAD = 128
 # Bytes needed to decide the link layer (Ethernet with two VLAN tags, SLL2).
 LINK_WIDTH = 24
-COLUMN_BYTES_PER_PACKET = 8 + 4 + 1 + 4 + 4 + 4 + 2 + 1 + 4 + 4 + 1 + 8
+COLUMN_BYTES_PER_PACKET = 8 + 4 + 4 + 4 + 4 + 4 + 2 + 1 + 4 + 4 + 1 + 8  # the COLUMN_DTYPES, in order
 
 # TCP flag bits (the low byte of the TCP flags field).
 FIN, SYN, RST, PSH, ACK, URG, ECE, CWR = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x80

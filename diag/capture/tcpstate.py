@@ -94,7 +94,7 @@ def running_max_exclusive(values: np.ndarray, group: np.ndarray, starts: np.ndar
     bounds = np.flatnonzero(starts)
     if bounds.size <= 64:  # few groups: a running max per slice, no per-row group offsets
         out = np.empty_like(values)
-        for start, stop in zip(bounds.tolist(), bounds[1:].tolist() + [values.size], strict=True):
+        for start, stop in zip(bounds.tolist(), [*bounds[1:].tolist(), values.size], strict=True):
             out[start] = empty
             if stop - start > 1:
                 np.fmax.accumulate(values[start:stop - 1], out=out[start + 1:stop])

@@ -27,6 +27,11 @@ GLOO_EMULATION: dict[str, Any] = {"algo": "ring", "conn": "shared", "handshake":
                                   "io": "duplex", "streams": 1, "order": "send-first"}
 
 MAX_CHUNKS = 1024
+# Without --chunks a block is cut into messages of at most this size, so the ring forwards a piece as
+# soon as it arrived (steps pipeline; the links never wait for a whole block) while each message stays
+# big enough that per-message work is negligible. --chunks K restores K messages per block (gloo: 2).
+DEFAULT_CHUNK_BYTES = 1 << 20
+MIN_CHUNK_BYTES = 4096
 MAX_STREAMS = 64
 
 
@@ -37,7 +42,8 @@ class RawKnobs:
     conn: str = "split"
     handshake: str = "none"
     io: str = "duplex"
-    chunks: int = 1
+    chunks: int | None = None           # messages per block and stream; None = pieces of chunk_bytes
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
     sockbuf: int | None = None          # bytes for SO_SNDBUF and SO_RCVBUF; None = kernel autotuning
     nodelay: bool = True
     streams: int = 1
@@ -48,6 +54,14 @@ class RawKnobs:
 
     def as_record(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def chunks_for(self, nbytes: int) -> int:
+        """Messages per stream for a block of ``nbytes``: --chunks, else enough that each of the
+        ``chunks x streams`` parts is at most ``chunk_bytes`` (capped at MAX_CHUNKS)."""
+        if self.chunks is not None:
+            return self.chunks
+        per_stream = self.chunk_bytes * self.streams
+        return max(1, min(MAX_CHUNKS, -(-nbytes // per_stream)))
 
 
 def _as_bool(name: str, value: Any) -> bool:
@@ -100,7 +114,9 @@ def resolve_knobs(algo: str, order: str, knobs: dict[str, Any] | None) -> RawKno
         conn=_choice("conn", values.get("conn", "split"), CONN_MODES),
         handshake=_choice("handshake", values.get("handshake", "none"), HANDSHAKES),
         io=_choice("io", values.get("io", "duplex"), IO_MODES),
-        chunks=_bounded_int("chunks", values.get("chunks", 1), 1, MAX_CHUNKS),
+        chunks=None if values.get("chunks") is None else _bounded_int("chunks", values["chunks"], 1, MAX_CHUNKS),
+        chunk_bytes=_bounded_int("chunk-bytes", values.get("chunk_bytes", DEFAULT_CHUNK_BYTES), MIN_CHUNK_BYTES,
+                                 1 << 30),
         sockbuf=None if sockbuf is None else _bounded_int("sockbuf", sockbuf, 1024, 1 << 30),
         nodelay=_as_bool("nodelay", values.get("nodelay", True)),
         streams=_bounded_int("streams", values.get("streams", 1), 1, MAX_STREAMS),

@@ -126,7 +126,7 @@ class RawTransport:
         port = listener.getsockname()[1]
         store.set(f"addr/{self.rank}", f"{self._address}:{port}")
         fingerprint = json.dumps({k: v for k, v in self.settings.as_record().items()
-                                  if k in ("algo", "order", "conn", "handshake", "chunks", "streams", "io")},
+                                  if k in ("algo", "order", "conn", "handshake", "chunks", "chunk_bytes", "streams", "io")},
                                  sort_keys=True)
         store.set(f"knobs/{self.rank}", fingerprint)
         try:
@@ -199,7 +199,8 @@ class RawTransport:
         if len(inp) and output.data_ptr() + self.rank * block != input.data_ptr():
             out[self.rank * block:(self.rank + 1) * block] = inp
         knobs = self.settings
-        stages = schedules.all_gather(knobs.algo, out, self.rank, self.world_size, knobs.chunks, knobs.streams,
+        stages = schedules.all_gather(knobs.algo, out, self.rank, self.world_size, knobs.chunks_for(block),
+                                      knobs.streams,
                                       knobs.order == "send-first")
         self._run(stages, "all_gather")
 
@@ -207,14 +208,16 @@ class RawTransport:
         self._check_peer(dst)
         view = tensor_bytes(tensor)
         self._last_size_bytes = len(view)
-        self._run([schedules.transfer_ops(SEND, dst, view, self.settings.chunks, self.settings.streams)],
+        self._run([schedules.transfer_ops(SEND, dst, view, self.settings.chunks_for(len(view)),
+                                          self.settings.streams)],
                   f"send to rank {dst}")
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         self._check_peer(src)
         view = tensor_bytes(tensor)
         self._last_size_bytes = len(view)
-        self._run([schedules.transfer_ops(RECV, src, view, self.settings.chunks, self.settings.streams)],
+        self._run([schedules.transfer_ops(RECV, src, view, self.settings.chunks_for(len(view)),
+                                          self.settings.streams)],
                   f"receive from rank {src}")
 
     def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, order: str) -> None:
@@ -222,16 +225,18 @@ class RawTransport:
         out_view = tensor_bytes(send)
         in_view = tensor_bytes(recv)
         self._last_size_bytes = len(out_view)
-        sends = schedules.transfer_ops(SEND, peer, out_view, self.settings.chunks, self.settings.streams)
-        recvs = schedules.transfer_ops(RECV, peer, in_view, self.settings.chunks, self.settings.streams)
+        sends = schedules.transfer_ops(SEND, peer, out_view, self.settings.chunks_for(len(out_view)),
+                                       self.settings.streams)
+        recvs = schedules.transfer_ops(RECV, peer, in_view, self.settings.chunks_for(len(in_view)),
+                                       self.settings.streams)
         self._run([sends + recvs if order == "send-first" else recvs + sends], f"exchange with rank {peer}")
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         self._check_peer(root, allow_self=True)
         view = tensor_bytes(tensor)
         self._last_size_bytes = len(view)
-        self._run(schedules.broadcast(view, self.rank, root, self.world_size, self.settings.chunks,
-                                      self.settings.streams), "broadcast")
+        self._run(schedules.broadcast(view, self.rank, root, self.world_size,
+                                      self.settings.chunks_for(len(view)), self.settings.streams), "broadcast")
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor) -> None:
         out = tensor_bytes(output)
@@ -241,7 +246,7 @@ class RawTransport:
         self._last_size_bytes = len(inp)
         block = len(inp) // self.world_size
         out[self.rank * block:(self.rank + 1) * block] = inp[self.rank * block:(self.rank + 1) * block]
-        self._run(schedules.all_to_all(out, inp, self.rank, self.world_size, self.settings.chunks,
+        self._run(schedules.all_to_all(out, inp, self.rank, self.world_size, self.settings.chunks_for(block),
                                        self.settings.streams, self.settings.order == "send-first"), "all_to_all")
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
