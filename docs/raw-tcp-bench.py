@@ -1,44 +1,61 @@
 #!/usr/bin/env python3
 """Benchmark of the raw-TCP reference (docs/raw-tcp.md). Not a test: it prints figures, asserts nothing.
 
+  python docs/raw-tcp-bench.py lab                       issue 4's lab comparison, all in one run:
+        lab up (6 hosts, 200mbit), single-stream goodput h0->h1, then for N = 2..6 at 16 MiB per rank:
+        raw ring busbw, gloo all_gather busbw, a ring of N plain TCP flows (iperf3, the machine's
+        ceiling for N shaped links at once), ratios; the lab is always torn down
   python docs/raw-tcp-bench.py loopback [--nproc 2,3,4] [--sizes 8M,16M]   raw ring vs gloo, same run
-  python docs/raw-tcp-bench.py knobs [--lab NAME]                          what each knob does to N=2
-  python docs/raw-tcp-bench.py lab --lab NAME [--nproc 2,3,4,5,6]          raw ring vs single-stream goodput
+  python docs/raw-tcp-bench.py knobs                     what each knob does to N=2 (own lab, as `lab`)
 
-Every figure comes from `diag sweep` records (busbw of the median iteration).
+`--lab NAME` uses an existing lab instead of creating one (then it is left up). Every busbw comes from
+`diag sweep` records (median iteration). The load average is printed with each row: other work on the
+machine makes the figures noisy, so compare ratios from one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from diag.records import load_records
 
 KNOB_VARIANTS: list[tuple[str, list[str]]] = [
-    ("default (split, duplex, no notify)", []),
+    ("default (split, duplex, no notify, 1 MiB pieces)", []),
     ("--conn shared", ["--conn", "shared"]),
     ("--handshake notify", ["--handshake", "notify"]),
     ("--conn shared --handshake notify --order send-first", ["--conn", "shared", "--handshake", "notify",
                                                              "--order", "send-first"]),
     ("--io alternate", ["--io", "alternate"]),
+    ("--chunks 1", ["--chunks", "1"]),
     ("--chunks 2", ["--chunks", "2"]),
-    ("--chunks 16", ["--chunks", "16"]),
+    ("--chunks 64", ["--chunks", "64"]),
     ("--streams 2", ["--streams", "2"]),
     ("--sockbuf 256K", ["--sockbuf", "256K"]),
     ("--nodelay off", ["--nodelay", "off"]),
     ("--emulate gloo", ["--emulate", "gloo"]),
 ]
+IPERF_PORT = 5301
+
+
+def load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def sweep(work: Path, tag: str, args: list[str]) -> dict[tuple[int, int], float]:
     """Run one `diag sweep`; -> {(world_size, size_bytes): busbw_Bps}."""
     out = work / f"{tag}.jsonl"
-    command = [sys.executable, "-m", "diag", "sweep", "--out", str(out), "--run-dir", str(work / tag), *args]
+    command = [sys.executable, "-m", "diag", "sweep", "--out", str(out), "--run-dir", str(work / tag), "--quiet",
+               *args]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
@@ -46,77 +63,117 @@ def sweep(work: Path, tag: str, args: list[str]) -> dict[tuple[int, int], float]
 
 
 def mbs(value: float) -> str:
-    return f"{value / 1e6:8.1f}"
+    return f"{value / 1e6:.1f}"
+
+
+@contextlib.contextmanager
+def bench_lab(options: argparse.Namespace) -> Iterator[object]:
+    """--lab NAME: that lab as it is; else a lab of our own, always torn down."""
+    from diag.lab import LabConfig, lab_session, load_lab
+
+    if options.lab:
+        yield load_lab(options.lab)
+        return
+    config = LabConfig(name=f"rb{os.getpid() % 100000}", hosts=6, rate=options.rate)
+    with lab_session(config) as lab:
+        yield lab
+
+
+def ring_ceiling_Bps(lab: object, n: int, seconds: float) -> float | None:
+    """Slowest flow of N iperf3 flows h_i -> h_(i+1 mod N) at once: what N shaped links carry together on
+    this machine (the ring all_gather waits for its slowest link). None without iperf3."""
+    if shutil.which("iperf3") is None:
+        return None
+    servers = [subprocess.Popen([*lab.exec_prefix(i), "iperf3", "-s", "-1", "-p", str(IPERF_PORT)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(n)]
+    try:
+        time.sleep(0.5)
+        clients = [subprocess.Popen([*lab.exec_prefix(i), "iperf3", "-c", lab.hosts[(i + 1) % n].address,
+                                     "-p", str(IPERF_PORT), "-t", f"{seconds:g}", "-O", "1", "-J"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                   for i in range(n)]
+        rates = []
+        for client in clients:
+            out, _ = client.communicate(timeout=seconds + 30)
+            rates.append(json.loads(out)["end"]["sum_received"]["bits_per_second"] / 8)
+        return min(rates)
+    except (subprocess.TimeoutExpired, ValueError, KeyError):
+        return None
+    finally:
+        for server in servers:
+            if server.poll() is None:
+                server.kill()
+            server.wait()
+
+
+def lab_comparison(options: argparse.Namespace, work: Path) -> None:
+    from diag.lab import measure_link
+
+    sizes = options.sizes or "16M"
+    common = ["--sizes", sizes, "--iters", str(options.iters), "--warmup", "2"]
+    with bench_lab(options) as lab:
+        print(f"lab {lab.name}: {len(lab.hosts)} hosts, rate {options.rate if not options.lab else 'as configured'}; "
+              f"load {load()}")
+        link = measure_link(lab, 0, 1, seconds=2.0)
+        single = link.single_stream_Bps
+        print(f"single-stream goodput h0->h1: {mbs(single)} MB/s; both ways at once: "
+              f"{mbs(link.bidir_Bps[0])} / {mbs(link.bidir_Bps[1])} MB/s")
+        print(f"{'N':>2} {'size':>9} {'raw':>6} {'raw/single':>10} {'gloo':>6} {'gloo/single':>11} {'raw/gloo':>8} "
+              f"{'ring-ceiling':>12} {'raw/ceiling':>11}  load (MB/s = busbw; ceiling = slowest of N iperf3 flows)")
+        for n in [int(x) for x in options.nproc.split(",")]:
+            where = ["--lab", lab.name, "--nproc", str(n)]
+            before = load()
+            raw = sweep(work, f"raw{n}", ["--backend", "raw", "--algo", "ring", *where, *common])
+            gloo = sweep(work, f"gloo{n}", ["--backend", "gloo", *where, *common])
+            ceiling = ring_ceiling_Bps(lab, n, 3.0)
+            for key in sorted(raw):
+                g = gloo.get(key, 0.0)
+                print(f"{n:>2} {key[1]:>9} {mbs(raw[key]):>6} {raw[key] / single:>10.2f} {mbs(g):>6} "
+                      f"{g / single:>11.2f} {raw[key] / g if g else float('nan'):>8.2f} "
+                      f"{mbs(ceiling) if ceiling else '-':>12} "
+                      f"{raw[key] / ceiling if ceiling else float('nan'):>11.2f}  {before} -> {load()}", flush=True)
+        again = measure_link(lab, 0, 1, seconds=2.0)
+        print(f"single-stream goodput h0->h1 again at the end: {mbs(again.single_stream_Bps)} MB/s; load {load()}")
 
 
 def loopback(options: argparse.Namespace, work: Path) -> None:
-    common = ["--nproc", options.nproc, "--sizes", options.sizes, "--iters", str(options.iters), "--warmup", "2"]
+    common = ["--nproc", options.nproc or "2,3,4", "--sizes", options.sizes or "8M,16M",
+              "--iters", str(options.iters), "--warmup", "2"]
+    print(f"load {load()}")
     gloo = sweep(work, "gloo", ["--backend", "gloo", *common])
     raw = sweep(work, "raw", ["--backend", "raw", "--algo", "ring", *common])
     print(f"{'N':>3} {'size':>10} {'gloo MB/s':>10} {'raw MB/s':>10} {'raw/gloo':>9}")
     for key in sorted(raw):
         if key in gloo:
             print(f"{key[0]:>3} {key[1]:>10} {mbs(gloo[key]):>10} {mbs(raw[key]):>10} {raw[key] / gloo[key]:9.2f}")
+    print(f"load {load()}")
 
 
 def knobs(options: argparse.Namespace, work: Path) -> None:
-    where = ["--lab", options.lab] if options.lab else []
-    common = ["--backend", "raw", "--nproc", "2", "--sizes", options.sizes, "--iters", str(options.iters),
-              "--warmup", "2", *where]
-    print(f"{'knobs at N=2':<55} " + " ".join(f"{size:>12}" for size in options.sizes.split(",")))
-    for index, (label, extra) in enumerate(KNOB_VARIANTS):
-        result = sweep(work, f"knob{index}", [*common, *extra])
-        print(f"{label:<55} " + " ".join(f"{mbs(v):>12}" for _k, v in sorted(result.items())))
-
-
-def lab(options: argparse.Namespace, work: Path) -> None:
-    if not options.lab:
-        raise SystemExit("lab mode needs --lab NAME (create it with `diag lab up --hosts 6 --rate 1gbit`)")
-    status = subprocess.run([sys.executable, "-m", "diag", "lab", "status", "--name", options.lab, "--measure",
-                             "--json"], capture_output=True, text=True)
-    if status.returncode != 0:
-        raise SystemExit(status.stderr)
-    measured = json.loads(status.stdout)
-    single = _find_number(measured, "single_stream_Bps")
-    raw = sweep(work, "raw-lab", ["--backend", "raw", "--algo", "ring", "--lab", options.lab, "--nproc",
-                                  options.nproc, "--sizes", options.sizes, "--iters", str(options.iters),
-                                  "--warmup", "2"])
-    print(f"single-stream goodput h0->h1: {mbs(single)} MB/s")
-    print(f"{'N':>3} {'size':>10} {'raw MB/s':>10} {'raw/single':>11}")
-    for key in sorted(raw):
-        print(f"{key[0]:>3} {key[1]:>10} {mbs(raw[key]):>10} {raw[key] / single:11.2f}")
-
-
-def _find_number(data: object, key: str) -> float:
-    if isinstance(data, dict):
-        if isinstance(data.get(key), (int, float)):
-            return float(data[key])
-        for value in data.values():
-            try:
-                return _find_number(value, key)
-            except KeyError:
-                pass
-    if isinstance(data, list):
-        for value in data:
-            try:
-                return _find_number(value, key)
-            except KeyError:
-                pass
-    raise KeyError(key)
+    sizes = options.sizes or "16M"
+    with bench_lab(options) as lab:
+        common = ["--backend", "raw", "--nproc", "2", "--sizes", sizes, "--iters", str(options.iters),
+                  "--warmup", "2", "--lab", lab.name]
+        print(f"{'knobs at N=2':<55} " + " ".join(f"{size:>8}" for size in sizes.split(",")) + "  load")
+        for index, (label, extra) in enumerate(KNOB_VARIANTS):
+            result = sweep(work, f"knob{index}", [*common, *extra])
+            print(f"{label:<55} " + " ".join(f"{mbs(v):>8}" for _k, v in sorted(result.items())) + f"  {load()}",
+                  flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=("loopback", "knobs", "lab"))
-    parser.add_argument("--nproc", default=None)
-    parser.add_argument("--sizes", default=None)
-    parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--lab", default=None)
+    parser.add_argument("mode", choices=("lab", "loopback", "knobs"))
+    parser.add_argument("--nproc", default=None, help="world sizes (lab: 2,3,4,5,6; loopback: 2,3,4)")
+    parser.add_argument("--sizes", default=None, help="per-rank sizes (lab/knobs: 16M; loopback: 8M,16M)")
+    parser.add_argument("--iters", type=int, default=5, help="timed iterations per row (default 5)")
+    parser.add_argument("--rate", default="200mbit", help="rate of the lab this script creates (default 200mbit)")
+    parser.add_argument("--lab", default=None, help="use this existing lab instead of creating one")
     options = parser.parse_args()
-    options.nproc = options.nproc or ("2,3,4" if options.mode == "loopback" else "2,3,4,5,6")
-    options.sizes = options.sizes or ("8M,16M" if options.mode == "loopback" else "16M,32M")
+    if options.mode == "lab":
+        options.nproc = options.nproc or "2,3,4,5,6"
     with tempfile.TemporaryDirectory(prefix="diag-raw-bench-") as scratch:
-        {"loopback": loopback, "knobs": knobs, "lab": lab}[options.mode](options, Path(scratch))
+        {"loopback": loopback, "knobs": knobs, "lab": lab_comparison}[options.mode](options, Path(scratch))
 
 
 if __name__ == "__main__":
