@@ -116,13 +116,16 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
     write_meta()
     if use_lab:
         from diag.lab import LabConfig, lab_session, measure_link
+        from diag.lab.measure import iperf3_available
 
         config = LabConfig(name=f"repro{os.getpid() % 100000}", hosts=max(plan.world_sizes), rate=rate)
         with lab_session(config) as lab:
             meta["lab"] = {"name": lab.name, "rate_bps": lab.rate_bps, "hosts": len(lab.hosts),
                            "addresses": [h.address for h in lab.hosts]}
             say(f"[lab] {len(lab.hosts)} hosts, {human_bits(lab.rate_bps)} full duplex each; measuring the link")
-            link = measure_link(lab, 0, 1, seconds=2.0)
+            # iperf3 (C) when present: diag's own socket probe runs both directions in one Python process,
+            # which a 2-core machine can make CPU-bound.
+            link = measure_link(lab, 0, 1, seconds=2.0, tool="iperf3" if iperf3_available() else "socket")
             meta["link"] = {"single_stream_Bps": link.single_stream_Bps, "bidir_Bps": list(link.bidir_Bps),
                             "tool": link.tool}
             expected = lab.rate_bps / 8 * 0.94
