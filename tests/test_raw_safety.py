@@ -178,3 +178,21 @@ def test_bad_knobs_are_one_line_errors() -> None:
             resolve_knobs("ring", "recv-first", knobs)
     gloo = resolve_knobs("pairwise", "recv-first", {"emulate": "gloo", "conn": "split"})
     assert (gloo.algo, gloo.conn, gloo.handshake, gloo.chunks) == ("ring", "shared", "notify", 2)
+    assert gloo.chunks_for(16 << 20) == 2
+    with pytest.raises(DiagError, match="--chunk-bytes"):
+        resolve_knobs("ring", "recv-first", {"chunk_bytes": 100})
+
+
+def test_default_chunking_cuts_blocks_into_pieces_of_chunk_bytes() -> None:
+    from diag.transports.raw import resolve_knobs
+    from diag.transports.raw.knobs import DEFAULT_CHUNK_BYTES, MAX_CHUNKS
+
+    default = resolve_knobs("ring", "recv-first", {})
+    assert default.chunks is None
+    assert default.chunks_for(0) == default.chunks_for(1) == 1
+    assert default.chunks_for(DEFAULT_CHUNK_BYTES) == 1
+    assert default.chunks_for(16 << 20) == 16
+    assert default.chunks_for((16 << 20) + 1) == 17
+    assert resolve_knobs("ring", "recv-first", {"streams": 2}).chunks_for(16 << 20) == 8   # 16 parts in all
+    assert resolve_knobs("ring", "recv-first", {"chunk_bytes": 4096}).chunks_for(1 << 30) == MAX_CHUNKS
+    assert resolve_knobs("ring", "recv-first", {"chunks": 3}).chunks_for(16 << 20) == 3

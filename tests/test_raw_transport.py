@@ -27,6 +27,9 @@ OPTION_MATRIX = [
     {"sockbuf": 8192}, {"sockbuf": 16384, "io": "alternate", "handshake": "notify"},
     {"nodelay": False}, {"nodelay": False, "conn": "shared", "handshake": "notify", "chunks": 2},
     {"emulate": "gloo"}, {"emulate": "gloo", "order": "recv-first"},
+    # the default (no --chunks) cuts blocks into chunk_bytes pieces that the ring forwards one by one
+    {"chunk_bytes": 4096}, {"chunk_bytes": 4096, "streams": 2, "conn": "shared", "handshake": "notify",
+                            "order": "send-first"},
 ]
 REPRESENTATIVE = [
     {},
@@ -35,6 +38,7 @@ REPRESENTATIVE = [
     {"algo": "direct", "handshake": "notify", "io": "alternate"},
     {"algo": "ring", "conn": "shared", "handshake": "notify", "order": "send-first", "chunks": 3},
     {"algo": "ring", "conn": "split", "io": "alternate", "chunks": 2, "streams": 2},
+    {"algo": "ring", "chunk_bytes": 8192},
 ]
 
 

@@ -80,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "direction (split, as NCCL's net transport)")
     raw.add_argument("--handshake", choices=["none", "notify"], help="in-band ready-to-receive before each chunk")
     raw.add_argument("--io", choices=["duplex", "alternate"], help="concurrent send/recv or one thread alternating")
-    raw.add_argument("--chunks", type=int, help="chunks per block (gloo uses 2)")
+    raw.add_argument("--chunks", type=int, help="chunks per block (gloo uses 2; default: 1 MiB pieces)")
+    raw.add_argument("--chunk-bytes", help="piece size when --chunks is not given (default 1M)")
     raw.add_argument("--sockbuf", help="SO_SNDBUF/SO_RCVBUF in bytes, e.g. 4M (default: kernel autotuning)")
     raw.add_argument("--nodelay", choices=["on", "off"], help="TCP_NODELAY")
     raw.add_argument("--streams", type=int, help="connections per peer, striped")
@@ -119,6 +120,8 @@ def build_spec(args: argparse.Namespace):
                 knobs[name] = value
         if args.sockbuf is not None:
             knobs["sockbuf"] = parse_size(args.sockbuf)
+        if args.chunk_bytes is not None:
+            knobs["chunk_bytes"] = parse_size(args.chunk_bytes)
         if args.nodelay is not None:
             knobs["nodelay"] = args.nodelay == "on"
         if args.tcpinfo_interval is not None:
@@ -154,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     from diag.worker import Job
 
     run_id = uuid.uuid4().hex[:12]
-    job = Job(spec=spec, out=str(out.resolve()), run_id=run_id, argv=sys.argv[1:])
+    job = Job(spec=spec, out=str(out.resolve()), run_id=run_id, argv=sys.argv[1:], quiet=args.quiet)
     if in_place:
         from diag.worker import run_job
 

@@ -16,7 +16,8 @@ from diag.records import Record
 MECHANISM_KNOBS = ("emulate", "conn", "order", "handshake", "io", "chunks", "nodelay", "streams")
 # Values the raw transport uses when a knob is not given (diag/transports/raw/knobs.py RawKnobs): a raw
 # row shows only what differs from them, so labels stay short. "order" is always shown (exchange).
-RAW_DEFAULTS: dict[str, Any] = {"conn": "split", "handshake": "none", "io": "duplex", "chunks": 1,
+# chunks None: blocks travel as chunk_bytes messages (1 MiB); an explicit --chunks K is shown.
+RAW_DEFAULTS: dict[str, Any] = {"conn": "split", "handshake": "none", "io": "duplex", "chunks": None,
                                 "nodelay": True, "streams": 1}
 # Ops where every rank talks to one peer only, so the world size does not change the pattern.
 PAIRWISE_OPS = frozenset({"exchange", "send_recv"})

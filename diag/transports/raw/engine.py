@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import errno
 import select
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -38,7 +37,6 @@ KIND_NAMES = ("send to", "receive from")
 
 ALTERNATE_PIECE_BYTES = 64 * 1024   # one turn of --io alternate; small enough to fit socket buffers
 ALTERNATE_READ_WAIT_S = 0.005       # how long a receive turn waits before giving the turn back
-RCVLOWAT_BYTES = 64 * 1024           # duplex loop: a receiving socket wakes us once this much arrived
 _POLL_IN = select.POLLIN | select.POLLPRI
 _POLL_OUT = select.POLLOUT
 _EMPTY = memoryview(b"")
@@ -87,8 +85,6 @@ class Link:
     received: int = 0
     bytes_out: int = 0
     bytes_in: int = 0
-    lowat: int = 1               # current SO_RCVLOWAT of the socket (duplex loop only)
-    lowat_cap: int = 1           # largest SO_RCVLOWAT used (set by the Engine)
 
     def __post_init__(self) -> None:
         self.header_view = memoryview(self.header)
@@ -111,11 +107,6 @@ class Engine:
         self.piece = ALTERNATE_PIECE_BYTES if sockbuf is None else max(1024, min(ALTERNATE_PIECE_BYTES,
                                                                                  sockbuf // 2))
         self.broken: str | None = None
-        if not alternate:
-            for link in set(links.values()):
-                # Below a quarter of the receive buffer so the kernel never has to grow (and clamp) it.
-                rcvbuf = link.conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-                link.lowat_cap = max(1, min(RCVLOWAT_BYTES, rcvbuf // 4))
 
     # ----------------------------------------------------------------------------------- public
     def run(self, stages: list[list[Op]], what: str, timeout_s: float) -> None:
@@ -166,13 +157,12 @@ class Engine:
                     self._read(link, None)
             if not self.remaining:
                 break
-            # ...then always sleep in poll until a socket is ready. Going round again because a few
-            # bytes moved would spin on every segment that trickles in (one wakeup per 1448 bytes): with
-            # N ranks on 2 cores the spinning ranks starve the kernel's packet processing. SO_RCVLOWAT
-            # makes a receiving socket ready only once a worthwhile amount has arrived.
+            # ...then always sleep in poll until a socket is ready. Going round again at once because a
+            # few bytes moved made a busy rank spin through passes that mostly hit EAGAIN, burning the CPU
+            # the kernel needs for packet processing when N ranks share 2 cores. (SO_RCVLOWAT, to wake
+            # only per 32 KiB, was tried and measured 12% slower at N=3 on the lab, cause not pinned
+            # down; see docs/raw-tcp.md.)
             for link in links:
-                if self._wants_read(link):
-                    self._set_lowat(link)
                 mask = (_POLL_OUT if link.out else 0) | (_POLL_IN if self._wants_read(link) else 0)
                 fd = link.conn.fd
                 if masks.get(fd) != mask:
@@ -378,19 +368,6 @@ class Engine:
         poller = select.poll()
         poller.register(link.conn.fd, mask)
         poller.poll(max(1, int(min(left, 1.0) * 1000)))
-
-    @staticmethod
-    def _set_lowat(link: Link) -> None:
-        """Wake for reading once min(RCVLOWAT_BYTES, bytes still owed by the message in progress) arrived:
-        never more than will arrive, so a wakeup cannot be missed."""
-        if link.receiving is not None:
-            want = min(link.lowat_cap, len(link.receiving.view) - link.received)
-        else:
-            want = wire.HEADER_BYTES - link.header_filled
-        want = max(1, want)
-        if want != link.lowat:
-            link.conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-            link.lowat = want
 
     @staticmethod
     def _wait_readable(links: list[Link], wait_s: float) -> Link | None:

@@ -200,8 +200,7 @@ class RawTransport:
             out[self.rank * block:(self.rank + 1) * block] = inp
         knobs = self.settings
         stages = schedules.all_gather(knobs.algo, out, self.rank, self.world_size, knobs.chunks_for(block),
-                                      knobs.streams,
-                                      knobs.order == "send-first")
+                                      knobs.streams, knobs.order == "send-first")
         self._run(stages, "all_gather")
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
