@@ -101,3 +101,38 @@ def test_slow_reader_zero_windows(tmp_path: Path) -> None:
             handle.stop()
     result = assert_agrees_with_tshark(pcap)
     assert sum(d["zero_windows"] for d in diag_directions(result).values()) > 0
+
+
+def test_out_of_order_threshold_is_measured_from_the_clients_syn(tmp_path: Path) -> None:
+    """Wireshark's handshake RTT (ts_first_rtt) runs from the SYN, not the SYN-ACK, to the first ACK.
+
+    Built so the difference decides: SYN at 0, SYN-ACK at 18 us, ACK at 30 us; a segment that fills a hole
+    26 us after the highest segment is out-of-order for tshark (26 < 30) but would be a retransmission with
+    a threshold taken from the SYN-ACK (26 > 12). Found by a lossy capture in CI.
+    """
+    need_tools("tshark")
+    from scapy.all import IP, TCP, Ether, wrpcap
+
+    a, b, sport, dport = "10.61.0.1", "10.61.0.2", 40000, 5000
+    t0 = 1_700_000_000.0
+    packets = []
+
+    def add(dt_us: float, pkt) -> None:
+        pkt.time = t0 + dt_us * 1e-6
+        packets.append(pkt)
+
+    def data(seq: int, dt_us: float) -> None:
+        add(dt_us, Ether() / IP(src=a, dst=b) / TCP(sport=sport, dport=dport, flags="A", seq=seq, ack=1001)
+            / (b"x" * 100))
+
+    add(0, Ether() / IP(src=a, dst=b) / TCP(sport=sport, dport=dport, flags="S", seq=0))
+    add(18, Ether() / IP(src=b, dst=a) / TCP(sport=dport, dport=sport, flags="SA", seq=1000, ack=1))
+    add(30, Ether() / IP(src=a, dst=b) / TCP(sport=sport, dport=dport, flags="A", seq=1, ack=1001))
+    data(1, 100)
+    data(201, 110)      # 101..201 is missing
+    data(101, 136)      # fills the hole 26 us after the highest segment
+    pcap = tmp_path / "ooo.pcap"
+    wrpcap(str(pcap), packets)
+    result = assert_agrees_with_tshark(pcap)
+    forward = diag_directions(result)[(f"{a}:{sport}", f"{b}:{dport}")]
+    assert forward["retransmissions"] == 0 and forward["out_of_order"] == 1

@@ -148,7 +148,10 @@ def _handshakes(results: list[ReadResult], cols: dict[str, np.ndarray], conn: np
             offered[(c, d)] = syn.wscale
             if syn.mss:
                 mss[c, d] = syn.mss
-            syn_time[c] = syn.ts_ns  # the most recent SYN (tshark's ts_mru_syn)
+            if not syn.flags & ACK:
+                # the most recent SYN without ACK (Wireshark's ts_mru_syn is set only for a connection
+                # request, never for the SYN-ACK): the handshake RTT runs from the client's SYN
+                syn_time[c] = syn.ts_ns
     for c in range(nconn):
         if syn_seen[c, 0] and syn_seen[c, 1]:
             ws0, ws1 = offered.get((c, 0)), offered.get((c, 1))
