@@ -24,6 +24,7 @@ from diag.units import human_bits, human_bytes, parse_rate_bps, parse_size
 
 # A single TCP stream below this fraction of the shaped goodput means the CPU, not the link, limits the lab.
 CPU_BOUND_LINK_FRACTION = 0.85
+EXCHANGE_MIN_ITERS = 8
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,9 @@ def _run_sweeps(plan: Plan, run_dir: Path, lab: Any, capture: str | None, meta: 
         exchange_transports.append(("raw-split", base.replace(backend="raw", algo="ring")))
     for order in ("recv-first", "send-first"):
         for name, spec in exchange_transports:
-            exchange = spec.replace(ops=("exchange",), sizes=plan.exchange_sizes, order=order)
+            # more samples here: the order effect is judged by a two-sample test on these rows alone
+            exchange = spec.replace(ops=("exchange",), sizes=plan.exchange_sizes, order=order,
+                                    iters=max(plan.iters, EXCHANGE_MIN_ITERS))
             steps.append((f"{name} exchange {order} N=2",
                           _sweep_step(exchange, 2, run_dir, f"{name}-exchange-{order}", lab, capture, make_job,
                                       run_worlds)))

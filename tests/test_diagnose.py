@@ -305,3 +305,12 @@ def test_half_duplex_match(tmp_path) -> None:
     assert g.status == "clear"
     (h,) = rule_half_duplex(load_run([write_run_dir(tmp_path / "none", [gloo, full])]))
     assert h.status == "undecided"
+
+
+def test_a_large_difference_the_samples_cannot_confirm_is_undecided(tmp_path) -> None:
+    """Few, noisy samples: a 1.9x order effect with p above ALPHA is neither an effect nor its absence."""
+    size = 16 * MiB
+    recv = make_record("gloo", "exchange", 2, size, [0.7, 0.75, 2.5], knobs={"order": "recv-first"})
+    send = make_record("gloo", "exchange", 2, size, [1.3, 1.45, 1.6], knobs={"order": "send-first"})
+    (f,) = rule_exchange_order(load_run([write_run_dir(tmp_path / "u", [recv, send])]))
+    assert f.status == "undecided" and "cannot confirm" in f.statement and "more --iters" in f.statement

@@ -260,6 +260,7 @@ def rule_exchange_order(run: RunData) -> list[Finding]:
         return _undecided(name, why + ": cannot tell whether the order matters", **thresholds)
     effects: list[Evidence] = []
     flat: list[str] = []
+    unsure: list[str] = []
     groups: dict[tuple[str, str, int], list[int]] = defaultdict(list)
     for (label, op, n, size) in both:
         groups[(label, op, n)].append(size)
@@ -275,8 +276,14 @@ def rule_exchange_order(run: RunData) -> list[Finding]:
         if abs(ratio - 1) >= ORDER_EFFECT and significant:
             effects.append(Evidence(text, {"world_size": n, "size_bytes": size, "time_ratio_send_over_recv": ratio,
                                            "p_value": test.p_value}, run.source_of(send), "busbw_vs_size.png"))
+        elif abs(ratio - 1) >= ORDER_EFFECT:
+            unsure.append(text)
         else:
             flat.append(text)
+    if not effects and unsure:
+        # a large difference the samples cannot confirm is not "no effect": say so and ask for more samples
+        return _undecided(name, "the order may change throughput, but the samples cannot confirm it (more "
+                          "--iters would): " + "; ".join(unsure), **thresholds)
     if not effects:
         return [Finding(name, "clear", "the exchange order does not change throughput: " + "; ".join(flat),
                         thresholds=thresholds)]
@@ -301,6 +308,7 @@ def rule_conn_split(run: RunData) -> list[Finding]:
                           "one connection for both directions costs", **thresholds)
     hits: list[Evidence] = []
     flat: list[str] = []
+    unsure: list[str] = []
     largest: dict[tuple[str, str, int], int] = {}
     for (label, op, n, size) in both:
         largest[(label, op, n)] = max(size, largest.get((label, op, n), 0))
@@ -314,8 +322,13 @@ def rule_conn_split(run: RunData) -> list[Finding]:
         if gain >= 1 + CONN_SPLIT_EFFECT and test.p_value is not None and test.p_value < ALPHA:
             hits.append(Evidence(text, {"world_size": n, "size_bytes": size, "split_over_shared": gain,
                                         "p_value": test.p_value}, run.source_of(split), "busbw_vs_size.png"))
+        elif gain >= 1 + CONN_SPLIT_EFFECT:
+            unsure.append(text)
         else:
             flat.append(text)
+    if not hits and unsure:
+        return _undecided(name, "a shared connection may cost throughput, but the samples cannot confirm it "
+                          "(more --iters would): " + "; ".join(unsure), **thresholds)
     if not hits:
         return [Finding(name, "clear", "sharing one connection for both directions costs nothing measurable: "
                         + "; ".join(flat), thresholds=thresholds)]
