@@ -244,6 +244,14 @@ def _order_of(record: Record) -> str | None:
     return str(value) if value in ("recv-first", "send-first") else None
 
 
+def _verdict(large: bool, test: Any) -> str:
+    """An experiment's outcome: "effect" (large and significant), "unsure" (large, but the samples cannot
+    confirm it) or "flat" (below the effect threshold)."""
+    if not large:
+        return "flat"
+    return "effect" if test.p_value is not None and test.p_value < ALPHA else "unsure"
+
+
 def rule_exchange_order(run: RunData) -> list[Finding]:
     """Which call a rank posts first (recv-first vs send-first) changes throughput."""
     name = "exchange_order"
@@ -272,14 +280,12 @@ def rule_exchange_order(run: RunData) -> list[Finding]:
         text = (f"{label} {op} N={n} {human_bytes(size)}: send-first {human_time(send.time_s)} vs recv-first "
                 f"{human_time(recv.time_s)} (send/recv time ratio {ratio:.2f}"
                 + (f", p={test.p_value:.2g})" if test.p_value is not None else f", {test.reason})"))
-        significant = test.p_value is not None and test.p_value < ALPHA
-        if abs(ratio - 1) >= ORDER_EFFECT and significant:
+        verdict = _verdict(abs(ratio - 1) >= ORDER_EFFECT, test)
+        if verdict == "effect":
             effects.append(Evidence(text, {"world_size": n, "size_bytes": size, "time_ratio_send_over_recv": ratio,
                                            "p_value": test.p_value}, run.source_of(send), "busbw_vs_size.png"))
-        elif abs(ratio - 1) >= ORDER_EFFECT:
-            unsure.append(text)
         else:
-            flat.append(text)
+            (unsure if verdict == "unsure" else flat).append(text)
     if not effects and unsure:
         # a large difference the samples cannot confirm is not "no effect": say so and ask for more samples
         return _undecided(name, "the order may change throughput, but the samples cannot confirm it (more "
@@ -319,13 +325,12 @@ def rule_conn_split(run: RunData) -> list[Finding]:
         text = (f"{label} {op} N={n} {human_bytes(size)}: split {human_rate(split.busbw_Bps)} vs shared "
                 f"{human_rate(shared.busbw_Bps)} busbw ({gain:.2f}x"
                 + (f", p={test.p_value:.2g})" if test.p_value is not None else f", {test.reason})"))
-        if gain >= 1 + CONN_SPLIT_EFFECT and test.p_value is not None and test.p_value < ALPHA:
+        verdict = _verdict(gain >= 1 + CONN_SPLIT_EFFECT, test)
+        if verdict == "effect":
             hits.append(Evidence(text, {"world_size": n, "size_bytes": size, "split_over_shared": gain,
                                         "p_value": test.p_value}, run.source_of(split), "busbw_vs_size.png"))
-        elif gain >= 1 + CONN_SPLIT_EFFECT:
-            unsure.append(text)
         else:
-            flat.append(text)
+            (unsure if verdict == "unsure" else flat).append(text)
     if not hits and unsure:
         return _undecided(name, "a shared connection may cost throughput, but the samples cannot confirm it "
                           "(more --iters would): " + "; ".join(unsure), **thresholds)
