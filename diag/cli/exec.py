@@ -31,17 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from diag.exec import run_script
-    from diag.units import parse_size
+    from diag.transports.raw.knobs import knobs_from_args
 
-    knobs = json.loads(os.environ.get("DIAG_TCP_KNOBS") or "{}")
-    for name in ("conn", "handshake", "io", "chunks", "streams", "emulate", "iface"):
-        value = getattr(args, name)
-        if value is not None:
-            knobs[name] = value
-    if args.sockbuf is not None:
-        knobs["sockbuf"] = parse_size(args.sockbuf)
-    if args.nodelay is not None:
-        knobs["nodelay"] = args.nodelay == "on"
+    knobs = {**json.loads(os.environ.get("DIAG_TCP_KNOBS") or "{}"), **knobs_from_args(args)}
     os.environ["DIAG_TCP_KNOBS"] = json.dumps(knobs)
     if args.algo:
         os.environ["DIAG_TCP_ALGO"] = args.algo

@@ -114,20 +114,11 @@ def build_spec(args: argparse.Namespace):
             raise DiagError(f"unknown op {op!r}: choose from {', '.join(OPS)}")
     knobs: dict[str, object] = {}
     if args.backend == "raw":
-        for name in ("emulate", "conn", "handshake", "io", "chunks", "streams"):
-            value = getattr(args, name)
-            if value is not None:
-                knobs[name] = value
-        if args.sockbuf is not None:
-            knobs["sockbuf"] = parse_size(args.sockbuf)
-        if args.chunk_bytes is not None:
-            knobs["chunk_bytes"] = parse_size(args.chunk_bytes)
-        if args.nodelay is not None:
-            knobs["nodelay"] = args.nodelay == "on"
+        from diag.transports.raw.knobs import knobs_from_args
+
+        knobs = knobs_from_args(args)
         if args.tcpinfo_interval is not None:
             knobs["tcpinfo_interval_s"] = args.tcpinfo_interval
-        if args.iface:
-            knobs["iface"] = args.iface
     device = args.device or ("cuda" if args.backend == "nccl" else "cpu")
     return SweepSpec(
         backend=args.backend, ops=ops, sizes=tuple(sizes), world_sizes=tuple(args.nproc or ()),

@@ -125,3 +125,23 @@ def resolve_knobs(algo: str, order: str, knobs: dict[str, Any] | None) -> RawKno
         tcpinfo_interval_s=None if interval is None else float(interval),
         tcpinfo_dir=values.get("tcpinfo_dir"),
     )
+
+
+def knobs_from_args(args: Any) -> dict[str, Any]:
+    """The raw-transport knobs a command line set (``diag sweep``, ``diag exec``), in the transport's units;
+    options a command does not have, or that were not given, are left out."""
+    from diag.units import parse_size
+
+    knobs: dict[str, Any] = {}
+    for name in ("emulate", "conn", "handshake", "io", "chunks", "streams", "iface"):
+        value = getattr(args, name, None)
+        if value is not None:
+            knobs[name] = value
+    for name in ("sockbuf", "chunk_bytes"):
+        value = getattr(args, name, None)
+        if value is not None:
+            knobs[name] = parse_size(value)
+    nodelay = getattr(args, "nodelay", None)
+    if nodelay is not None:
+        knobs["nodelay"] = nodelay == "on"
+    return knobs
