@@ -61,9 +61,11 @@ def test_loopback_bidirectional(tmp_path: Path) -> None:
     assert info.kernel_dropped == 0 and info.tool == "tcpdump"
     result = assert_agrees_with_tshark(pcap)
     conn = result["connections"][0]
-    assert conn["directions"]["a->b"]["payload_bytes"] == 4_000_000
-    assert conn["directions"]["b->a"]["payload_bytes"] == 1_000_000
-    assert conn["directions"]["a->b"]["unique_payload_bytes"] == 4_000_000
+    # Unique bytes are exact; the total may include retransmissions (seen on the shared loopback under load:
+    # b->a carried 1,095,232 payload bytes for 1,000,000 sent, and tshark agreed).
+    for label, sent in (("a->b", 4_000_000), ("b->a", 1_000_000)):
+        assert conn["directions"][label]["unique_payload_bytes"] == sent, label
+        assert conn["directions"][label]["payload_bytes"] >= sent, label
     assert conn["directions"]["a->b"]["window"]["scale"] is not None
 
 

@@ -274,7 +274,7 @@ class _PcapWalker:
         nxt = cand + 16 + head[:, 2]
         count = cand.size
         if count == 1 or (nxt[:-1] == cand[1:]).all():
-            chain = np.arange(count)  # no false candidate: the common case, checked in one pass
+            chain = None  # no false candidate: the common case, checked in one pass
         else:
             index = np.searchsorted(cand, nxt)
             hit = index < count
@@ -286,13 +286,13 @@ class _PcapWalker:
                 chain = np.concatenate([chain, step[chain]])
                 step = step[step]
             chain = chain[chain < count]
-        end = int(nxt[chain[-1]])
+        end = int(nxt[-1] if chain is None else nxt[chain[-1]])
         if n - end >= 16:
             # The chain must stop only at an incomplete (but sane) last record of the chunk.
             caplen_next = self.unpack_header(buf, end)[2]
             if caplen_next > self.limit or end + 16 + caplen_next <= n:
                 return None
-        return cand[chain], head[chain]
+        return (cand, head) if chain is None else (cand[chain], head[chain])
 
     def _walk(self, buf: bytes) -> tuple[np.ndarray, np.ndarray]:
         n = len(buf)

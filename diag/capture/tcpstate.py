@@ -22,6 +22,7 @@ FAST_RETRANSMISSION_WINDOW_NS = 20_000_000
 DEFAULT_OOO_THRESHOLD_NS = 3_000_000
 _WRAP = 1 << 32
 _HALF = 1 << 31
+_LOW32 = _WRAP - 1  # x & _LOW32 == x % _WRAP for int64, without a division
 _GROUP_SPAN = 1 << 44  # > any unwrapped sequence span we track per direction (16 TiB)
 
 
@@ -261,7 +262,7 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     del a_filled
     target_group = g ^ 1  # g = conn * 2 + direction, so the reverse direction is g ^ 1
     target_base = np.where(known_base[target_group], base_seq32[target_group], first_ack_per_row)
-    anchor = ((first_ack_per_row - target_base + _HALF) % _WRAP) - _HALF
+    anchor = ((first_ack_per_row - target_base + _HALF) & _LOW32) - _HALF
     del target_group, target_base, first_ack_per_row
     ack_rel = to_time(a_unwrapped + anchor)  # in the reverse direction's seq_rel space
     del a_unwrapped, anchor, g, starts, first, inverse
@@ -279,7 +280,9 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     fast = (candidate & has_rev & (rev_dupacknum >= 2) & (rev_ack32 == seq32)
             & ((ts - rev_time) < FAST_RETRANSMISSION_WINDOW_NS))
     del rev_dupacknum, rev_time
-    ooo_threshold = np.where(first_rtt_ns[conn] > 0, first_rtt_ns[conn], DEFAULT_OOO_THRESHOLD_NS)
+    conn_first_rtt = first_rtt_ns[conn]
+    ooo_threshold = np.where(conn_first_rtt > 0, conn_first_rtt, DEFAULT_OOO_THRESHOLD_NS)
+    del conn_first_rtt
     ooo = (candidate & ~fast & ((ts - t_next_time) < ooo_threshold)
            & (t_next != t_seq_rel + plen))
     del ooo_threshold, t_next_time
@@ -290,11 +293,13 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     del candidate, data_or_sf
 
     zero_window = (win == 0) & ~syn_fin_rst
-    shift_fwd = wscale[conn, direction]
-    shift_rev = wscale[conn, 1 - direction]
+    # group = conn * 2 + direction indexes the (connection, direction) rows of wscale flattened.
+    flat_wscale = np.ascontiguousarray(wscale).ravel()
+    shift_fwd = flat_wscale[group]
+    shift_rev = flat_wscale[group ^ 1]
     rev_window_bytes = np.where(shift_rev >= 0, rev_win << np.maximum(shift_rev, 0), rev_win)
     window_full = ((plen > 0) & ~syn_fin_rst & rev_ack_valid & (shift_rev >= 0)
-                   & (((seq32 + plen) % _WRAP) == ((rev_ack32 + rev_window_bytes) % _WRAP)))
+                   & (((seq32 + plen) & _LOW32) == ((rev_ack32 + rev_window_bytes) & _LOW32)))
     del rev_window_bytes, shift_rev, rev_win, rev_ack32
     window_bytes = np.where(shift_fwd >= 0, win << np.maximum(shift_fwd, 0), win)
     window_bytes = np.where((flags & SYN) != 0, win, window_bytes)  # the SYN's own window is never scaled

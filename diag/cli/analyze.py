@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     # frees hundreds of them, and zeroing/compacting huge pages then costs more system time than it saves
     # in TLB misses (measured: -40% sys time on 2M packets). Must be set before numpy is imported.
     os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+    _keep_freed_memory()
     from diag.capture.flows import analyze
 
     result, packets = analyze(args.pcaps, args.records, args.bin_s, args.idle_gap_s, not args.no_series)
@@ -52,6 +53,35 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_table(result))
     return 0
+
+
+# glibc mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+# Above any one array of the analysis (columns of millions of packets are tens of MB).
+_MMAP_THRESHOLD = 1 << 30
+
+
+def _keep_freed_memory() -> None:
+    """Have glibc serve the analysis's many large temporaries from its heap and keep freed memory there.
+
+    By default every array over glibc's dynamic threshold (128 kB growing to 32 MB) is a fresh mmap, so each
+    temporary of the analysis pays its page faults and zeroing again and is unmapped when freed; reusing
+    heap pages cut system time by about a quarter (0.7 -> 0.5 s on 2.36 M packets). Peak RSS is unchanged:
+    the peak is live data anyway. Set only here, in the one-shot command, not in the library: a long-lived
+    caller would keep freed memory forever.
+    Best effort: other C libraries have no mallopt and keep their default.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")  # not ctypes.util.find_library: it runs ldconfig (~0.1 s)
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+        libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
+    except (OSError, AttributeError):
+        return
 
 
 def _rate(bps: float) -> str:
