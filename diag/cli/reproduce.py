@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                        "2-core machine sustains)")
     parser.add_argument("--max-n", type=int, help="largest world size (default 4 with --quick, else 8)")
     parser.add_argument("--volumes", help="per-device volumes D to run at every N, e.g. 1M,4M,16M "
-                                          "(default 1M,4M,16M with --quick, else 1M,4M,16M,32M)")
+                                          "(default 1M,4M,16M)")
     parser.add_argument("--stop-on-error", action="store_true",
                         help="stop at the first failed step (default: note it and go on)")
 
