@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-import uuid
 from pathlib import Path
 
 from diag.errors import DiagError
@@ -145,10 +143,9 @@ def run(args: argparse.Namespace) -> int:
     if spec.backend == "raw":
         spec = spec.replace(knobs={**spec.knobs, "tcpinfo_dir": str((run_dir / "tcpinfo").resolve())})
 
-    from diag.worker import Job
+    from diag.runner import make_job
 
-    run_id = uuid.uuid4().hex[:12]
-    job = Job(spec=spec, out=str(out.resolve()), run_id=run_id, argv=sys.argv[1:], quiet=args.quiet)
+    job = make_job(spec, out, quiet=args.quiet)
     if in_place:
         from diag.worker import run_job
 
