@@ -1,7 +1,8 @@
 """The only timing loop. Every transport (torch gloo/nccl, raw TCP) is timed here, the same way.
 
 Per (op, size): allocate; warm up (untimed, kept apart); then for each timed iteration: fill seeded data,
-optional idle gap, barrier, time the op alone on every rank, check the data. After the row, every rank's
+optional idle gap, barrier, time the op alone on every rank, check the data (fill and check are batched
+over a small ring of buffers, see RING_DEPTH). After the row, every rank's
 samples are all-gathered through the transport itself and rank 0 writes the row: an iteration's time is
 the max over ranks (the collective is done when its slowest rank is), as nccl-tests reports.
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from diag.collectives import Collective, make_collective
+from diag.collectives import Buffers, Collective, make_collective
 from diag.errors import DiagError
 from diag.records import Record
 from diag.spec import SweepSpec
@@ -72,15 +73,40 @@ def _gather_int64(transport: Transport, values: list[int]) -> list[list[int]]:
     return [flat[r * n:(r + 1) * n] for r in range(transport.world_size)]
 
 
+# Verification in batches: a row cycles through up to RING_DEPTH buffer sets, filled together before a batch
+# of timed iterations and checked together after it, so the iterations of a batch run back to back as in a
+# bare loop. Measured (docs/benchmarks.md): any work between two timed iterations, even 20 us of spinning,
+# slows the next one by ~5-10% at 1 KiB on gloo; with batches only the first iteration of each batch
+# follows such work. The ring is capped at RING_BYTES per rank; above it the depth is 1 (fill and check
+# around every iteration), where an op takes milliseconds and the work no longer matters.
+RING_DEPTH = 32
+RING_BYTES = 8 << 20
+
+
+def _buffer_bytes(buffers: Buffers) -> int:
+    tensors = [buffers.input, buffers.output] + [v for v in buffers.scratch.values() if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def allocate_ring(collective: Collective, spec: SweepSpec, plan: RowPlan, device: torch.device, rank: int,
+                  world: int) -> list[Buffers]:
+    first = collective.allocate(plan.count, TORCH_DTYPES[spec.dtype], device, rank, world)
+    depth = min(RING_DEPTH, spec.iters, max(1, RING_BYTES // max(1, _buffer_bytes(first))))
+    rest = [collective.allocate(plan.count, TORCH_DTYPES[spec.dtype], device, rank, world) for _ in range(depth - 1)]
+    return [first, *rest]
+
+
 def measure_row(transport: Transport, spec: SweepSpec, plan: RowPlan, run_id: str = "") -> Record | None:
     """Run one row on this rank; returns the Record on rank 0 and None elsewhere."""
     rank, world = transport.rank, transport.world_size
     collective: Collective = make_collective(plan.op, seed=spec.seed, order=spec.order)
     device = getattr(transport, "device", torch.device(spec.device))
-    buffers = collective.allocate(plan.count, TORCH_DTYPES[spec.dtype], device, rank, world)
+    ring = allocate_ring(collective, spec, plan, device, rank, world)
+    depth = len(ring)
 
     warmup_ns = []
     for w in range(spec.warmup):
+        buffers = ring[w % depth]
         collective.fill(buffers, rank, world, -1 - w)
         transport.barrier()
         t0 = time.perf_counter_ns()
@@ -92,29 +118,34 @@ def measure_row(transport: Transport, spec: SweepSpec, plan: RowPlan, run_id: st
     starts_ns: list[int] = []
     ends_ns: list[int] = []
     nwrong = 0
-    for it in range(spec.iters):
-        collective.fill(buffers, rank, world, it)
-        if spec.gap_s > 0:
-            time.sleep(spec.gap_s)
-        transport.on_iteration("begin", it)
-        transport.barrier()
-        wall0 = time.time_ns()
-        t0 = time.perf_counter_ns()
-        collective.run(transport, buffers)
-        transport.synchronize()
-        t1 = time.perf_counter_ns()
-        wall1 = time.time_ns()
-        transport.on_iteration("end", it)
-        times_ns.append(t1 - t0)
-        starts_ns.append(wall0)
-        ends_ns.append(wall1)
+    for batch in range(0, spec.iters, depth):
+        batch_iters = range(batch, min(batch + depth, spec.iters))
+        for it in batch_iters:
+            collective.fill(ring[it - batch], rank, world, it)
+        for it in batch_iters:
+            buffers = ring[it - batch]
+            if spec.gap_s > 0:
+                time.sleep(spec.gap_s)
+            transport.on_iteration("begin", it)
+            transport.barrier()
+            wall0 = time.time_ns()
+            t0 = time.perf_counter_ns()
+            collective.run(transport, buffers)
+            transport.synchronize()
+            t1 = time.perf_counter_ns()
+            wall1 = time.time_ns()
+            transport.on_iteration("end", it)
+            times_ns.append(t1 - t0)
+            starts_ns.append(wall0)
+            ends_ns.append(wall1)
         if spec.check:
-            nwrong += collective.count_wrong(buffers, rank, world, it)
+            for it in batch_iters:
+                nwrong += collective.count_wrong(ring[it - batch], rank, world, it)
 
     n = spec.iters
     per_rank = _gather_int64(transport, times_ns + starts_ns + ends_ns + [nwrong])
     extra = transport.row_extra()
-    del buffers
+    del ring
     if rank != 0:
         return None
 

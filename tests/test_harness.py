@@ -69,6 +69,37 @@ def test_corrupted_data_is_counted(tmp_path):
     assert rows[0]["nwrong"] == 5
 
 
+def test_a_stale_output_is_caught_in_the_iteration_it_happened(tmp_path):
+    # Fill and check are batched over a ring of buffers (harness.RING_DEPTH): the check of each timed
+    # iteration must still see exactly that iteration's output, in the first batch and in a later one.
+    # Rank 1 leaves the output of timed iterations 2 and 35 (calls 3 and 36 after one warm-up) untouched:
+    # every element of those two is wrong, and nothing else is.
+    from diag.harness import RING_DEPTH
+
+    spec = SweepSpec(ops=("all_gather",), sizes=(4096,), warmup=1, iters=RING_DEPTH + 8)
+    assert 35 < spec.iters and 35 >= RING_DEPTH
+    rows = run_rows(spec, 2, tmp_path, corrupt_rank=1, corrupt_mode="drop:3,36")
+    assert rows[0]["nwrong"] == 2 * 2 * 1024
+
+
+def test_pattern_check_agrees_between_numpy_and_torch_paths():
+    import torch
+
+    from diag.collectives.base import Pattern
+
+    pattern = Pattern()
+    for dtype in (torch.float32, torch.bfloat16, torch.uint8, torch.float16):  # bfloat16: torch path
+        blocks = torch.empty(3 * 500, dtype=dtype)
+        for j, source in enumerate((0, 4, 2)):
+            pattern.fill(blocks[j * 500:(j + 1) * 500], source, 9, seed=1)
+        assert pattern.count_wrong_blocks(blocks, [0, 4, 2], 9, seed=1) == 0
+        assert pattern.count_wrong_blocks(blocks, [0, 4, 3], 9, seed=1) == 500  # block 2 from the wrong rank
+        blocks[7] += 1
+        blocks[1499] = 0
+        assert pattern.count_wrong_blocks(blocks, [0, 4, 2], 9, seed=1) == 2, dtype
+        assert pattern.count_wrong(blocks[:500], 0, 9, seed=1) == 1
+
+
 def test_odd_sizes_round_to_whole_elements_and_say_so(tmp_path):
     spec = SweepSpec(ops=("all_gather",), sizes=(1, 4099), dtype="uint8", warmup=0, iters=2)
     rows = [Record.from_event(r) for r in run_rows(spec, 2, tmp_path)]

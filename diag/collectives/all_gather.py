@@ -5,7 +5,7 @@ nccl-tests: size = N x per-rank bytes; busbw = algbw x (N-1)/N (each rank must r
 
 from __future__ import annotations
 
-from diag.collectives.base import Buffers, Collective
+from diag.collectives.base import Buffers, Collective, clear
 
 
 class AllGather(Collective):
@@ -27,14 +27,10 @@ class AllGather(Collective):
 
     def fill(self, buffers, rank, world_size, iteration) -> None:
         self.pattern.fill(buffers.input, rank, iteration, self.seed)
-        buffers.output.zero_()  # a block the transport forgets to write must show up as wrong
+        clear(buffers.output)  # a block the transport forgets to write must show up as wrong
 
     def run(self, transport, buffers) -> None:
         transport.all_gather(buffers.output, buffers.input)
 
     def count_wrong(self, buffers, rank, world_size, iteration) -> int:
-        count = buffers.input.numel()
-        return sum(
-            self.pattern.count_wrong(buffers.output[src * count:(src + 1) * count], src, iteration, self.seed)
-            for src in range(world_size)
-        )
+        return self.pattern.count_wrong_blocks(buffers.output, list(range(world_size)), iteration, self.seed)

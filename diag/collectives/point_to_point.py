@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from diag.collectives.base import Buffers, Collective, pair_peer
+from diag.collectives.base import Buffers, Collective, clear, pair_peer
 
 
 class _PairCollective(Collective):
@@ -30,7 +30,7 @@ class _PairCollective(Collective):
 
     def fill(self, buffers, rank, world_size, iteration):
         self.pattern.fill(buffers.input, rank, iteration, self.seed)
-        buffers.output.zero_()
+        clear(buffers.output)
 
 
 class SendRecv(_PairCollective):

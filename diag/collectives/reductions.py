@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from diag.collectives.base import Buffers, Collective, pattern_offset
+from diag.collectives.base import Buffers, Collective, clear, pattern_offset
 
 BROADCAST_ROOT = 0
 
@@ -65,7 +65,7 @@ class ReduceScatter(Collective):
 
     def fill(self, buffers, rank, world_size, iteration):
         self.pattern.fill(buffers.input, rank, iteration, self.seed)
-        buffers.output.zero_()
+        clear(buffers.output)
 
     def run(self, transport, buffers):
         transport.reduce_scatter(buffers.output, buffers.input)
@@ -96,7 +96,7 @@ class Broadcast(Collective):
         if rank == BROADCAST_ROOT:
             self.pattern.fill(buffers.input, rank, iteration, self.seed)
         else:
-            buffers.input.zero_()
+            clear(buffers.input)
 
     def run(self, transport, buffers):
         transport.broadcast(buffers.input, BROADCAST_ROOT)
@@ -131,7 +131,7 @@ class AllToAll(Collective):
 
     def fill(self, buffers, rank, world_size, iteration):
         self.pattern.fill(buffers.input, rank, iteration, self.seed)
-        buffers.output.zero_()
+        clear(buffers.output)
 
     def run(self, transport, buffers):
         transport.all_to_all(buffers.output, buffers.input)
@@ -140,8 +140,5 @@ class AllToAll(Collective):
         count = buffers.input.numel()
         chunk = count // world_size
         base = self.pattern.base(count, buffers.input)[rank * chunk:(rank + 1) * chunk]
-        wrong = 0
-        for src in range(world_size):
-            block = buffers.output[src * chunk:(src + 1) * chunk]
-            wrong += int(block.ne(base + pattern_offset(src, iteration, self.seed)).sum().item())
-        return wrong
+        return self.pattern.count_wrong_blocks(buffers.output, list(range(world_size)), iteration, self.seed,
+                                               base=base)

@@ -17,6 +17,8 @@ import torch.distributed as dist
 from diag.errors import DiagError
 from diag.transports.base import UnsupportedOperation
 
+# Output buffers whose list of views is kept (the harness cycles through a ring of them), in bytes at most.
+GATHER_VIEW_CACHE_BYTES = 8 << 20
 INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 
 
@@ -61,7 +63,8 @@ class TorchTransport:
                 raise DiagError(f"init_process_group({backend}) failed: {str(exc).splitlines()[0]}") from exc
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        self._gather_views: tuple[tuple[int, int, torch.dtype], list[torch.Tensor]] | None = None
+        self._gather_views: dict[tuple[int, int, torch.dtype], list[torch.Tensor]] = {}
+        self._gather_view_bytes = 0
         self._hosts = self._gather_hostnames()  # collective, so done here where every rank takes part
 
     # --- description -------------------------------------------------------------------------
@@ -105,11 +108,22 @@ class TorchTransport:
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
         # The list form is what users write (and gloo's allgather copies into the list), so we time it.
-        # The list of views is made once per buffer: building it costs tens of microseconds per call.
+        # The list of views is made once per small buffer (the harness cycles through a few): building
+        # it costs 5-10 us per call, which matters only where the op itself takes microseconds. Cached
+        # views keep their buffer alive, hence the bound on what is cached.
+        nbytes = output.numel() * output.element_size()
+        if nbytes > GATHER_VIEW_CACHE_BYTES:
+            dist.all_gather(list(output.chunk(self.world_size)), input)
+            return
         key = (output.data_ptr(), output.numel(), output.dtype)
-        if self._gather_views is None or self._gather_views[0] != key:
-            self._gather_views = (key, list(output.chunk(self.world_size)))
-        dist.all_gather(self._gather_views[1], input)
+        views = self._gather_views.get(key)
+        if views is None:
+            if self._gather_view_bytes + nbytes > GATHER_VIEW_CACHE_BYTES:
+                self._gather_views.clear()
+                self._gather_view_bytes = 0
+            views = self._gather_views[key] = list(output.chunk(self.world_size))
+            self._gather_view_bytes += nbytes
+        dist.all_gather(views, input)
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         dist.send(tensor, dst)
