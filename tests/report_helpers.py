@@ -197,6 +197,11 @@ def cpu_samples(name: str, pct: float, count: int = 6, tid: int = 11) -> list[di
              "cpu_pct": pct} for i in range(count)]
 
 
+def host_cpu_samples(busy_pct: float, cpus: int = 2, count: int = 6) -> list[dict[str, Any]]:
+    return [{"kind": "cpu_host", "t_ns": 1_000_000_000 + i * 100_000_000, "cpus": cpus, "busy_pct": busy_pct,
+             "per_cpu_pct": [busy_pct] * cpus} for i in range(count)]
+
+
 def tcp_info_samples(rwnd_limited_s: float, busy_s: float = 1.0, count: int = 5) -> list[dict[str, Any]]:
     return [{"kind": "tcp_info", "t_ns": 1_000_000_000 + i * 100_000_000, "pid": 10, "local": "10.0.0.1:5000",
              "remote": "10.0.0.2:40000", "cwnd": 10 + 5 * i, "rtt_us": 500, "send_q": 1000 * i, "recv_q": 0,

@@ -15,6 +15,7 @@ from report_helpers import (
     cpu_samples,
     direction,
     flat_records,
+    host_cpu_samples,
     make_record,
     tcp_info_samples,
     timed,
@@ -26,6 +27,7 @@ from diag.__main__ import main
 from diag.report import diagnose, load_run
 from diag.report.diagnose import (
     CPU_PINNED_PCT,
+    CPU_SATURATED_PCT,
     DUPLEX_OVERLAP_LOW,
     N2_DIP_RATIO,
     Evidence,
@@ -183,6 +185,19 @@ def test_cpu_pinned_rule(tmp_path) -> None:
     assert ok.status == "clear"
     (u,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "u", flat_records())]))
     assert u.status == "undecided"
+
+
+def test_cpu_rule_sees_a_saturated_machine_without_a_pinned_thread(tmp_path) -> None:
+    # 8 ranks on 2 cores: no thread near 100% of a core, yet every core busy in the N=8 run only.
+    spread = cpu_samples("gloo-worker", 24.0)
+    observe = {"gloo_n2": spread + host_cpu_samples(40.0), "gloo_n8": spread + host_cpu_samples(97.0)}
+    (f,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "s", flat_records(), observe=observe)]))
+    assert f.status == "fired" and "every CPU of the machine was busy at N=8" in f.statement
+    assert [(e.values["kind"], e.values["world_size"]) for e in f.evidence] == [("host", 8)]
+    assert f.evidence[0].values["median_pct"] == 97.0 and f.thresholds["CPU_SATURATED_PCT"] == CPU_SATURATED_PCT
+    calm = {"gloo_n2": spread + host_cpu_samples(CPU_SATURATED_PCT - 20)}
+    (ok,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "c", flat_records(), observe=calm)]))
+    assert ok.status == "clear" and "not saturated" in ok.statement
 
 
 def test_capture_drop_rule_and_weakened_wire_findings(tmp_path) -> None:

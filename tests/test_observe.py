@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -60,7 +61,12 @@ def test_observers_sample_descendants(tmp_path: Path) -> None:
         proc.wait()
     samples = [json.loads(line) for line in out.read_text().splitlines()]
     kinds = {s["kind"] for s in samples}
-    assert {"cpu_thread", "nic"} <= kinds
+    assert {"cpu_thread", "nic", "cpu_host"} <= kinds
+    # The whole machine: one value per CPU, and the spinning child keeps at least one of them busy.
+    machine = [s for s in samples if s["kind"] == "cpu_host"]
+    assert all(len(s["per_cpu_pct"]) == s["cpus"] == os.cpu_count() for s in machine)
+    assert max(max(s["per_cpu_pct"]) for s in machine) > 50
+    assert all(0 <= s["busy_pct"] <= 100 for s in machine)
     # The spinning thread lives in the child: found through the parent's descendants, pinned near 100%.
     busy = [s for s in samples if s["kind"] == "cpu_thread" and s["cpu_pct"] > 50]
     assert busy and all(s["pid"] != proc.pid for s in busy)

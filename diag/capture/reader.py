@@ -19,9 +19,11 @@ of a two-million-packet analysis. The few packets that need option dissection (S
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import struct
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -183,33 +185,47 @@ def _read_pcap(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path: P
     limit = max(snaplen, 65535 + 64) + 64
     limit = min(limit, MAX_RECORD_BYTES)
     walker = _PcapWalker(endian, ns_per_tick, limit, snaplen, path)
-    # One buffer for the whole file: the unfinished record of a chunk moves to its front and the next
-    # chunk is read in behind it. Reusing it spares a fresh multi-MB allocation (and its page faults) per
-    # chunk; everything kept from a chunk is copied out of it by the decoder. GATHER_PAD zero bytes after
-    # the data let the decoder read fixed-width rows past the last record.
-    store = bytearray(CHUNK_BYTES + limit + 16 + GATHER_PAD)
-    view = memoryview(store)
-    carry = 0
-    while True:
-        got = _read_into(handle, view[carry:carry + CHUNK_BYTES])
-        if not got:
-            break
-        n = carry + got
-        store[n:n + GATHER_PAD] = bytes(GATHER_PAD)
-        padded = np.frombuffer(store, dtype=np.uint8, count=n + GATHER_PAD)
-        starts, header = walker.records(view[:n], padded[:n])
-        end = int(starts[-1] + 16 + header[-1, 2]) if starts.size else 0
-        if starts.size:
-            ts_ns = (header[:, 0].astype(np.int64) * 1_000_000_000
-                     + header[:, 1].astype(np.int64) * ns_per_tick)
-            builder.add(padded, starts + 16, header[:, 2].astype(np.int64), ts_ns, linktype)
-        del padded
-        carry = n - end
-        store[:carry] = store[end:n]
-    view.release()
-    if carry:
+    # Two buffers in turn, and a decoder thread: while the decoder turns chunk k into columns, this
+    # thread reads chunk k+1 and finds its records (numpy releases the GIL in the bulk work, so on two
+    # cores the two stages overlap). The decoder runs chunks in file order, so frame numbers and endpoint
+    # ids come out as in a sequential read. Reusing the buffers spares a fresh multi-MB allocation (and
+    # its page faults) per chunk; everything kept from a chunk is copied out of it by the decoder.
+    # GATHER_PAD zero bytes after the data let the decoder read fixed-width rows past the last record.
+    stores = [bytearray(CHUNK_BYTES + limit + 16 + GATHER_PAD) for _ in range(2)]
+    pending: list[Future[None] | None] = [None, None]
+    tail = b""  # the unfinished last record of the previous chunk, moved to the front of the next
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-decode") as decoder:
+        for turn in itertools.count():
+            slot = turn % 2
+            job = pending[slot]
+            if job is not None:
+                pending[slot] = None
+                job.result()  # the decoder is done with this buffer (and raises what it raised)
+            store = stores[slot]
+            carry = len(tail)
+            store[:carry] = tail
+            with memoryview(store) as view:
+                got = _read_into(handle, view[carry:carry + CHUNK_BYTES])
+            if not got:
+                break
+            n = carry + got
+            store[n:n + GATHER_PAD] = bytes(GATHER_PAD)
+            padded = np.frombuffer(store, dtype=np.uint8, count=n + GATHER_PAD)
+            with memoryview(store) as view:
+                starts, header = walker.records(view[:n], padded[:n])
+            end = int(starts[-1] + 16 + header[-1, 2]) if starts.size else 0
+            if starts.size:
+                ts_ns = (header[:, 0].astype(np.int64) * 1_000_000_000
+                         + header[:, 1].astype(np.int64) * ns_per_tick)
+                pending[slot] = decoder.submit(builder.add, padded, starts + 16,
+                                               header[:, 2].astype(np.int64), ts_ns, linktype)
+            tail = bytes(store[end:n])
+        for job in pending:
+            if job is not None:
+                job.result()
+    if tail:
         builder.skip("truncated_record", 1)
-        builder.warnings.append(f"{path}: the last record is cut short ({carry} bytes); "
+        builder.warnings.append(f"{path}: the last record is cut short ({len(tail)} bytes); "
                                 "the capture was probably killed while writing - it was skipped")
 
 

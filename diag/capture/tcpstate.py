@@ -10,6 +10,7 @@ docs/analyzer.md next to the places where this implementation deliberately diffe
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -169,6 +170,11 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     ngroups = 2 * (int(conn.max()) + 1) if n else 0
     group = conn.astype(np.int64) * 2 + direction
     order = group_order(group, ngroups).astype(itype, copy=False)
+    # Two parts need nothing computed below: they run on a second core (numpy releases the GIL in the
+    # bulk work) while this thread walks the per-direction state.
+    helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-tcpstate")
+    reverse = helper.submit(_reverse_packets, conn, direction, ngroups // 2, itype)
+    ts_rtt_future = helper.submit(_ts_rtt, cols, order, group, ts, has_ack)
     g = group[order]
     starts = group_starts(g)
     first = group_first(starts)
@@ -231,21 +237,7 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     new_bytes = to_time(new_bytes)
     del seq_rel, end_rel, nextseq_before, has_nextseq, nextseq_time, dup_ack, dupacknum
 
-    # Reverse direction's last packet before each packet, in connection-major time order.
-    corder = group_order(conn, ngroups // 2).astype(itype, copy=False)
-    cstarts = group_starts(conn[corder])
-    cfirst = group_first(cstarts)
-    cdir = direction[corder]
-    last_dir1 = last_index_where(cdir == 1, cstarts, cfirst)
-    last_dir0 = last_index_where(cdir == 0, cstarts, cfirst)
-    rev_c = np.where(cdir == 0, last_dir1, last_dir0)
-    del last_dir1, last_dir0, cdir, cstarts, cfirst
-    rev = np.full(n, -1, dtype=itype)
-    rev[corder] = np.where(rev_c >= 0, corder[np.maximum(rev_c, 0)], -1)
-    del rev_c, corder
-    has_rev = rev >= 0
-    r = np.maximum(rev, 0)
-    del rev
+    has_rev, r = reverse.result()
 
     # The ACK numbers of each direction, unwrapped into the *other* direction's seq_rel space. Packets
     # without the ACK flag (a bare SYN) carry no ACK number: forward-fill so they do not break the unwrap.
@@ -311,9 +303,28 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     del highest, rev_ack_rel, t_next
 
     ack_rtt = _ack_rtt(order, group, ts, plen, t_end_rel, retrans, ack_rel, has_ack)
-    ts_rtt = _ts_rtt(cols, order, group, ts, has_ack)
+    ts_rtt = ts_rtt_future.result()
+    helper.shutdown()
     return PacketState(conn, direction, t_seq_rel, t_end_rel, new_bytes, retrans, fast, spurious,
                        ooo, lost, t_dupack, zero_window, window_full, in_flight, window_bytes, ack_rtt, ts_rtt)
+
+
+def _reverse_packets(conn: np.ndarray, direction: np.ndarray, nconn: int, itype: type
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(has a reverse packet, index of it): the reverse direction's last packet before each packet."""
+    n = conn.size
+    corder = group_order(conn, nconn).astype(itype, copy=False)  # connection-major time order
+    cstarts = group_starts(conn[corder])
+    cfirst = group_first(cstarts)
+    cdir = direction[corder]
+    last_dir1 = last_index_where(cdir == 1, cstarts, cfirst)
+    last_dir0 = last_index_where(cdir == 0, cstarts, cfirst)
+    rev_c = np.where(cdir == 0, last_dir1, last_dir0)
+    del last_dir1, last_dir0, cdir, cstarts, cfirst
+    rev = np.full(n, -1, dtype=itype)
+    rev[corder] = np.where(rev_c >= 0, corder[np.maximum(rev_c, 0)], -1)
+    del rev_c, corder
+    return rev >= 0, np.maximum(rev, 0)
 
 
 def _ack_rtt(order: np.ndarray, group: np.ndarray, ts: np.ndarray, plen: np.ndarray, end_rel: np.ndarray,

@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
 # glibc mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 # Above any one array of the analysis (columns of millions of packets are tens of MB).
 _MMAP_THRESHOLD = 1 << 30
 
@@ -80,6 +81,9 @@ def _keep_freed_memory() -> None:
         libc = ctypes.CDLL("libc.so.6")  # not ctypes.util.find_library: it runs ldconfig (~0.1 s)
         libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
         libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
+        # One arena: the analysis's helper threads (decoder, hosts, TCP state) then draw on the same
+        # kept heap instead of each growing its own (measured: 234k -> fewer page faults, less sys time).
+        libc.mallopt(_M_ARENA_MAX, 1)
     except (OSError, AttributeError):
         return
 

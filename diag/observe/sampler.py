@@ -88,6 +88,7 @@ class Observers:
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._cpu_prev: dict[int, tuple[float, float]] = {}  # tid -> (cpu seconds, wall)
+        self._host_prev: list[tuple[float, float]] | None = None  # per CPU: (busy seconds, total seconds)
         self._has_ss = shutil.which("ss") is not None
         self._handle: IO[str] = self.path.open("a", encoding="utf-8")
         self._thread = threading.Thread(target=self._loop, name="diag-observers", daemon=True)
@@ -155,9 +156,30 @@ class Observers:
                              "rwnd_limited_s": sock.get("rwnd_limited_s"),
                              "sndbuf_limited_s": sock.get("sndbuf_limited_s"), "retrans": sock.get("retrans"),
                              "bytes_acked": sock.get("bytes_acked"), "bytes_received": sock.get("bytes_received")})
+        host = self._host_cpu()
+        if host is not None:
+            self._write({"kind": "cpu_host", "t_ns": t_ns, "cpus": len(host),
+                         "busy_pct": round(sum(host) / len(host), 2), "per_cpu_pct": host})
         for iface, (rx, tx) in self._nic(procs).items():
             self._write({"kind": "nic", "t_ns": t_ns, "iface": iface, "tx_bytes": tx, "rx_bytes": rx})
         self._handle.flush()
+
+    def _host_cpu(self) -> list[float] | None:
+        """Busy % of each CPU of this machine since the last sample (None on the first). Every rank of a
+        one-machine run shares these CPUs: all of them busy means the CPU, not the link, may set the pace,
+        even when no single thread is pinned (8 ranks on 2 cores)."""
+        import psutil
+
+        now = []
+        for times in psutil.cpu_times(percpu=True):
+            total = sum(times)
+            idle = times.idle + getattr(times, "iowait", 0.0)
+            now.append((total - idle, total))
+        previous, self._host_prev = self._host_prev, now
+        if previous is None or len(previous) != len(now):
+            return None
+        return [round(100.0 * (b1 - b0) / (t1 - t0), 1) if t1 > t0 else 0.0
+                for (b0, t0), (b1, t1) in zip(previous, now, strict=True)]
 
     def _ss(self) -> list[dict[str, Any]]:
         command = ["ss", "-tinpH"]

@@ -54,6 +54,9 @@ CPU_PINNED_PCT = 90.0
 # ... in at least this share of its samples (and at least CPU_MIN_SAMPLES samples) is pinned.
 CPU_PINNED_SHARE = 0.5
 CPU_MIN_SAMPLES = 3
+# The machine's CPUs (all of them, averaged) at least this busy in CPU_PINNED_SHARE of a run's samples: the
+# ranks together use every core, so the CPU rather than the link may set the pace.
+CPU_SATURATED_PCT = 90.0
 
 # A backend's bidirectional connection overlaps its directions this much less than raw TCP on one shared
 # connection between the same hosts: the backend, not TCP or the link, makes the directions take turns.
@@ -681,10 +684,13 @@ def rule_idle_gaps(run: RunData) -> list[Finding]:
 
 
 def rule_cpu_pinned(run: RunData) -> list[Finding]:
-    """A thread near 100% of a core: the CPU, not the network, sets the pace."""
+    """A thread near 100% of a core, or every core of the machine busy: the CPU, not the network, sets
+    the pace."""
     name = "cpu_bound"
-    thresholds = {"CPU_PINNED_PCT": CPU_PINNED_PCT, "CPU_PINNED_SHARE": CPU_PINNED_SHARE}
+    thresholds = {"CPU_PINNED_PCT": CPU_PINNED_PCT, "CPU_PINNED_SHARE": CPU_PINNED_SHARE,
+                  "CPU_SATURATED_PCT": CPU_SATURATED_PCT}
     per_thread: dict[tuple[str, Any, Any], list[dict[str, Any]]] = defaultdict(list)
+    per_host: dict[str, list[dict[str, Any]]] = defaultdict(list)
     sources: dict[tuple[str, Any, Any], str] = {}
     for c in run.captures.values():
         for s in c.observe:
@@ -692,10 +698,25 @@ def rule_cpu_pinned(run: RunData) -> list[Finding]:
                 key = (c.tag, s.get("pid"), s.get("tid"))
                 per_thread[key].append(s)
                 sources[key] = f"observe/{c.tag}.jsonl"
-    if not per_thread:
+            elif s.get("kind") == "cpu_host" and isinstance(s.get("busy_pct"), (int, float)):
+                per_host[c.tag].append(s)
+    if not per_thread and not per_host:
         return _undecided(name, "no per-thread CPU samples (observe/*.jsonl): cannot tell CPU-bound from "
                           "network-bound", **thresholds)
     hits: list[Evidence] = []
+    for tag, samples in sorted(per_host.items()):
+        if len(samples) < CPU_MIN_SAMPLES:
+            continue
+        share = sum(1 for s in samples if s["busy_pct"] >= CPU_SATURATED_PCT) / len(samples)
+        if share >= CPU_PINNED_SHARE:
+            capture = run.captures[tag]
+            median = statistics.median(s["busy_pct"] for s in samples)
+            cpus = samples[0].get("cpus")
+            hits.append(Evidence(
+                f"{capture.label}: the machine's {cpus} CPUs were >= {CPU_SATURATED_PCT:.0f}% busy in {share:.0%} "
+                f"of {len(samples)} samples (median {median:.0f}%): every core in use, none left for more "
+                f"traffic", {"share": share, "median_pct": median, "world_size": capture.world_size,
+                             "cpus": cpus, "kind": "host"}, f"observe/{tag}.jsonl", "cpu_threads.png"))
     for key, samples in sorted(per_thread.items(), key=lambda kv: str(kv[0])):
         if len(samples) < CPU_MIN_SAMPLES:
             continue
@@ -710,11 +731,20 @@ def rule_cpu_pinned(run: RunData) -> list[Finding]:
                 {"share": share, "median_pct": statistics.median(s["cpu_pct"] for s in samples),
                  "world_size": capture.world_size, "thread": samples[0].get("name")}, sources[key], "cpu_threads.png"))
     if not hits:
-        return [Finding(name, "clear", f"no thread stays near {CPU_PINNED_PCT:.0f}% of a core: not CPU-bound",
-                        thresholds=thresholds)]
+        return [Finding(name, "clear", f"no thread stays near {CPU_PINNED_PCT:.0f}% of a core"
+                        + (f" and the machine's CPUs are not saturated (< {CPU_SATURATED_PCT:.0f}% busy)"
+                           if per_host else "") + ": not CPU-bound", thresholds=thresholds)]
     cpus = run.meta.get("cpu_count")
-    statement = (f"{len(hits)} thread(s) pinned near 100% of a core: those runs are CPU-bound, not "
-                 f"network-bound" + (f" ({cpus} CPUs)" if cpus else ""))
+    saturated = sorted({e.values["world_size"] for e in hits if e.values.get("kind") == "host"} - {None})
+    pinned = [e for e in hits if e.values.get("kind") != "host"]
+    parts = []
+    if saturated:
+        parts.append(f"every CPU of the machine was busy at N={','.join(str(n) for n in saturated)}: there the "
+                     f"CPU, not the link, may set the pace (compare those rows with care)")
+    if pinned:
+        parts.append(f"{len(pinned)} thread(s) pinned near 100% of a core: those runs are CPU-bound, not "
+                     f"network-bound" + (f" ({cpus} CPUs)" if cpus else ""))
+    statement = "; ".join(parts)
     return [Finding(name, "fired", statement, "strong" if max(e.values["share"] for e in hits) >= 0.8 else "moderate",
                     tuple(hits[:20]), thresholds)]
 

@@ -366,10 +366,13 @@ def plot_in_flight(run: RunData, out: Path) -> Plot | Skipped:
 def plot_cpu(run: RunData, out: Path) -> Plot | Skipped:
     title = "Per-thread CPU"
     per_capture: dict[str, dict[tuple[Any, Any], list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    host: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for c in run.captures.values():
         for s in c.observe:
             if s.get("kind") == "cpu_thread" and isinstance(s.get("cpu_pct"), (int, float)):
                 per_capture[c.tag][(s.get("pid"), s.get("tid"))].append(s)
+            elif s.get("kind") == "cpu_host" and isinstance(s.get("busy_pct"), (int, float)):
+                host[c.tag].append(s)
     if not per_capture:
         return Skipped(title, "no per-thread CPU samples (observe/*.jsonl cpu_thread)")
     plt = _pyplot()
@@ -382,18 +385,24 @@ def plot_cpu(run: RunData, out: Path) -> Plot | Skipped:
             samples = sorted(samples, key=lambda s: s.get("t_ns", 0))
             ax.plot([(s.get("t_ns", 0) - t_min) / 1e9 for s in samples], [s["cpu_pct"] for s in samples], ".-",
                     ms=3, label=f"{samples[0].get('name', '?')} ({samples[0].get('tid')})")
+        machine = sorted(host.get(tag, []), key=lambda s: s.get("t_ns", 0))
+        if machine:
+            ax.plot([(s.get("t_ns", 0) - t_min) / 1e9 for s in machine], [s["busy_pct"] for s in machine], "k-",
+                    lw=2, alpha=0.5, label=f"whole machine ({machine[0].get('cpus')} CPUs, % busy)")
         ax.axhline(100, color="k", ls="--", lw=1)
         ax.set_ylim(0, 110)
         ax.set_xlabel("time [s]")
-        ax.set_ylabel("CPU [% of one core]")
+        ax.set_ylabel("CPU [% of one core; machine: % of all]")
         ax.set_title(run.captures[tag].label, fontsize=9)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6)
     _save(plt, fig, out, "cpu_threads.png")
     return Plot("cpu_threads.png", title,
-                "The busiest threads of each captured run, in % of one core. A thread that stays near the dashed "
-                "100% line is CPU-bound: the network is not what limits that run, and a bandwidth dip there "
-                "says more about the CPU than about TCP.")
+                "The busiest threads of each captured run, in % of one core, and the whole machine (grey, % of "
+                "all its CPUs busy). A thread that stays near the dashed 100% line is CPU-bound; a machine near "
+                "100% has no core left even when no single thread is pinned (many ranks on few cores). Either "
+                "way the network is not what limits that run, and a bandwidth dip there says more about the "
+                "CPU than about TCP.")
 
 
 PLOTS: tuple[Callable[[RunData, Path], Plot | Skipped], ...] = (
