@@ -211,7 +211,7 @@ def rule_backend_vs_raw(run: RunData) -> list[Finding]:
     if not groups:
         return _undecided(name, "raw and backend rows share no (op, N, size): cannot compare", **thresholds)
     low: list[Evidence] = []
-    fine: list[str] = []
+    fine: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     for (label, op, n), rows in sorted(groups.items()):
         by_size = {r.size_bytes: r for r in rows}
         large = _large_sizes(sorted(by_size))
@@ -228,18 +228,29 @@ def rule_backend_vs_raw(run: RunData) -> list[Finding]:
             low.append(Evidence(text, {"world_size": n, "op": op, "efficiency": eff, "raw": series_label(ref)},
                                 run.source_of(by_size[large[-1]]), "efficiency.png"))
         else:
-            fine.append(text)
+            fine[(label, op)].append((n, eff))
     if not low:
-        return [Finding(name, "clear", "backend busbw is within reach of raw TCP: " + "; ".join(fine),
+        return [Finding(name, "clear", "backend busbw is within reach of raw TCP: " + _efficiency_summary(fine),
                         thresholds=thresholds)]
     worst = min(e.values["efficiency"] for e in low)
     ns = sorted({e.values["world_size"] for e in low})
     statement = (f"the backend is far below raw TCP on the same link at N={','.join(map(str, ns))} "
                  f"(lowest efficiency {worst:.0%})")
     if fine:
-        statement += "; elsewhere it keeps up: " + "; ".join(fine)
+        statement += "; elsewhere it keeps up: " + _efficiency_summary(fine)
     return [Finding(name, "fired", statement, _strength(BACKEND_RAW_EFFICIENCY - worst, 0.3, 0.1),
                     tuple(low), thresholds)]
+
+
+def _efficiency_summary(fine: dict[tuple[str, str], list[tuple[int, float]]]) -> str:
+    """'torch:gloo all_gather N=3,4,5: 86-107% of raw; ...' (large-size busbw medians per N)."""
+    parts = []
+    for (label, op), items in sorted(fine.items()):
+        ns = ",".join(str(n) for n, _ in sorted(items))
+        low, high = min(e for _, e in items), max(e for _, e in items)
+        span = f"{low:.0%}" if round(low * 100) == round(high * 100) else f"{low * 100:.0f}-{high:.0%}"
+        parts.append(f"{label} {op} N={ns}: {span} of raw")
+    return "; ".join(parts)
 
 
 def _order_of(record: Record) -> str | None:
