@@ -7,6 +7,7 @@ import json
 
 import pytest
 from report_helpers import (
+    LINK_BPS,
     KiB,
     MiB,
     analysis,
@@ -195,6 +196,16 @@ def test_cpu_rule_sees_a_saturated_machine_without_a_pinned_thread(tmp_path) -> 
     assert f.status == "fired" and "every CPU of the machine was busy at N=8" in f.statement
     assert [(e.values["kind"], e.values["world_size"]) for e in f.evidence] == [("host", 8)]
     assert f.evidence[0].values["median_pct"] == 97.0 and f.thresholds["CPU_SATURATED_PCT"] == CPU_SATURATED_PCT
+    # Busy at N=2 too, but raw TCP fills the link there on the same machine: the CPU is not the limit at N=2.
+    link = {"link": {"single_stream_Bps": LINK_BPS}}
+    observe_both = {"gloo_n2": spread + host_cpu_samples(97.0), "gloo_n8": spread + host_cpu_samples(97.0)}
+    (both,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "b", flat_records(), meta=link,
+                                                      observe=observe_both)]))
+    assert both.status == "fired" and [e.values["world_size"] for e in both.evidence] == [8]
+    assert "busy at N=2, yet raw TCP reached" in both.statement
+    (carried,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "k", flat_records(), meta=link,
+                                                         observe={"gloo_n2": observe_both["gloo_n2"]})]))
+    assert carried.status == "clear" and "could carry the traffic" in carried.statement
     calm = {"gloo_n2": spread + host_cpu_samples(CPU_SATURATED_PCT - 20)}
     (ok,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "c", flat_records(), observe=calm)]))
     assert ok.status == "clear" and "not saturated" in ok.statement

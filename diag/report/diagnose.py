@@ -57,6 +57,10 @@ CPU_MIN_SAMPLES = 3
 # The machine's CPUs (all of them, averaged) at least this busy in CPU_PINNED_SHARE of a run's samples: the
 # ranks together use every core, so the CPU rather than the link may set the pace.
 CPU_SATURATED_PCT = 90.0
+# ... but a busy machine limits an N only where the raw-TCP reference at that N also stays below this share
+# of the measured link rate: where raw TCP fills the link on the same busy machine, the CPU can carry that
+# traffic, and a slower backend is slow for another reason.
+CPU_LINK_REACHED = 0.85
 
 # A backend's bidirectional connection overlaps its directions this much less than raw TCP on one shared
 # connection between the same hosts: the backend, not TCP or the link, makes the directions take turns.
@@ -715,12 +719,19 @@ def rule_cpu_pinned(run: RunData) -> list[Finding]:
         return _undecided(name, "no per-thread CPU samples (observe/*.jsonl): cannot tell CPU-bound from "
                           "network-bound", **thresholds)
     hits: list[Evidence] = []
+    link = run.link_Bps
+    raw_reach = _raw_link_reach(run, link)
+    carried: dict[int, float] = {}
     for tag, samples in sorted(per_host.items()):
         if len(samples) < CPU_MIN_SAMPLES:
             continue
         share = sum(1 for s in samples if s["busy_pct"] >= CPU_SATURATED_PCT) / len(samples)
         if share >= CPU_PINNED_SHARE:
             capture = run.captures[tag]
+            reach = raw_reach.get(capture.world_size) if capture.world_size is not None else None
+            if reach is not None and reach >= CPU_LINK_REACHED:
+                carried[capture.world_size] = reach  # busy, yet raw TCP fills the link at this N
+                continue
             median = statistics.median(s["busy_pct"] for s in samples)
             cpus = samples[0].get("cpus")
             hits.append(Evidence(
@@ -741,23 +752,51 @@ def rule_cpu_pinned(run: RunData) -> list[Finding]:
                 f"(median {statistics.median(s['cpu_pct'] for s in samples):.0f}%)",
                 {"share": share, "median_pct": statistics.median(s["cpu_pct"] for s in samples),
                  "world_size": capture.world_size, "thread": samples[0].get("name")}, sources[key], "cpu_threads.png"))
+    busy_note = ""
+    if carried:
+        busy_note = (f"the machine's CPUs were busy at N={','.join(str(n) for n in sorted(carried))}, yet raw TCP "
+                     f"reached {min(carried.values()):.0%}-{max(carried.values()):.0%} of the link there, so the "
+                     f"CPU could carry the traffic")
+    thresholds["CPU_LINK_REACHED"] = CPU_LINK_REACHED
     if not hits:
         return [Finding(name, "clear", f"no thread stays near {CPU_PINNED_PCT:.0f}% of a core"
                         + (f" and the machine's CPUs are not saturated (< {CPU_SATURATED_PCT:.0f}% busy)"
-                           if per_host else "") + ": not CPU-bound", thresholds=thresholds)]
+                           if per_host and not carried else "")
+                        + (f"; {busy_note}" if busy_note else "") + ": not CPU-bound", thresholds=thresholds)]
     cpus = run.meta.get("cpu_count")
     saturated = sorted({e.values["world_size"] for e in hits if e.values.get("kind") == "host"} - {None})
     pinned = [e for e in hits if e.values.get("kind") != "host"]
     parts = []
     if saturated:
-        parts.append(f"every CPU of the machine was busy at N={','.join(str(n) for n in saturated)}: there the "
-                     f"CPU, not the link, may set the pace (compare those rows with care)")
+        parts.append(f"every CPU of the machine was busy at N={','.join(str(n) for n in saturated)} and raw TCP "
+                     f"did not fill the link there either: at those N the CPU, not the link, sets the pace "
+                     f"(compare those rows with care)")
     if pinned:
         parts.append(f"{len(pinned)} thread(s) pinned near 100% of a core: those runs are CPU-bound, not "
                      f"network-bound" + (f" ({cpus} CPUs)" if cpus else ""))
+    if busy_note:
+        parts.append(busy_note)
     statement = "; ".join(parts)
     return [Finding(name, "fired", statement, "strong" if max(e.values["share"] for e in hits) >= 0.8 else "moderate",
                     tuple(hits[:20]), thresholds)]
+
+
+def _raw_link_reach(run: RunData, link_Bps: float | None) -> dict[int, float]:
+    """Per N: the best raw-TCP busbw at a large size (any op, size or knob set) as a share of the link rate:
+    what this machine can carry at that N when nothing but TCP is in the way."""
+    if not link_Bps:
+        return {}
+    best: dict[int, float] = {}
+    by_series: dict[tuple[str, str, int], dict[int, Record]] = defaultdict(dict)
+    for r in run.records:
+        if r.backend == "raw":
+            by_series[(series_label(r), r.op, r.world_size)][r.size_bytes] = r
+    for (_label, _op, n), rows in by_series.items():
+        large = _large_sizes(sorted(rows))
+        if large:
+            reach = max(rows[s].busbw_Bps for s in large) / link_Bps
+            best[n] = max(best.get(n, 0.0), reach)
+    return best
 
 
 def rule_capture_drops(run: RunData) -> list[Finding]:
