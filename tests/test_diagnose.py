@@ -17,6 +17,7 @@ from report_helpers import (
     direction,
     flat_records,
     host_cpu_samples,
+    ideal_time,
     make_record,
     tcp_info_samples,
     timed,
@@ -209,6 +210,32 @@ def test_cpu_rule_sees_a_saturated_machine_without_a_pinned_thread(tmp_path) -> 
     calm = {"gloo_n2": spread + host_cpu_samples(CPU_SATURATED_PCT - 20)}
     (ok,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "c", flat_records(), observe=calm)]))
     assert ok.status == "clear" and "not saturated" in ok.statement
+
+
+def test_n2_dip_leaves_cpu_bound_world_sizes_out_of_its_reference(tmp_path) -> None:
+    # N=2 at 0.75 of the link, N=3 at the link, N=4 at half of it because every core was busy (raw TCP
+    # halves there too). Against the median of N=3 and 4 the N=2 loss would vanish; against N=3 it shows.
+    speed = {2: 0.75, 3: 1.0, 4: 0.5}
+    records = []
+    for k, (n, size) in enumerate((n, size) for n in (2, 3, 4) for size in (MiB, 4 * MiB)):
+        records.append(make_record("gloo", "all_gather", n, size,
+                                   timed(ideal_time("all_gather", n, size, LINK_BPS, 1 / speed[n]), seed=k)))
+        raw_slow = 2.0 if n == 4 else 1.0
+        records.append(make_record("raw", "all_gather", n, size,
+                                   timed(ideal_time("all_gather", n, size, LINK_BPS, raw_slow), seed=100 + k)))
+    meta = {"link": {"single_stream_Bps": LINK_BPS}}
+    observe = {"gloo_n4": host_cpu_samples(98.0), "gloo_n3": host_cpu_samples(50.0)}
+    run = load_run([write_run_dir(tmp_path / "r", records, meta=meta, observe=observe)])
+    (cpu,) = rule_cpu_pinned(run)
+    assert cpu.status == "fired" and [e.values["world_size"] for e in cpu.evidence] == [4]
+    (dip,) = [f for f in rule_n2_dip(run) if f.statement.startswith("torch:gloo")]
+    assert dip.status == "fired" and "below N=3 at" in dip.statement
+    assert "N=4 left out of the reference: CPU-bound there" in dip.statement
+    assert dip.evidence[-1].values["ratio"] == pytest.approx(0.75, rel=0.05)
+    # Without the CPU evidence, N=4 stays in the reference and hides the loss.
+    blind = load_run([write_run_dir(tmp_path / "b", records, meta=meta)])
+    (ok,) = [f for f in rule_n2_dip(blind) if f.statement.startswith("torch:gloo")]
+    assert ok.status == "clear"
 
 
 def test_capture_drop_rule_and_weakened_wire_findings(tmp_path) -> None:

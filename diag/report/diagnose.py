@@ -125,13 +125,20 @@ def rule_n2_dip(run: RunData) -> list[Finding]:
     name = "n2_busbw_dip"
     thresholds = {"N2_DIP_RATIO": N2_DIP_RATIO, "N2_DIP_STRONG": N2_DIP_STRONG, "ALPHA": ALPHA}
     findings: list[Finding] = []
+    # N>=3 runs where the CPU, not the link, set the pace would drag the reference down and hide a dip:
+    # they are left out of it while link-bound N>=3 runs remain (cpu_bound names them).
+    cpu_limited = cpu_limited_world_sizes(run)
     for (label, op), per_n in sorted(by_series(run.records).items()):
         if op in PAIRWISE_OPS or 2 not in per_n or not any(n >= 3 for n in per_n):
             continue
         per_n, axis = _match_axis(per_n)
+        reference = [n for n in per_n if n >= 3 and n not in cpu_limited] or [n for n in per_n if n >= 3]
+        left_out = sorted(n for n in per_n if n >= 3 and n not in reference)
+        note = (f"; N={','.join(map(str, left_out))} left out of the reference: CPU-bound there (cpu_bound)"
+                if left_out else "")
         ratios: dict[int, tuple[float, float, float]] = {}
         for size, row2 in sorted(per_n[2].items()):
-            others = [per_n[n][size].busbw_Bps for n in per_n if n >= 3 and size in per_n[n]]
+            others = [per_n[n][size].busbw_Bps for n in reference if size in per_n[n]]
             if others and row2.busbw_Bps > 0:
                 ref = statistics.median(others)
                 ratios[size] = (row2.busbw_Bps / ref if ref > 0 else math.inf, row2.busbw_Bps, ref)
@@ -142,7 +149,7 @@ def rule_n2_dip(run: RunData) -> list[Finding]:
         table = ", ".join(f"{axis}{human_bytes(s)}: {ratios[s][0]:.2f}" for s in sizes)
         if ratios[sizes[-1]][0] >= N2_DIP_RATIO:
             findings.append(Finding(name, "clear", f"{label} {op}: busbw at N=2 is not below N>=3 at the largest "
-                                    f"size (N=2 / N>=3 ratio by size: {table})", thresholds=thresholds))
+                                    f"size (N=2 / N>=3 ratio by size: {table}){note}", thresholds=thresholds))
             continue
         onset = sizes[-1]
         for s in reversed(sizes):
@@ -153,22 +160,24 @@ def rule_n2_dip(run: RunData) -> list[Finding]:
         worst = ratios[sizes[-1]][0]
         strength = ("strong" if worst < N2_DIP_STRONG and len(dipping) >= 2
                     else "moderate" if len(dipping) >= 2 or worst < N2_DIP_STRONG else "weak")
-        ns = sorted(n for n in per_n if n >= 3)
+        ns = sorted(reference)
+        reference_label = f"N={','.join(map(str, ns))}" if left_out else f"N>={ns[0]}"
         pooled = [v for n in ns if sizes[-1] in per_n[n] for v in busbw_samples(per_n[n][sizes[-1]])]
         test = welch_test(busbw_samples(per_n[2][sizes[-1]]), pooled)
         if test.p_value is None or test.p_value >= ALPHA:
             strength = "weak"  # the samples do not separate N=2 from N>=3 with confidence
         significance = (f"p={test.p_value:.2g}" if test.p_value is not None else test.reason)
         evidence = [Evidence(
-            f"at {axis}{human_bytes(s)}{' per rank' if not axis else ''}, N=2 busbw {human_rate(ratios[s][1])} vs median N>=3 "
+            f"at {axis}{human_bytes(s)}{' per rank' if not axis else ''}, N=2 busbw {human_rate(ratios[s][1])} vs median "
+            f"N={','.join(map(str, ns))} "
             f"{human_rate(ratios[s][2])} (ratio {ratios[s][0]:.2f})",
             {"size_bytes": s, "ratio": ratios[s][0], "busbw_n2_Bps": ratios[s][1], "busbw_n3plus_Bps": ratios[s][2]},
             source, "busbw_vs_size.png") for s in dipping]
         findings.append(Finding(
             name, "fired",
-            f"{label} {op}: busbw at N=2 is {1 - worst:.0%} below N>={ns[0]} at {axis}{human_bytes(sizes[-1])}, "
+            f"{label} {op}: busbw at N=2 is {1 - worst:.0%} below {reference_label} at {axis}{human_bytes(sizes[-1])}, "
             f"from {axis}{human_bytes(onset)}{' per rank' if not axis else ''} upward "
-            f"({significance}; ratio by size: {table})",
+            f"({significance}; ratio by size: {table}){note}",
             strength, tuple(evidence), thresholds))
     if not findings:
         return _undecided(name, "no series has both N=2 and N>=3 rows at the same sizes: cannot compare "
@@ -705,7 +714,6 @@ def rule_cpu_pinned(run: RunData) -> list[Finding]:
     thresholds = {"CPU_PINNED_PCT": CPU_PINNED_PCT, "CPU_PINNED_SHARE": CPU_PINNED_SHARE,
                   "CPU_SATURATED_PCT": CPU_SATURATED_PCT}
     per_thread: dict[tuple[str, Any, Any], list[dict[str, Any]]] = defaultdict(list)
-    per_host: dict[str, list[dict[str, Any]]] = defaultdict(list)
     sources: dict[tuple[str, Any, Any], str] = {}
     for c in run.captures.values():
         for s in c.observe:
@@ -713,32 +721,28 @@ def rule_cpu_pinned(run: RunData) -> list[Finding]:
                 key = (c.tag, s.get("pid"), s.get("tid"))
                 per_thread[key].append(s)
                 sources[key] = f"observe/{c.tag}.jsonl"
-            elif s.get("kind") == "cpu_host" and isinstance(s.get("busy_pct"), (int, float)):
-                per_host[c.tag].append(s)
+    per_host = _host_samples(run)
     if not per_thread and not per_host:
         return _undecided(name, "no per-thread CPU samples (observe/*.jsonl): cannot tell CPU-bound from "
                           "network-bound", **thresholds)
     hits: list[Evidence] = []
-    link = run.link_Bps
-    raw_reach = _raw_link_reach(run, link)
     carried: dict[int, float] = {}
-    for tag, samples in sorted(per_host.items()):
-        if len(samples) < CPU_MIN_SAMPLES:
+    raw_reach = _raw_link_reach(run, run.link_Bps)
+    for tag, samples, share in _saturated_captures(per_host):
+        capture = run.captures[tag]
+        reach = raw_reach.get(capture.world_size) if capture.world_size is not None else None
+        if reach is not None and reach >= CPU_LINK_REACHED:
+            carried[capture.world_size] = reach  # busy, yet raw TCP fills the link at this N
             continue
-        share = sum(1 for s in samples if s["busy_pct"] >= CPU_SATURATED_PCT) / len(samples)
-        if share >= CPU_PINNED_SHARE:
-            capture = run.captures[tag]
-            reach = raw_reach.get(capture.world_size) if capture.world_size is not None else None
-            if reach is not None and reach >= CPU_LINK_REACHED:
-                carried[capture.world_size] = reach  # busy, yet raw TCP fills the link at this N
-                continue
-            median = statistics.median(s["busy_pct"] for s in samples)
-            cpus = samples[0].get("cpus")
-            hits.append(Evidence(
-                f"{capture.label}: the machine's {cpus} CPUs were >= {CPU_SATURATED_PCT:.0f}% busy in {share:.0%} "
-                f"of {len(samples)} samples (median {median:.0f}%): every core in use, none left for more "
-                f"traffic", {"share": share, "median_pct": median, "world_size": capture.world_size,
-                             "cpus": cpus, "kind": "host"}, f"observe/{tag}.jsonl", "cpu_threads.png"))
+        median = statistics.median(s["busy_pct"] for s in samples)
+        cpus = samples[0].get("cpus")
+        raw_text = (f"; raw TCP reached {reach:.0%} of the link at N={capture.world_size}" if reach is not None
+                    else "; no raw-TCP rows at this N to tell whether the link could be filled")
+        hits.append(Evidence(
+            f"{capture.label}: the machine's {cpus} CPUs were >= {CPU_SATURATED_PCT:.0f}% busy in {share:.0%} "
+            f"of {len(samples)} samples (median {median:.0f}%){raw_text}",
+            {"share": share, "median_pct": median, "world_size": capture.world_size, "cpus": cpus,
+             "raw_link_share": reach, "kind": "host"}, f"observe/{tag}.jsonl", "cpu_threads.png"))
     for key, samples in sorted(per_thread.items(), key=lambda kv: str(kv[0])):
         if len(samples) < CPU_MIN_SAMPLES:
             continue
@@ -779,6 +783,41 @@ def rule_cpu_pinned(run: RunData) -> list[Finding]:
     statement = "; ".join(parts)
     return [Finding(name, "fired", statement, "strong" if max(e.values["share"] for e in hits) >= 0.8 else "moderate",
                     tuple(hits[:20]), thresholds)]
+
+
+def _host_samples(run: RunData) -> dict[str, list[dict[str, Any]]]:
+    """Whole-machine CPU samples (observe kind cpu_host) per capture tag."""
+    per_host: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for c in run.captures.values():
+        for s in c.observe:
+            if s.get("kind") == "cpu_host" and isinstance(s.get("busy_pct"), (int, float)):
+                per_host[c.tag].append(s)
+    return per_host
+
+
+def _saturated_captures(per_host: dict[str, list[dict[str, Any]]]
+                        ) -> list[tuple[str, list[dict[str, Any]], float]]:
+    """(tag, samples, share of saturated samples) of the runs whose machine had every core busy."""
+    out = []
+    for tag, samples in sorted(per_host.items()):
+        if len(samples) < CPU_MIN_SAMPLES:
+            continue
+        share = sum(1 for s in samples if s["busy_pct"] >= CPU_SATURATED_PCT) / len(samples)
+        if share >= CPU_PINNED_SHARE:
+            out.append((tag, samples, share))
+    return out
+
+
+def cpu_limited_world_sizes(run: RunData) -> set[int]:
+    """The N at which the CPU rather than the link set the pace: every core busy, and raw TCP at that N
+    (if any) short of CPU_LINK_REACHED of the link. Rows at these N understate what the network does."""
+    reach = _raw_link_reach(run, run.link_Bps)
+    limited = set()
+    for tag, _samples, _share in _saturated_captures(_host_samples(run)):
+        n = run.captures[tag].world_size
+        if n is not None and (reach.get(n) is None or reach[n] < CPU_LINK_REACHED):
+            limited.add(n)
+    return limited
 
 
 def _raw_link_reach(run: RunData, link_Bps: float | None) -> dict[int, float]:
