@@ -170,7 +170,7 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     ngroups = 2 * (int(conn.max()) + 1) if n else 0
     group = conn.astype(np.int64) * 2 + direction
     order = group_order(group, ngroups).astype(itype, copy=False)
-    # Two parts need nothing computed below: they run on a second core (numpy releases the GIL in the
+    # Parts that need nothing computed below run on a second core (numpy releases the GIL in the
     # bulk work) while this thread walks the per-direction state.
     helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-tcpstate")
     reverse = helper.submit(_reverse_packets, conn, direction, ngroups // 2, itype)
@@ -179,6 +179,11 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     starts = group_starts(g)
     first = group_first(starts)
     o_seq32, o_plen, o_synfin = seq32[order], plen[order], synfin[order]
+    o_ack32 = ack32[order].astype(np.int64)
+    inverse = np.empty(n, dtype=itype)  # direction-major row -> time-order row
+    inverse[order] = np.arange(n, dtype=itype)
+    # The ACK-number unwrap needs only the ordering: a third part for the second core.
+    ack_rel_future = helper.submit(_ack_rel, g, starts, first, o_seq32, o_ack32, has_ack[order], ngroups, inverse)
     o_ts = ts[order]
     seq_rel = unwrap(o_seq32, starts, first)
     end_rel = seq_rel + o_plen + o_synfin
@@ -205,7 +210,7 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     del prev_data_end, base
 
     # This direction's previous packet (tshark's fwd->window / fwd->lastack).
-    o_win, o_ack32 = win[order], ack32[order].astype(np.int64)
+    o_win = win[order]
     prev_win = previous_in_group(o_win, starts, -1)
     prev_ack = previous_in_group(o_ack32, starts, -1)
     # nextseq in 32-bit space: tshark compares absolute sequence numbers with '=='.
@@ -225,9 +230,6 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     del ack_changes, dup_total, run_base_at, base_index
 
     # Back to time order for the cross-direction lookups.
-    inverse = np.empty(n, dtype=itype)
-    inverse[order] = np.arange(n, dtype=itype)
-
     def to_time(a: np.ndarray, inverse: np.ndarray = inverse) -> np.ndarray:
         return a[inverse]
 
@@ -239,25 +241,8 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
 
     has_rev, r = reverse.result()
 
-    # The ACK numbers of each direction, unwrapped into the *other* direction's seq_rel space. Packets
-    # without the ACK flag (a bare SYN) carry no ACK number: forward-fill so they do not break the unwrap.
-    base_seq32 = np.zeros(ngroups, dtype=np.int64)
-    known_base = np.zeros(ngroups, dtype=bool)
-    base_seq32[g[starts]] = o_seq32[starts]
-    known_base[g[starts]] = True
-    del o_seq32
-    fill_idx = last_index_where(has_ack[order], starts, first)
-    a_filled = np.where(fill_idx >= 0, o_ack32[np.maximum(fill_idx, 0)], o_ack32)
-    del fill_idx, o_ack32
-    a_unwrapped = unwrap(a_filled, starts, first)
-    first_ack_per_row = a_filled[first]
-    del a_filled
-    target_group = g ^ 1  # g = conn * 2 + direction, so the reverse direction is g ^ 1
-    target_base = np.where(known_base[target_group], base_seq32[target_group], first_ack_per_row)
-    anchor = ((first_ack_per_row - target_base + _HALF) & _LOW32) - _HALF
-    del target_group, target_base, first_ack_per_row
-    ack_rel = to_time(a_unwrapped + anchor)  # in the reverse direction's seq_rel space
-    del a_unwrapped, anchor, g, starts, first, inverse
+    ack_rel = ack_rel_future.result()  # in the reverse direction's seq_rel space
+    del o_seq32, o_ack32, g, starts, first, inverse
 
     rev_ack_rel = ack_rel[r]                  # reverse's lastack, in *this* direction's seq_rel space
     rev_ack32 = ack32[r]
@@ -307,6 +292,31 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     helper.shutdown()
     return PacketState(conn, direction, t_seq_rel, t_end_rel, new_bytes, retrans, fast, spurious,
                        ooo, lost, t_dupack, zero_window, window_full, in_flight, window_bytes, ack_rtt, ts_rtt)
+
+
+def _ack_rel(g: np.ndarray, starts: np.ndarray, first: np.ndarray, o_seq32: np.ndarray, o_ack32: np.ndarray,
+             o_has_ack: np.ndarray, ngroups: int, inverse: np.ndarray) -> np.ndarray:
+    """Each packet's ACK number unwrapped into the *other* direction's seq_rel space, in time order.
+
+    Inputs are in direction-major order (g, starts, first as in analyze_packets). Packets without the ACK
+    flag (a bare SYN) carry no ACK number: forward-fill so they do not break the unwrap.
+    """
+    base_seq32 = np.zeros(ngroups, dtype=np.int64)
+    known_base = np.zeros(ngroups, dtype=bool)
+    base_seq32[g[starts]] = o_seq32[starts]
+    known_base[g[starts]] = True
+    fill_idx = last_index_where(o_has_ack, starts, first)
+    a_filled = np.where(fill_idx >= 0, o_ack32[np.maximum(fill_idx, 0)], o_ack32)
+    del fill_idx
+    a_unwrapped = unwrap(a_filled, starts, first)
+    first_ack_per_row = a_filled[first]
+    del a_filled
+    target_group = g ^ 1  # g = conn * 2 + direction, so the reverse direction is g ^ 1
+    target_base = np.where(known_base[target_group], base_seq32[target_group], first_ack_per_row)
+    anchor = ((first_ack_per_row - target_base + _HALF) & _LOW32) - _HALF
+    del target_group, target_base, first_ack_per_row
+    a_unwrapped += anchor
+    return a_unwrapped[inverse]
 
 
 def _reverse_packets(conn: np.ndarray, direction: np.ndarray, nconn: int, itype: type
