@@ -426,7 +426,6 @@ def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float
     }
 
 
-
 def _data_times(p: Packets, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     plen = p.cols["plen"][rows]
     data = rows[plen > 0]

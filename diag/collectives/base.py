@@ -39,9 +39,10 @@ def pattern_offset(rank: int, iteration: int, seed: int) -> int:
 def _numpy_view(tensor: torch.Tensor) -> np.ndarray | None:
     """The tensor's memory as a numpy array (no copy) where numpy has the dtype and the tensor is on CPU.
 
-    Fill and check run between timed iterations; on small sizes torch's per-call dispatch (~5 us an op)
-    made the check alone cost ~60 us at N=2 (1 KiB), enough to desynchronize the ranks before the barrier.
-    numpy does the same arithmetic in ~1 us an op. bfloat16 and device tensors stay on torch.
+    Fill and check run between timed iterations, and any work there slows the next timed op (see
+    harness.RING_DEPTH); on small sizes torch's per-call dispatch (~5 us an op) made the check alone cost
+    ~60 us at N=2 (1 KiB). numpy does the same arithmetic in ~1 us an op. bfloat16 and device tensors stay
+    on torch.
     """
     import torch
 
@@ -84,8 +85,7 @@ class Pattern:
     def fill(self, target: torch.Tensor, rank: int, iteration: int, seed: int) -> None:
         base, base_array = self._cached(target.numel(), target)
         offset = pattern_offset(rank, iteration, seed)
-        array = _numpy_view(target) if base_array is not None else None
-        if array is not None and base_array is not None:
+        if base_array is not None and (array := _numpy_view(target)) is not None:
             np.add(base_array, offset, out=array)
         else:
             target.copy_(base)
@@ -107,8 +107,7 @@ class Pattern:
         else:
             base_array = _numpy_view(base)
         offsets = [pattern_offset(source, iteration, seed) for source in sources]  # < 101: fits every dtype
-        array = _numpy_view(actual) if base_array is not None else None
-        if array is not None and base_array is not None:
+        if base_array is not None and (array := _numpy_view(actual)) is not None:
             expected = base_array + np.array(offsets, dtype=base_array.dtype)[:, None]
             return int(np.count_nonzero(array.reshape(rows, width) != expected))
         column = torch.tensor(offsets, dtype=base.dtype, device=base.device).view(rows, 1)
