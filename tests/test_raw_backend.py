@@ -35,6 +35,8 @@ def test_unchanged_script_gives_the_same_results_on_gloo_and_diag_tcp(tmp_path: 
         assert ours == gloo
         assert {"all_gather", "all_reduce", "broadcast", "reduce_scatter", "all_to_all"} <= set(ours)
     assert json.loads((tmp_path / "diag_tcp-1.json").read_text())["recv"] == [7, 8, 9]
+    assert json.loads((tmp_path / "diag_tcp-1.json").read_text())["broadcast_transposed"] == [
+        [0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
 
 
 @pytest.mark.slow

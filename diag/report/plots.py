@@ -270,11 +270,7 @@ def plot_duplex(run: RunData, out: Path) -> Plot | Skipped:
         return Skipped(title, "no capture analysis (analysis/*.json)")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(bars)), 3.8))
-    xs = range(len(bars))
-    ax.bar([x - 0.2 for x in xs], [b[1] for b in bars], 0.4, label="connections (byte-weighted)")
-    ax.bar([x + 0.2 for x in xs], [b[2] if b[2] is not None else float("nan") for b in bars], 0.4, label="hosts")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([b[0] for b in bars], fontsize=7)
+    _paired_bars(ax, bars, "connections (byte-weighted)", "hosts")
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("duplex overlap [fraction of active time]")
     ax.grid(True, axis="y", alpha=0.3)
@@ -285,6 +281,15 @@ def plot_duplex(run: RunData, out: Path) -> Plot | Skipped:
                 "both directions and for each host's NIC (1.0 = full duplex used). A low bar at one N, high at "
                 "the others, says the traffic pattern at that N wastes half the link. Missing bars: no "
                 "connection carried both directions (a ring at N>=3 sends one way per connection).")
+
+
+def _paired_bars(ax: Any, bars: list[tuple[str, Any, Any]], left: str, right: str) -> None:
+    """Two bars per labelled group, (label, left value, right value); None draws no bar."""
+    xs = range(len(bars))
+    ax.bar([x - 0.2 for x in xs], [b[1] if b[1] is not None else float("nan") for b in bars], 0.4, label=left)
+    ax.bar([x + 0.2 for x in xs], [b[2] if b[2] is not None else float("nan") for b in bars], 0.4, label=right)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([b[0] for b in bars], fontsize=7)
 
 
 def _tcp_series(run: RunData) -> dict[str, list[dict[str, Any]]]:
@@ -346,11 +351,7 @@ def plot_in_flight(run: RunData, out: Path) -> Plot | Skipped:
         return Skipped(title, "the analyses carry no bytes_in_flight (analysis/*.json)")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(bars)), 3.8))
-    xs = range(len(bars))
-    ax.bar([x - 0.2 for x in xs], [b[1] for b in bars], 0.4, label="median")
-    ax.bar([x + 0.2 for x in xs], [b[2] for b in bars], 0.4, label="p95")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([b[0] for b in bars], fontsize=7)
+    _paired_bars(ax, bars, "median", "p95")
     ax.set_yscale("log", base=2)
     _bytes_axis(ax, "y")
     ax.set_ylabel("unacknowledged bytes in flight [bytes]")

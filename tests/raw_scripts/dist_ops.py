@@ -32,6 +32,10 @@ result["all_reduce_max"] = z.tolist()
 b = torch.arange(6, dtype=torch.float64) if rank == 0 else torch.zeros(6, dtype=torch.float64)
 dist.broadcast(b, src=0)
 result["broadcast"] = b.tolist()
+# A non-contiguous tensor (a transposed view) must be written in place through the view.
+t = (torch.arange(6.0).reshape(2, 3) * (rank + 1)).t()
+dist.broadcast(t, src=0)
+result["broadcast_transposed"] = t.tolist()
 if rank == 0:
     dist.send(torch.tensor([7, 8, 9]), dst=1)
 elif rank == 1:

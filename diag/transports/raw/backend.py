@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +85,13 @@ def _process_group_class() -> type:
     def staged(tensor: torch.Tensor) -> torch.Tensor:
         return tensor if tensor.is_contiguous() else tensor.contiguous()
 
+    def write_into(tensor: torch.Tensor, write: Callable[[torch.Tensor], None]) -> None:
+        """Let ``write`` fill a contiguous stand-in for tensor, then copy it back if it was a copy."""
+        target = staged(tensor)
+        write(target)
+        if target is not tensor:
+            tensor.copy_(target)
+
     class DiagTcpProcessGroup(dist.ProcessGroup):
         def __init__(self, transport: RawTransport) -> None:
             super().__init__(transport.rank, transport.world_size)
@@ -112,10 +120,7 @@ def _process_group_class() -> type:
             return done(output_tensors)
 
         def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-            target = staged(output)
-            self.transport.all_gather(target, staged(input))
-            if target is not output:
-                output.copy_(target)
+            write_into(output, lambda target: self.transport.all_gather(target, staged(input)))
             return done(output)
 
         def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
@@ -130,19 +135,13 @@ def _process_group_class() -> type:
         def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
             name = reduce_name(opts) if opts is not None else "sum"
             for tensor in tensors:
-                target = staged(tensor)
-                self.transport.all_reduce(target, name)
-                if target is not tensor:
-                    tensor.copy_(target)
+                write_into(tensor, lambda target: self.transport.all_reduce(target, name))
             return done(tensors)
 
         def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
             root = opts.rootRank if opts is not None else 0
             for tensor in tensors:
-                target = staged(tensor)
-                self.transport.broadcast(target, root)
-                if target is not tensor:
-                    tensor.copy_(target)
+                write_into(tensor, lambda target: self.transport.broadcast(target, root))
             return done(tensors)
 
         def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
@@ -150,17 +149,12 @@ def _process_group_class() -> type:
             name = reduce_name(opts) if opts is not None else "sum"
             for output, inputs in zip(outputs, input_lists, strict=True):
                 stacked = torch.stack([staged(t) for t in inputs])
-                target = staged(output)
-                self.transport.reduce_scatter(target, stacked, name)
-                if target is not output:
-                    output.copy_(target)
+                write_into(output, lambda target, stacked=stacked: self.transport.reduce_scatter(target, stacked, name))
             return done(outputs)
 
         def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-            target = staged(output)
-            self.transport.reduce_scatter(target, staged(input), reduce_name(opts) if opts else "sum")
-            if target is not output:
-                output.copy_(target)
+            name = reduce_name(opts) if opts else "sum"
+            write_into(output, lambda target: self.transport.reduce_scatter(target, staged(input), name))
             return done(output)
 
         def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
@@ -174,10 +168,7 @@ def _process_group_class() -> type:
                           input_split_sizes: list[int], opts: Any = None) -> Any:
             if output_split_sizes or input_split_sizes:
                 raise ValueError(f"{BACKEND_NAME} all_to_all_single supports equal splits only")
-            target = staged(output)
-            self.transport.all_to_all(target, staged(input))
-            if target is not output:
-                output.copy_(target)
+            write_into(output, lambda target: self.transport.all_to_all(target, staged(input)))
             return done(output)
 
         def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
@@ -187,10 +178,7 @@ def _process_group_class() -> type:
 
         def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
             for tensor in tensors:
-                target = staged(tensor)
-                self.transport.recv(target, src)
-                if target is not tensor:
-                    tensor.copy_(target)
+                write_into(tensor, lambda target: self.transport.recv(target, src))
             return done(tensors)
 
         def shutdown(self) -> None:
