@@ -15,7 +15,7 @@ HEADER = (
 
 
 def format_row(record: Record) -> str:
-    backend = record.backend if record.backend != "raw" else f"raw:{record.algo}"
+    backend = record.transport
     return (
         f"{record.world_size:>3} {backend:>10} {record.op:>14} {human_bytes(record.size_bytes):>10} "
         f"{record.count:>11} {record.dtype:>8} {record.time_s * 1e6:>11.1f} {record.p95_s * 1e6:>10.1f} "

@@ -9,11 +9,9 @@ the max over ranks (the collective is done when its slowest rank is), as nccl-te
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -57,9 +55,6 @@ def plan_rows(spec: SweepSpec, world_size: int) -> list[RowPlan]:
                 )
             rows.append(RowPlan(op, size, count, count * itemsize))
     return rows
-
-
-ProgressCallback = Callable[[str, RowPlan, Record | None], None]
 
 
 def _gather_int64(transport: Transport, values: list[int]) -> list[list[int]]:
@@ -194,8 +189,3 @@ def run_sweep(
             emit(record)
     return len(plans)
 
-
-def row_state(plan: RowPlan, world_size: int, status: str = "running", **extra: Any) -> dict[str, Any]:
-    """What a rank writes to its state file before each row: a dead sweep's message names the row."""
-    return {"op": plan.op, "size_bytes": plan.used_bytes, "world_size": world_size, "status": status,
-            "pid": os.getpid(), "t_ns": time.time_ns(), **extra}

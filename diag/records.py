@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -64,7 +64,7 @@ class Record:
 
     @property
     def transport(self) -> str:
-        return f"raw:{self.algo}" if self.backend == "raw" else f"torch:{self.backend}"
+        return transport_label(self.backend, self.algo)
 
     @property
     def key(self) -> tuple[str, str, str, int, int]:
@@ -85,6 +85,11 @@ class Record:
         return cls(**{k: v for k, v in event.items() if k in names})
 
 
+def transport_label(backend: str, algo: str = "default") -> str:
+    """The one spelling of a transport in tables, plots and findings: ``torch:<backend>`` or ``raw:<algo>``."""
+    return f"raw:{algo}" if backend == "raw" else f"torch:{backend}"
+
+
 @dataclass
 class RecordFile:
     """Everything in one records file: runs' start/end events and all rows, in file order."""
@@ -93,12 +98,6 @@ class RecordFile:
     starts: list[dict[str, Any]]
     records: list[Record]
     ends: list[dict[str, Any]]
-
-    def start_for(self, record: Record) -> dict[str, Any] | None:
-        for start in self.starts:
-            if start.get("run_id") == record.run_id:
-                return start
-        return self.starts[0] if self.starts else None
 
     @property
     def complete(self) -> bool:
@@ -149,13 +148,6 @@ def load_records(path: str | os.PathLike[str]) -> RecordFile:
         else:
             records.append(Record.from_event(event))
     return RecordFile(Path(path), starts, records, ends)
-
-
-def load_many(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
-    out: list[Record] = []
-    for path in paths:
-        out.extend(load_records(path).records)
-    return out
 
 
 class RecordWriter:

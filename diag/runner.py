@@ -11,11 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from diag.collectives import PAIRWISE_OPS
 from diag.errors import DiagError
 from diag.spec import SweepSpec
 from diag.worker import Job
 
-POINT_TO_POINT = ("send_recv", "ping_pong", "exchange")
 
 
 def transport_tag(spec: SweepSpec) -> str:
@@ -45,7 +45,7 @@ def run_worlds(spec: SweepSpec, job: Job, out: Path, run_dir: Path, world_sizes:
     if lab is not None and max(sizes) > len(lab.hosts):
         raise DiagError(f"lab {lab.name!r} has {len(lab.hosts)} hosts, fewer than N={max(sizes)}: "
                         f"run diag lab up --name {lab.name} --hosts {max(sizes)}")
-    if min(sizes) < 2 and any(op in spec.ops for op in POINT_TO_POINT):
+    if min(sizes) < 2 and any(op in PAIRWISE_OPS for op in spec.ops):
         raise DiagError("point-to-point ops need at least 2 ranks")
     rows_per_world = {n: len(plan_rows(spec, n)) for n in sizes}
     total = sum(rows_per_world.values())

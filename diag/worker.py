@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from diag.errors import DiagError
+from diag.records import transport_label
 from diag.spec import SweepSpec
 
 
@@ -110,7 +111,7 @@ def run_job(job: Job) -> int:
                              argv=job.argv, hosts=transport.hosts(), knobs=transport.knobs(),
                              env=fingerprint(), meta=job.meta)
             console = SweepConsole(job.rows_total or len(plans), job.rows_before, quiet=job.quiet)
-            label = spec.backend if spec.backend != "raw" else f"raw:{spec.algo}"
+            label = transport_label(spec.backend, spec.algo)
             console.header(f"{label} N={world_size} ({', '.join(spec.ops)}) on {', '.join(transport.hosts())}")
 
         def on_row_start(plan) -> None:

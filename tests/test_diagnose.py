@@ -28,24 +28,21 @@ from report_helpers import (
 from diag.__main__ import main
 from diag.report import diagnose, load_run
 from diag.report.diagnose import (
-    CPU_PINNED_PCT,
-    CPU_SATURATED_PCT,
-    DUPLEX_OVERLAP_LOW,
-    N2_DIP_RATIO,
+    EXCHANGE_ORDER,
+    SHARED_CONNECTION,
     Evidence,
     Finding,
-    rule_backend_vs_raw,
-    rule_capture_drops,
-    rule_conn_split,
-    rule_cpu_pinned,
-    rule_data_errors,
-    rule_duplex_overlap,
-    rule_exchange_order,
-    rule_idle_gaps,
-    rule_n2_dip,
-    rule_retransmissions,
-    rule_window_limited,
+    backend_below_raw,
+    capture_drops,
+    cpu_bound,
+    data_errors,
+    idle_gaps,
+    low_duplex_overlap,
+    n2_busbw_dip,
+    retransmissions,
+    window_limited,
 )
+from diag.report.thresholds import CPU_PINNED_PCT, CPU_SATURATED_PCT, DUPLEX_OVERLAP_LOW, N2_DIP_RATIO
 
 
 def statuses(findings: list[Finding]) -> set[str]:
@@ -73,16 +70,16 @@ def test_a_finding_needs_evidence() -> None:
 
 
 def test_n2_dip_fires_with_onset_and_evidence(anomaly_run) -> None:
-    findings = fired(rule_n2_dip(anomaly_run))
+    findings = fired(n2_busbw_dip(anomaly_run))
     gloo = [f for f in findings if f.statement.startswith("torch:gloo all_gather")]
     assert len(gloo) == 1
     f = gloo[0]
     assert "from 256 KiB per rank upward" in f.statement
     assert f.strength == "strong"
-    assert f.thresholds["N2_DIP_RATIO"] == N2_DIP_RATIO
+    assert f.thresholds["N2_DIP_RATIO"] == N2_DIP_RATIO.value
     sizes = [e.values["size_bytes"] for e in f.evidence]
     assert sizes == [256 * KiB, MiB, 4 * MiB]
-    assert all(e.values["ratio"] < N2_DIP_RATIO and e.source == "records/sweep.jsonl" for e in f.evidence)
+    assert all(e.values["ratio"] < N2_DIP_RATIO.value and e.source == "records/sweep.jsonl" for e in f.evidence)
     # the raw split-connection reference has no dip; the shared-connection raw rows do
     labels = {f.statement.split(" all_gather")[0] for f in findings}
     assert any("conn=shared" in label for label in labels)
@@ -90,102 +87,102 @@ def test_n2_dip_fires_with_onset_and_evidence(anomaly_run) -> None:
 
 
 def test_n2_dip_silent_on_flat_and_undecided_without_n3(flat_run, tmp_path) -> None:
-    assert statuses(rule_n2_dip(flat_run)) == {"clear"}
+    assert statuses(n2_busbw_dip(flat_run)) == {"clear"}
     only_n2 = load_run([write_run_dir(tmp_path / "n2", [make_record("gloo", "all_gather", 2, MiB, timed(0.1))])])
-    (f,) = rule_n2_dip(only_n2)
+    (f,) = n2_busbw_dip(only_n2)
     assert f.status == "undecided" and "cannot compare" in f.statement
 
 
 def test_backend_below_raw(anomaly_run, flat_run, tmp_path) -> None:
-    (f,) = rule_backend_vs_raw(anomaly_run)
+    (f,) = backend_below_raw(anomaly_run)
     assert f.status == "fired" and "N=2" in f.statement
     assert {e.values["world_size"] for e in f.evidence} == {2}
     assert all(e.values["efficiency"] < 0.7 for e in f.evidence)
-    assert statuses(rule_backend_vs_raw(flat_run)) == {"clear"}
+    assert statuses(backend_below_raw(flat_run)) == {"clear"}
     no_raw = load_run([write_run_dir(tmp_path / "g", [make_record("gloo", "all_gather", 2, MiB, timed(0.1))])])
-    (u,) = rule_backend_vs_raw(no_raw)
+    (u,) = backend_below_raw(no_raw)
     assert u.status == "undecided" and u.statement.startswith("no raw rows: cannot compare")
 
 
 def test_shared_connection_rule(anomaly_run, flat_run) -> None:
-    (f,) = rule_conn_split(anomaly_run)
+    (f,) = SHARED_CONNECTION(anomaly_run)
     assert f.status == "fired"
     assert {e.values["world_size"] for e in f.evidence} == {2}
     assert "no effect where" in f.statement and "N=3" in f.statement
-    assert statuses(rule_conn_split(flat_run)) == {"clear"}
+    assert statuses(SHARED_CONNECTION(flat_run)) == {"clear"}
 
 
 def test_exchange_order_rule(anomaly_run, flat_run, tmp_path) -> None:
-    (f,) = rule_exchange_order(anomaly_run)
+    (f,) = EXCHANGE_ORDER(anomaly_run)
     assert f.status == "fired"
     assert f.evidence[0].values["time_ratio_send_over_recv"] == pytest.approx(1.6, rel=0.1)
-    assert statuses(rule_exchange_order(flat_run)) == {"clear"}
+    assert statuses(EXCHANGE_ORDER(flat_run)) == {"clear"}
     one_order = load_run([write_run_dir(tmp_path / "one", [make_record(
         "gloo", "exchange", 2, MiB, timed(0.1), knobs={"order": "recv-first"})])])
-    (u,) = rule_exchange_order(one_order)
+    (u,) = EXCHANGE_ORDER(one_order)
     assert u.status == "undecided" and "one order only" in u.statement
 
 
 def test_duplex_overlap_rule(tmp_path) -> None:
     run = load_run([write_run_dir(tmp_path / "d", flat_records(), analyses=turn_taking_analyses())])
-    (f,) = rule_duplex_overlap(run)
+    (f,) = low_duplex_overlap(run)
     assert f.status == "fired" and "N=2" in f.statement and "N=4" in f.statement
     assert {e.values["world_size"] for e in f.evidence} == {2}
     assert {e.values["kind"] for e in f.evidence} == {"connection", "host"}
-    assert all(e.values["duplex_overlap"] < DUPLEX_OVERLAP_LOW for e in f.evidence)
+    assert all(e.values["duplex_overlap"] < DUPLEX_OVERLAP_LOW.value for e in f.evidence)
     assert f.evidence[0].source == "analysis/gloo_n2.json"
     good = analysis(2, [connection("a:1", "b:2", direction(8 * MiB), direction(8 * MiB), 0.9)])
-    (ok,) = rule_duplex_overlap(load_run([write_run_dir(tmp_path / "ok", flat_records(), analyses={"n2": good})]))
+    (ok,) = low_duplex_overlap(load_run([write_run_dir(tmp_path / "ok", flat_records(), analyses={"n2": good})]))
     assert ok.status == "clear"
-    (u,) = rule_duplex_overlap(load_run([write_run_dir(tmp_path / "none", flat_records())]))
+    (u,) = low_duplex_overlap(load_run([write_run_dir(tmp_path / "none", flat_records())]))
     assert u.status == "undecided"
 
 
 def test_window_limited_rule(tmp_path) -> None:
     zero = analysis(2, [connection("a:1", "b:2", direction(MiB, zero_windows=3), direction(MiB), 0.9)])
     run = load_run([write_run_dir(tmp_path / "z", flat_records(), analyses={"n2": zero})])
-    (f,) = rule_window_limited(run)
+    (f,) = window_limited(run)
     assert f.status == "fired" and f.strength == "strong" and "3 zero windows" in f.statement
     limited = load_run([write_run_dir(tmp_path / "t", flat_records(),
                                       observe={"n2": tcp_info_samples(rwnd_limited_s=0.5)})])
-    (g,) = rule_window_limited(limited)
+    (g,) = window_limited(limited)
     assert g.status == "fired" and g.evidence[0].values["fraction"] == pytest.approx(0.5)
     fine = load_run([write_run_dir(tmp_path / "f", flat_records(), observe={"n2": tcp_info_samples(0.01)},
                                    analyses={"n2": analysis(2, [connection("a:1", "b:2", direction(MiB),
                                                                            direction(MiB), 0.9)])})])
-    assert statuses(rule_window_limited(fine)) == {"clear"}
+    assert statuses(window_limited(fine)) == {"clear"}
 
 
 def test_retransmission_rule(tmp_path) -> None:
     lossy = analysis(2, [connection("a:1", "b:2", direction(MiB, packets=1000, retrans=20), direction(MiB), 0.9)])
-    (f,) = rule_retransmissions(load_run([write_run_dir(tmp_path / "l", flat_records(), analyses={"n2": lossy})]))
+    (f,) = retransmissions(load_run([write_run_dir(tmp_path / "l", flat_records(), analyses={"n2": lossy})]))
     assert f.status == "fired" and f.evidence[0].values["rate"] == pytest.approx(0.02)
     clean = analysis(2, [connection("a:1", "b:2", direction(MiB), direction(MiB), 0.9)])
-    (ok,) = rule_retransmissions(load_run([write_run_dir(tmp_path / "c", flat_records(), analyses={"n2": clean})]))
+    (ok,) = retransmissions(load_run([write_run_dir(tmp_path / "c", flat_records(), analyses={"n2": clean})]))
     assert ok.status == "clear"
 
 
 def test_idle_gap_rule_names_slow_start_after_idle(tmp_path) -> None:
     idle = analysis(2, [connection("a:1", "b:2", direction(MiB, idle_count=4, idle_total_s=1.2, idle_max_s=0.4),
                                    direction(MiB), 0.9)])
-    (f,) = rule_idle_gaps(load_run([write_run_dir(tmp_path / "i", flat_records(), analyses={"n2": idle})]))
+    (f,) = idle_gaps(load_run([write_run_dir(tmp_path / "i", flat_records(), analyses={"n2": idle})]))
     assert f.status == "fired" and f.strength == "strong"
     assert "slow start after idle" in f.statement and "tcp_slow_start_after_idle = 1" in f.statement
     busy = analysis(2, [connection("a:1", "b:2", direction(MiB, idle_count=2, idle_total_s=0.01, idle_max_s=0.005),
                                    direction(MiB), 0.9)])
-    (ok,) = rule_idle_gaps(load_run([write_run_dir(tmp_path / "b", flat_records(), analyses={"n2": busy})]))
+    (ok,) = idle_gaps(load_run([write_run_dir(tmp_path / "b", flat_records(), analyses={"n2": busy})]))
     assert ok.status == "clear"
 
 
 def test_cpu_pinned_rule(tmp_path) -> None:
     hot = cpu_samples("gloo-worker", 99.0) + cpu_samples("main", 10.0, tid=12)
-    (f,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "h", flat_records(), observe={"gloo_n2": hot})]))
+    (f,) = cpu_bound(load_run([write_run_dir(tmp_path / "h", flat_records(), observe={"gloo_n2": hot})]))
     assert f.status == "fired" and "CPU-bound, not network-bound" in f.statement
     assert [e.values["thread"] for e in f.evidence] == ["gloo-worker"]
-    cool = cpu_samples("gloo-worker", CPU_PINNED_PCT - 30)
-    (ok,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "c", flat_records(), observe={"gloo_n2": cool})]))
+    cool = cpu_samples("gloo-worker", CPU_PINNED_PCT.value - 30)
+    (ok,) = cpu_bound(load_run([write_run_dir(tmp_path / "c", flat_records(), observe={"gloo_n2": cool})]))
     assert ok.status == "clear"
-    (u,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "u", flat_records())]))
+    (u,) = cpu_bound(load_run([write_run_dir(tmp_path / "u", flat_records())]))
     assert u.status == "undecided"
 
 
@@ -193,22 +190,22 @@ def test_cpu_rule_sees_a_saturated_machine_without_a_pinned_thread(tmp_path) -> 
     # 8 ranks on 2 cores: no thread near 100% of a core, yet every core busy in the N=8 run only.
     spread = cpu_samples("gloo-worker", 24.0)
     observe = {"gloo_n2": spread + host_cpu_samples(40.0), "gloo_n8": spread + host_cpu_samples(97.0)}
-    (f,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "s", flat_records(), observe=observe)]))
+    (f,) = cpu_bound(load_run([write_run_dir(tmp_path / "s", flat_records(), observe=observe)]))
     assert f.status == "fired" and "every CPU of the machine was busy at N=8" in f.statement
     assert [(e.values["kind"], e.values["world_size"]) for e in f.evidence] == [("host", 8)]
-    assert f.evidence[0].values["median_pct"] == 97.0 and f.thresholds["CPU_SATURATED_PCT"] == CPU_SATURATED_PCT
+    assert f.evidence[0].values["median_pct"] == 97.0 and f.thresholds["CPU_SATURATED_PCT"] == CPU_SATURATED_PCT.value
     # Busy at N=2 too, but raw TCP fills the link there on the same machine: the CPU is not the limit at N=2.
     link = {"link": {"single_stream_Bps": LINK_BPS}}
     observe_both = {"gloo_n2": spread + host_cpu_samples(97.0), "gloo_n8": spread + host_cpu_samples(97.0)}
-    (both,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "b", flat_records(), meta=link,
+    (both,) = cpu_bound(load_run([write_run_dir(tmp_path / "b", flat_records(), meta=link,
                                                       observe=observe_both)]))
     assert both.status == "fired" and [e.values["world_size"] for e in both.evidence] == [8]
     assert "busy at N=2, yet raw TCP reached" in both.statement
-    (carried,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "k", flat_records(), meta=link,
+    (carried,) = cpu_bound(load_run([write_run_dir(tmp_path / "k", flat_records(), meta=link,
                                                          observe={"gloo_n2": observe_both["gloo_n2"]})]))
     assert carried.status == "clear" and "could carry the traffic" in carried.statement
-    calm = {"gloo_n2": spread + host_cpu_samples(CPU_SATURATED_PCT - 20)}
-    (ok,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "c", flat_records(), observe=calm)]))
+    calm = {"gloo_n2": spread + host_cpu_samples(CPU_SATURATED_PCT.value - 20)}
+    (ok,) = cpu_bound(load_run([write_run_dir(tmp_path / "c", flat_records(), observe=calm)]))
     assert ok.status == "clear" and "not saturated" in ok.statement
 
 
@@ -226,15 +223,15 @@ def test_n2_dip_leaves_cpu_bound_world_sizes_out_of_its_reference(tmp_path) -> N
     meta = {"link": {"single_stream_Bps": LINK_BPS}}
     observe = {"gloo_n4": host_cpu_samples(98.0), "gloo_n3": host_cpu_samples(50.0)}
     run = load_run([write_run_dir(tmp_path / "r", records, meta=meta, observe=observe)])
-    (cpu,) = rule_cpu_pinned(run)
+    (cpu,) = cpu_bound(run)
     assert cpu.status == "fired" and [e.values["world_size"] for e in cpu.evidence] == [4]
-    (dip,) = [f for f in rule_n2_dip(run) if f.statement.startswith("torch:gloo")]
+    (dip,) = [f for f in n2_busbw_dip(run) if f.statement.startswith("torch:gloo")]
     assert dip.status == "fired" and "below N=3 at" in dip.statement
     assert "N=4 left out of the reference: CPU-bound there" in dip.statement
     assert dip.evidence[-1].values["ratio"] == pytest.approx(0.75, rel=0.05)
     # Without the CPU evidence, N=4 stays in the reference and hides the loss.
     blind = load_run([write_run_dir(tmp_path / "b", records, meta=meta)])
-    (ok,) = [f for f in rule_n2_dip(blind) if f.statement.startswith("torch:gloo")]
+    (ok,) = [f for f in n2_busbw_dip(blind) if f.statement.startswith("torch:gloo")]
     assert ok.status == "clear"
 
 
@@ -243,18 +240,18 @@ def test_capture_drop_rule_and_weakened_wire_findings(tmp_path) -> None:
     analyses["gloo_n2"]["capture"] = {"kernel_dropped": 120, "flagged": True}
     run = load_run([write_run_dir(tmp_path / "d", flat_records(), analyses=analyses,
                                   captures={"gloo_n2": {"iface": "veth0", "kernel_dropped": 120, "packets": 9000}})])
-    (f,) = rule_capture_drops(run)
+    (f,) = capture_drops(run)
     assert f.status == "fired" and f.evidence[0].values["kernel_dropped"] == 120
-    (duplex,) = rule_duplex_overlap(run)
+    (duplex,) = low_duplex_overlap(run)
     assert "unreliable" in duplex.evidence[0].text
     clean = load_run([write_run_dir(tmp_path / "c", flat_records(), captures={"n2": {"kernel_dropped": 0}})])
-    assert statuses(rule_capture_drops(clean)) == {"clear"}
-    assert statuses(rule_capture_drops(load_run([write_run_dir(tmp_path / "n", flat_records())]))) == {"undecided"}
+    assert statuses(capture_drops(clean)) == {"clear"}
+    assert statuses(capture_drops(load_run([write_run_dir(tmp_path / "n", flat_records())]))) == {"undecided"}
 
 
 def test_data_errors_rule(tmp_path) -> None:
     bad = load_run([write_run_dir(tmp_path / "b", [make_record("gloo", "all_gather", 2, MiB, timed(0.1), nwrong=5)])])
-    (f,) = rule_data_errors(bad)
+    (f,) = data_errors(bad)
     assert f.status == "fired" and f.evidence[0].values["nwrong"] == 5
 
 
@@ -313,7 +310,7 @@ def test_capture_metadata_named_after_the_pcap(tmp_path) -> None:
     assert list(run.captures) == ["gloo-all_gather-n2"]
     assert run.captures["gloo-all_gather-n2"].kernel_dropped == 7
     assert run.captures["gloo-all_gather-n2"].world_size == 2
-    (f,) = rule_capture_drops(run)
+    (f,) = capture_drops(run)
     assert f.status == "fired" and f.evidence[0].values["kernel_dropped"] == 7
 
 
@@ -327,21 +324,22 @@ def _turn_taking_run(tmp_path, raw_overlap: float | None):
 
 
 def test_turn_taking_fires_only_against_a_raw_shared_connection_that_overlaps(tmp_path) -> None:
-    from diag.report.diagnose import TURN_TAKING_GAP, rule_turn_taking
+    from diag.report.diagnose import turn_taking
+    from diag.report.thresholds import TURN_TAKING_GAP
 
-    (f,) = rule_turn_taking(_turn_taking_run(tmp_path, 0.85))
+    (f,) = turn_taking(_turn_taking_run(tmp_path, 0.85))
     assert f.status == "fired" and "in turns (10% overlap)" in f.statement and "85%" in f.statement
     assert [e.values["duplex_overlap"] for e in f.evidence] == [0.1, 0.85]
-    assert f.thresholds["TURN_TAKING_GAP"] == TURN_TAKING_GAP
+    assert f.thresholds["TURN_TAKING_GAP"] == TURN_TAKING_GAP.value
     # raw TCP on one connection takes turns as well: nothing backend-specific to report
-    (g,) = rule_turn_taking(_turn_taking_run(tmp_path, 0.2))
+    (g,) = turn_taking(_turn_taking_run(tmp_path, 0.2))
     assert g.status == "clear"
-    (h,) = rule_turn_taking(_turn_taking_run(tmp_path, None))
+    (h,) = turn_taking(_turn_taking_run(tmp_path, None))
     assert h.status == "undecided" and "no reference" in h.statement
 
 
 def test_half_duplex_match(tmp_path) -> None:
-    from diag.report.diagnose import rule_half_duplex
+    from diag.report.diagnose import half_duplex_match
 
     size = 16 * MiB
     gloo = make_record("gloo", "all_gather", 2, size, timed(2.0))
@@ -352,11 +350,11 @@ def test_half_duplex_match(tmp_path) -> None:
                                 knobs={"io": "alternate", "conn": "split"})
         return load_run([write_run_dir(tmp_path / name, [gloo, full, alternate])])
 
-    (f,) = rule_half_duplex(run_with(1.9, "match"))
+    (f,) = half_duplex_match(run_with(1.9, "match"))
     assert f.status == "fired" and f.evidence[0].values["ratio"] == pytest.approx(1.9 / 2.0, rel=0.05)
-    (g,) = rule_half_duplex(run_with(1.0, "nomatch"))
+    (g,) = half_duplex_match(run_with(1.0, "nomatch"))
     assert g.status == "clear"
-    (h,) = rule_half_duplex(load_run([write_run_dir(tmp_path / "none", [gloo, full])]))
+    (h,) = half_duplex_match(load_run([write_run_dir(tmp_path / "none", [gloo, full])]))
     assert h.status == "undecided"
 
 
@@ -365,5 +363,5 @@ def test_a_large_difference_the_samples_cannot_confirm_is_undecided(tmp_path) ->
     size = 16 * MiB
     recv = make_record("gloo", "exchange", 2, size, [0.7, 0.75, 2.5], knobs={"order": "recv-first"})
     send = make_record("gloo", "exchange", 2, size, [1.3, 1.45, 1.6], knobs={"order": "send-first"})
-    (f,) = rule_exchange_order(load_run([write_run_dir(tmp_path / "u", [recv, send])]))
+    (f,) = EXCHANGE_ORDER(load_run([write_run_dir(tmp_path / "u", [recv, send])]))
     assert f.status == "undecided" and "cannot confirm" in f.statement and "more --iters" in f.statement

@@ -19,6 +19,8 @@ COLLECTIVES: dict[str, type[Collective]] = {
     "all_to_all": AllToAll,
 }
 OPS = tuple(COLLECTIVES)
+# Ops where every rank talks to one peer only (the report does not compare them across world sizes).
+PAIRWISE_OPS = frozenset(name for name, cls in COLLECTIVES.items() if cls.pairwise)
 
 
 def make_collective(name: str, seed: int = 0, order: str = "recv-first") -> Collective:
@@ -31,4 +33,4 @@ def make_collective(name: str, seed: int = 0, order: str = "recv-first") -> Coll
     return cls(seed=seed)
 
 
-__all__ = ["COLLECTIVES", "OPS", "Buffers", "Collective", "make_collective", "pair_peer"]
+__all__ = ["COLLECTIVES", "OPS", "PAIRWISE_OPS", "Buffers", "Collective", "make_collective", "pair_peer"]

@@ -119,6 +119,8 @@ class Collective(ABC):
 
     name: str = ""
     min_world_size: int = 1
+    # Every rank talks to one peer only, so the world size does not change the traffic pattern.
+    pairwise: bool = False
     # The op's input bytes must split into world_size equal chunks (reduce_scatter, all_to_all).
     divisible_by_world: bool = False
 

@@ -15,6 +15,7 @@ from diag.collectives.base import Buffers, Collective, clear, pair_peer
 
 class _PairCollective(Collective):
     min_world_size = 2
+    pairwise = True
 
     def bus_factor(self, world_size):
         return 1.0

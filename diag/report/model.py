@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from diag.errors import DiagError
-from diag.records import Record
+from diag.records import Record, transport_label
 
 # Schema history: 1 - first version (linear + optional two_segment per transport/op/world_size).
 MODEL_SCHEMA = 1
@@ -99,7 +99,7 @@ class GroupModel:
 
     @property
     def transport(self) -> str:
-        return f"raw:{self.algo}" if self.backend == "raw" else f"torch:{self.backend}"
+        return transport_label(self.backend, self.algo)
 
     def predict(self, size_bytes: float) -> tuple[float, float]:
         fit = self.two_segment if self.best == "two_segment" and self.two_segment else self.linear

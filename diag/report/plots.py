@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from diag.report.queries import busiest_connection, host_cpu, raw_reference, tcp_info_series, thread_cpu
 from diag.report.rundir import CaptureSet, RunData
 from diag.report.series import PAIRWISE_OPS, by_series, series_label
 from diag.units import human_bytes
@@ -145,11 +146,7 @@ def plot_busbw(run: RunData, out: Path) -> Plot | Skipped:
 
 def plot_efficiency(run: RunData, out: Path) -> Plot | Skipped:
     title = "Efficiency: backend busbw / raw busbw"
-    best_raw: dict[tuple[str, int, int], float] = {}
-    for r in run.records:
-        if r.backend == "raw":
-            k = (r.op, r.world_size, r.size_bytes)
-            best_raw[k] = max(best_raw.get(k, 0.0), r.busbw_Bps)
+    best_raw = {key: r.busbw_Bps for key, r in raw_reference(run.records).items()}
     if not best_raw:
         return Skipped(title, "no raw rows: cannot compare the backend with the raw-TCP reference")
     lines: dict[tuple[str, str], dict[int, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
@@ -182,14 +179,6 @@ def plot_efficiency(run: RunData, out: Path) -> Plot | Skipped:
                 "backend, not the link, loses bandwidth there.")
 
 
-def _busiest(capture: CaptureSet) -> dict[str, Any] | None:
-    def moved(conn: dict[str, Any]) -> int:
-        return sum((d or {}).get("payload_bytes", 0) or 0 for d in (conn.get("directions") or {}).values())
-
-    conns = [c for c in capture.connections if moved(c) > 0]
-    return max(conns, key=moved) if conns else None
-
-
 def _pick_captures(run: RunData) -> list[CaptureSet]:
     """One capture at N=2 and one at N=4 (else the nearest N>2), same transport, preferring torch."""
     analysed = [c for c in run.captures.values() if c.analysis and c.world_size]
@@ -209,7 +198,7 @@ def _pick_captures(run: RunData) -> list[CaptureSet]:
 
 def plot_conn_throughput(run: RunData, out: Path) -> Plot | Skipped:
     title = "Per-connection throughput over time"
-    picks = [(c, _busiest(c)) for c in _pick_captures(run)]
+    picks = [(c, busiest_connection(c)) for c in _pick_captures(run)]
     picks = [(c, conn) for c, conn in picks if conn]
     if not picks:
         return Skipped(title, "no analysed capture with connections (analysis/*.json)")
@@ -219,22 +208,17 @@ def plot_conn_throughput(run: RunData, out: Path) -> Plot | Skipped:
     for ax, (capture, conn) in zip((row[0] for row in axes), picks, strict=False):
         t_first = None
         for direction, style in (("a->b", "-"), ("b->a", "--")):
-            d = (conn.get("directions") or {}).get(direction) or {}
-            tp = d.get("throughput") or {}
-            values = tp.get("Bps") or []
-            if not values:
+            tp = conn.direction(direction).throughput
+            if tp is None or not tp.Bps:
                 continue
-            t0 = tp.get("t0", 0.0)
-            t_first = t0 if t_first is None else min(t_first, t0)
-            bin_s = tp.get("bin_s", 1.0)
-            xs = [t0 + i * bin_s for i in range(len(values))]
-            a, b = conn.get("a"), conn.get("b")
-            name = f"{a} -> {b}" if direction == "a->b" else f"{b} -> {a}"
-            ax.step([x - (t_first or 0) for x in xs], [v * 8 / 1e6 for v in values], style, where="post", label=name)
+            t_first = tp.t0 if t_first is None else min(t_first, tp.t0)
+            name = f"{conn.a} -> {conn.b}" if direction == "a->b" else f"{conn.b} -> {conn.a}"
+            ax.step([x - (t_first or 0) for x in tp.times()], [v * 8 / 1e6 for v in tp.Bps], style, where="post",
+                    label=name)
             drawn = True
         ax.set_xlabel("time since capture start [s]")
         ax.set_ylabel("throughput [Mbit/s]")
-        overlap = conn.get("duplex_overlap")
+        overlap = conn.duplex_overlap
         ax.set_title(f"{capture.label}: busiest connection"
                      + (f", duplex overlap {overlap:.0%}" if isinstance(overlap, (int, float)) else ""), fontsize=9)
         ax.grid(True, alpha=0.3)
@@ -258,11 +242,11 @@ def plot_duplex(run: RunData, out: Path) -> Plot | Skipped:
             continue
         weights = []
         for conn in c.connections:
-            overlap = conn.get("duplex_overlap")
-            moved = [(d or {}).get("payload_bytes", 0) or 0 for d in (conn.get("directions") or {}).values()]
-            if isinstance(overlap, (int, float)) and len(moved) == 2 and min(moved) > 0:
+            overlap = conn.duplex_overlap
+            moved = conn.payload_bytes
+            if isinstance(overlap, (int, float)) and min(moved) > 0:
                 weights.append((overlap, sum(moved)))
-        hosts = [h.get("duplex_overlap") for h in c.hosts if isinstance(h.get("duplex_overlap"), (int, float))]
+        hosts = [h.duplex_overlap for h in c.hosts if isinstance(h.duplex_overlap, (int, float))]
         conn_mean = sum(o * w for o, w in weights) / sum(w for _, w in weights) if weights else float("nan")
         bars.append((f"{c.transport or '?'}\nN={c.world_size or '?'}", conn_mean,
                      statistics.mean(hosts) if hosts else None))
@@ -292,33 +276,22 @@ def _paired_bars(ax: Any, bars: list[tuple[str, Any, Any]], left: str, right: st
     ax.set_xticklabels([b[0] for b in bars], fontsize=7)
 
 
-def _tcp_series(run: RunData) -> dict[str, list[dict[str, Any]]]:
-    series: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for c in run.captures.values():
-        for s in c.observe:
-            if s.get("kind") == "tcp_info":
-                series[f"{c.tag} {s.get('local')}->{s.get('remote')}"].append(s)
-    for s in run.tcpinfo:
-        series[f"raw rank {s.get('rank')}->{s.get('peer')} {s.get('conn') or ''}".strip()].append(s)
-    return {k: sorted(v, key=lambda s: s.get("t_ns", 0)) for k, v in series.items()
-            if any(isinstance(s.get("cwnd"), (int, float)) for s in v)}
-
-
 def plot_window(run: RunData, out: Path) -> Plot | Skipped:
     title = "Congestion window and queued bytes"
-    series = _tcp_series(run)
+    series = [s for s in tcp_info_series(run) if s.has_cwnd]
     if not series:
         return Skipped(title, "no TCP_INFO samples (observe/*.jsonl tcp_info, tcpinfo/*.jsonl)")
-    busiest = sorted(series, key=lambda k: -max((s.get("cwnd") or 0) for s in series[k]))[:MAX_LINES]
+    busiest = sorted(series, key=lambda s: -max(s.values("cwnd")))[:MAX_LINES]
     plt = _pyplot()
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    t_min = min(s.get("t_ns", 0) for k in busiest for s in series[k])
+    t_min = min(s.t_ns for one in busiest for s in one.samples)
     any_queue = False
-    for key in busiest:
-        samples = series[key]
-        ts = [(s.get("t_ns", 0) - t_min) / 1e9 for s in samples]
-        ax1.plot(ts, [s.get("cwnd") for s in samples], ".-", ms=3, label=key[:50])
-        queue = [s.get("send_q") for s in samples]
+    for one in busiest:
+        ts = [(s.t_ns - t_min) / 1e9 for s in one.samples]
+        name = f"{one.tag}: {one.label}" if one.tag else f"raw {one.label}"
+        ax1.plot(ts, [s.cwnd if isinstance(s.cwnd, (int, float)) else float("nan") for s in one.samples], ".-",
+                 ms=3, label=name[:60])
+        queue = [s.send_q for s in one.samples]
         if any(isinstance(q, (int, float)) for q in queue):
             any_queue = True
             ax2.plot(ts, [q if isinstance(q, (int, float)) else float("nan") for q in queue], ".-", ms=3)
@@ -340,13 +313,15 @@ def plot_in_flight(run: RunData, out: Path) -> Plot | Skipped:
     title = "Bytes in flight per direction (from the wire)"
     bars: list[tuple[str, float, float]] = []
     for c in sorted(run.captures.values(), key=lambda c: (str(c.transport), c.world_size or 0, c.tag)):
-        conn = _busiest(c) if c.analysis else None
-        for label, key in (("a->b", "a->b"), ("b->a", "b->a")):
-            d = ((conn or {}).get("directions") or {}).get(key) or {}
-            flight = d.get("bytes_in_flight") or {}
-            if isinstance(flight.get("median"), (int, float)) and (d.get("payload_bytes") or 0) > 0:
-                bars.append((f"{c.transport or '?'} N={c.world_size or '?'}\n{label}", flight["median"],
-                             flight.get("p95") or flight["median"]))
+        conn = busiest_connection(c) if c.analysis else None
+        if conn is None:
+            continue
+        for label in ("a->b", "b->a"):
+            d = conn.direction(label)
+            flight = d.bytes_in_flight
+            if isinstance(flight.median, (int, float)) and d.payload_bytes > 0:
+                bars.append((f"{c.transport or '?'} N={c.world_size or '?'}\n{label}", flight.median,
+                             flight.p95 or flight.median))
     if not bars:
         return Skipped(title, "the analyses carry no bytes_in_flight (analysis/*.json)")
     plt = _pyplot()
@@ -366,30 +341,25 @@ def plot_in_flight(run: RunData, out: Path) -> Plot | Skipped:
 
 def plot_cpu(run: RunData, out: Path) -> Plot | Skipped:
     title = "Per-thread CPU"
-    per_capture: dict[str, dict[tuple[Any, Any], list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    host: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for c in run.captures.values():
-        for s in c.observe:
-            if s.get("kind") == "cpu_thread" and isinstance(s.get("cpu_pct"), (int, float)):
-                per_capture[c.tag][(s.get("pid"), s.get("tid"))].append(s)
-            elif s.get("kind") == "cpu_host" and isinstance(s.get("busy_pct"), (int, float)):
-                host[c.tag].append(s)
+    per_capture: dict[str, list[Any]] = defaultdict(list)
+    for thread in thread_cpu(run):
+        per_capture[thread.tag].append(thread)
+    host = host_cpu(run)
     if not per_capture:
         return Skipped(title, "no per-thread CPU samples (observe/*.jsonl cpu_thread)")
     plt = _pyplot()
     tags = sorted(per_capture)[:MAX_PANELS]
     fig, axes = _grid(plt, len(tags), width=5.5)
     for ax, tag in zip(axes, tags, strict=False):
-        threads = sorted(per_capture[tag].values(), key=lambda v: -statistics.mean(s["cpu_pct"] for s in v))
-        t_min = min(s.get("t_ns", 0) for v in threads for s in v)
-        for samples in threads[:5]:
-            samples = sorted(samples, key=lambda s: s.get("t_ns", 0))
-            ax.plot([(s.get("t_ns", 0) - t_min) / 1e9 for s in samples], [s["cpu_pct"] for s in samples], ".-",
-                    ms=3, label=f"{samples[0].get('name', '?')} ({samples[0].get('tid')})")
-        machine = sorted(host.get(tag, []), key=lambda s: s.get("t_ns", 0))
+        threads = sorted(per_capture[tag], key=lambda t: -statistics.mean(t.cpu_pct))
+        t_min = min(t for thread in threads for t in thread.t_ns)
+        for thread in threads[:5]:
+            ax.plot([(t - t_min) / 1e9 for t in thread.t_ns], list(thread.cpu_pct), ".-", ms=3,
+                    label=f"{thread.name} ({thread.tid})")
+        machine = host.get(tag)
         if machine:
-            ax.plot([(s.get("t_ns", 0) - t_min) / 1e9 for s in machine], [s["busy_pct"] for s in machine], "k-",
-                    lw=2, alpha=0.5, label=f"whole machine ({machine[0].get('cpus')} CPUs, % busy)")
+            ax.plot([(t - t_min) / 1e9 for t in machine.t_ns], list(machine.busy_pct), "k-",
+                    lw=2, alpha=0.5, label=f"whole machine ({machine.cpus} CPUs, % busy)")
         ax.axhline(100, color="k", ls="--", lw=1)
         ax.set_ylim(0, 110)
         ax.set_xlabel("time [s]")

@@ -11,14 +11,16 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from diag.capture.schema import Analysis, Connection, Host, Phase
 from diag.errors import DiagError
-from diag.records import Record, RecordFile, load_records
+from diag.records import Record, RecordFile, load_records, transport_label
 
+T = TypeVar("T")
 # A capture's tag, when its analysis carries no phases, may still name the world size (".._n2_..").
 _TAG_WORLD_RE = re.compile(r"(?:^|[_\-.])n(\d+)(?:[_\-.]|$)", re.IGNORECASE)
 
@@ -28,71 +30,72 @@ class CaptureSet:
     """One capture: its metadata (capture.json), its analysis (analyze --json) and observer samples."""
 
     tag: str
-    meta: dict[str, Any] | None = None
-    analysis: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = None          # captures/<tag>.capture.json, as the capture tool wrote it
+    analysis: Analysis | None = None
     observe: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def world_size(self) -> int | None:
-        for source in (self.meta or {}, self.analysis or {}):
-            if isinstance(source.get("world_size"), int):
-                return source["world_size"]
+        if isinstance((self.meta or {}).get("world_size"), int):
+            return int((self.meta or {})["world_size"])
+        if self.analysis is not None and isinstance(self.analysis.world_size, int):
+            return self.analysis.world_size
         # Phases that carried packets first: an analysis given a whole records file lists every phase.
-        busy = Counter(p.get("phase", {}).get("world_size") for p in self.phases if p.get("connections"))
+        busy = Counter(p.phase.world_size for p in self.phases if p.connections)
         busy.pop(None, None)
         if busy:
             return busy.most_common(1)[0][0]
         match = _TAG_WORLD_RE.search(self.tag)
         if match:
             return int(match.group(1))
-        phase_sizes = Counter(p.get("phase", {}).get("world_size") for p in self.phases)
+        phase_sizes = Counter(p.phase.world_size for p in self.phases)
         phase_sizes.pop(None, None)
         return phase_sizes.most_common(1)[0][0] if phase_sizes else None
 
     @property
     def transport(self) -> str | None:
         """torch:gloo / raw:ring, from the phases the capture covers (most common one)."""
-        for source in (self.meta or {}, self.analysis or {}):
-            if isinstance(source.get("transport"), str):
-                return source["transport"]
+        if isinstance((self.meta or {}).get("transport"), str):
+            return str((self.meta or {})["transport"])
+        if self.analysis is not None and isinstance(self.analysis.transport, str):
+            return self.analysis.transport
         kinds: Counter[str] = Counter()
         for p in self.phases:
-            if not p.get("connections"):
-                continue
-            phase = p.get("phase", {})
-            backend = phase.get("backend")
-            if backend:
-                algo = phase.get("algo", "default")
-                kinds[f"raw:{algo}" if backend == "raw" else f"torch:{backend}"] += 1
+            if p.connections and p.phase.backend:
+                kinds[transport_label(p.phase.backend, p.phase.algo or "default")] += 1
         if kinds:
             return kinds.most_common(1)[0][0]
         low = self.tag.lower()
         for name in ("gloo", "nccl"):
             if name in low:
-                return f"torch:{name}"
+                return transport_label(name)
         if "raw" in low:
             return "raw"
         return None
 
     @property
-    def phases(self) -> list[dict[str, Any]]:
-        return list((self.analysis or {}).get("phases") or [])
+    def phases(self) -> list[Phase]:
+        return list(self.analysis.phases) if self.analysis else []
 
     @property
-    def connections(self) -> list[dict[str, Any]]:
-        return list((self.analysis or {}).get("connections") or [])
+    def connections(self) -> list[Connection]:
+        return list(self.analysis.connections) if self.analysis else []
 
     @property
-    def hosts(self) -> list[dict[str, Any]]:
-        return list((self.analysis or {}).get("hosts") or [])
+    def hosts(self) -> list[Host]:
+        return list(self.analysis.hosts) if self.analysis else []
 
     @property
     def kernel_dropped(self) -> int | None:
-        for source in ((self.analysis or {}).get("capture") or {}, self.meta or {}):
-            value = source.get("kernel_dropped")
-            if isinstance(value, int):
-                return value
-        return None
+        if self.analysis is not None and isinstance(self.analysis.capture.kernel_dropped, int):
+            return self.analysis.capture.kernel_dropped
+        value = (self.meta or {}).get("kernel_dropped")
+        return value if isinstance(value, int) else None
+
+    @property
+    def flagged(self) -> bool:
+        """The analyzer flagged the capture (kernel drops, truncated records)."""
+        return bool(self.analysis is not None and self.analysis.capture.flagged)
 
     @property
     def label(self) -> str:
@@ -108,6 +111,13 @@ class RunData:
     captures: dict[str, CaptureSet]
     tcpinfo: list[dict[str, Any]]
     missing: list[str]
+    # Answers of the evidence queries (diag.report.queries), computed once per run for rules and plots.
+    memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def remember(self, name: str, compute: Callable[[], T]) -> T:
+        if name not in self.memo:
+            self.memo[name] = compute()
+        return self.memo[name]  # type: ignore[no-any-return]
 
     @property
     def records(self) -> list[Record]:
@@ -222,7 +232,11 @@ def load_run_dir(root: Path) -> RunData:
         # The capture tool names it after the pcap (<tag>.pcap.capture.json); the contract says <tag>.capture.json.
         capture(_tag_of(path, [".pcap.capture.json", ".pcapng.capture.json", ".capture.json"])).meta = _read_json(path)
     for path in sorted((root / "analysis").glob("*.json")):
-        capture(_tag_of(path, [".json"])).analysis = _read_json(path)
+        document = _read_json(path)
+        try:
+            capture(_tag_of(path, [".json"])).analysis = Analysis.from_json(document) if document else None
+        except ValueError as exc:
+            raise DiagError(f"{path}: {exc}") from exc
     for path in sorted((root / "observe").glob("*.jsonl")):
         capture(_tag_of(path, [".jsonl"])).observe = _read_jsonl(path)
     tcpinfo = [s for path in sorted((root / "tcpinfo").glob("*.jsonl")) for s in _read_jsonl(path)]

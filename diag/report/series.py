@@ -6,21 +6,32 @@ A series is a transport plus the mechanism knobs that change how bytes move (raw
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from diag.collectives import PAIRWISE_OPS
 from diag.records import Record
+from diag.transports.raw.knobs import RawKnobs
 
-# Knobs that change the mechanism (raw transport, issue 4) and so split rows into separate series.
-MECHANISM_KNOBS = ("emulate", "conn", "order", "handshake", "io", "chunks", "nodelay", "streams")
-# Values the raw transport uses when a knob is not given (diag/transports/raw/knobs.py RawKnobs): a raw
-# row shows only what differs from them, so labels stay short. "order" is always shown (exchange).
-# chunks None: blocks travel as chunk_bytes messages (1 MiB); an explicit --chunks K is shown.
-RAW_DEFAULTS: dict[str, Any] = {"conn": "split", "handshake": "none", "io": "duplex", "chunks": None,
-                                "nodelay": True, "streams": 1}
-# Ops where every rank talks to one peer only, so the world size does not change the pattern.
-PAIRWISE_OPS = frozenset({"exchange", "send_recv"})
+# RawKnobs fields that are settings, not mechanisms (where bytes go, buffers, sampling): they never split
+# a series. "algo" is already in the transport label.
+_SETTINGS = frozenset({"algo", "chunk_bytes", "sockbuf", "iface", "tcpinfo_interval_s", "tcpinfo_dir"})
+# Knobs that change the mechanism and so split rows into separate series: these first (the order labels
+# have always had), then any other RawKnobs field, so a knob added to the raw transport splits series
+# and shows in labels without a change here.
+_LABEL_ORDER = ("emulate", "conn", "order", "handshake", "io", "chunks", "nodelay", "streams")
+MECHANISM_KNOBS: tuple[str, ...] = (*_LABEL_ORDER, *(
+    f.name for f in dataclasses.fields(RawKnobs) if f.name not in _SETTINGS and f.name not in _LABEL_ORDER))
+# Values the raw transport uses when a knob is not given (RawKnobs' defaults, the one source): a raw row
+# shows only what differs from them, so labels stay short. "order" is always shown (exchange), so it has
+# no default here. chunks None: blocks travel as chunk_bytes messages; an explicit --chunks K is shown.
+RAW_DEFAULTS: dict[str, Any] = {f.name: getattr(RawKnobs(), f.name) for f in dataclasses.fields(RawKnobs)
+                                if f.name in MECHANISM_KNOBS and f.name != "order"}
+
+__all__ = ["MECHANISM_KNOBS", "PAIRWISE_OPS", "RAW_DEFAULTS", "busbw_samples", "by_series", "knob",
+           "series_label"]
 
 
 def knob(record: Record, name: str) -> Any:

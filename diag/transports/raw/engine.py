@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 SEND = 0
 RECV = 1
-KIND_NAMES = ("send to", "receive from")
 
 ALTERNATE_PIECE_BYTES = 64 * 1024   # one turn of --io alternate; small enough to fit socket buffers
 ALTERNATE_READ_WAIT_S = 0.005       # how long a receive turn waits before giving the turn back

@@ -1,0 +1,222 @@
+"""The `diag analyze --json` document as typed dataclasses: what the analyzer writes and the report reads.
+
+The key names are a contract (docs/analyzer.md, DESIGN.md): connections with `a`, `b`, `directions` keyed
+`"a->b"`/`"b->a"` and `duplex_overlap`; each direction with `packets`, `payload_bytes`, `retransmissions`,
+... Readers go through ``load_analysis`` / ``Analysis.from_json`` and use attributes; a key missing from an
+older or hand-made file takes the field's default (0, None, empty), and a key this version does not know is
+kept in ``extra`` and written back unchanged.
+
+Schema history (``ANALYSIS_SCHEMA``, the ``schema`` key of the document):
+  1: files, capture, parameters, connections, hosts, phases, warnings (the first released shape; a file
+     without a ``schema`` key is read as 1).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diag.typedjson import from_json, to_json
+
+ANALYSIS_SCHEMA = 1
+# The two keys of Connection.directions; side "a" is the sender of the connection's first captured packet.
+DIRECTION_KEYS = ("a->b", "b->a")
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Median / p95 / count of a per-packet quantity (RTT in ms)."""
+
+    median: float | None = None
+    p95: float | None = None
+    n: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class IdleGaps:
+    threshold_s: float | None = None
+    count: int = 0
+    total_s: float = 0.0
+    max_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InFlight:
+    median: float | None = None
+    p95: float | None = None
+    max: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Payload bytes/s in bins of bin_s seconds from t0 (capture clock, seconds)."""
+
+    bin_s: float = 1.0
+    t0: float = 0.0
+    Bps: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def times(self) -> list[float]:
+        return [self.t0 + i * self.bin_s for i in range(len(self.Bps))]
+
+
+@dataclass(frozen=True)
+class Direction:
+    packets: int = 0
+    data_packets: int = 0
+    payload_bytes: int = 0
+    unique_payload_bytes: int = 0
+    retransmissions: int = 0
+    fast_retransmissions: int = 0
+    spurious_retransmissions: int = 0
+    out_of_order: int = 0
+    lost_segments: int = 0
+    dup_acks: int = 0
+    zero_windows: int = 0
+    window_full: int = 0
+    first_ts: float | None = None
+    last_ts: float | None = None
+    goodput_Bps: float = 0.0
+    active_s: float = 0.0
+    active_goodput_Bps: float = 0.0
+    rtt_ms: Stats = field(default_factory=Stats)
+    ts_rtt_ms: Stats = field(default_factory=Stats)
+    idle_gaps: IdleGaps = field(default_factory=IdleGaps)
+    segment_sizes: dict[str, Any] = field(default_factory=dict)
+    window: dict[str, Any] = field(default_factory=dict)
+    bytes_in_flight: InFlight = field(default_factory=InFlight)
+    acks: dict[str, Any] = field(default_factory=dict)
+    syn_seen: bool = False
+    throughput: Throughput | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def span_s(self) -> float:
+        """Seconds from the first to the last packet (0 when either is unknown)."""
+        if isinstance(self.first_ts, (int, float)) and isinstance(self.last_ts, (int, float)):
+            return self.last_ts - self.first_ts
+        return 0.0
+
+
+@dataclass(frozen=True)
+class Connection:
+    a: str = "?"
+    b: str = "?"
+    directions: dict[str, Direction] = field(default_factory=dict)
+    duplex_overlap: float | None = None
+    stream: int | None = None
+    active_s: float = 0.0
+    overlap_s: float = 0.0
+    overlap_Bps: dict[str, float] = field(default_factory=dict)
+    alone_Bps: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def direction(self, key: str) -> Direction:
+        """``"a->b"`` or ``"b->a"``; an absent direction reads as an empty one."""
+        return self.directions.get(key) or Direction()
+
+    def labelled_directions(self) -> list[tuple[str, Direction]]:
+        """(``"ip:port->ip:port"``, direction) for both directions, a->b first."""
+        return [(f"{self.a}->{self.b}", self.direction("a->b")), (f"{self.b}->{self.a}", self.direction("b->a"))]
+
+    @property
+    def payload_bytes(self) -> tuple[int, int]:
+        return self.direction("a->b").payload_bytes, self.direction("b->a").payload_bytes
+
+    @property
+    def total_payload_bytes(self) -> int:
+        return sum(d.payload_bytes for d in self.directions.values())
+
+
+@dataclass(frozen=True)
+class Host:
+    address: str = "?"
+    tx_bytes: int = 0
+    rx_bytes: int = 0
+    duplex_overlap: float | None = None
+    tx_Bps_overlap: float = 0.0
+    rx_Bps_overlap: float = 0.0
+    tx_Bps_alone: float = 0.0
+    rx_Bps_alone: float = 0.0
+    active_s: float = 0.0
+    overlap_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PhaseKey:
+    """One timed iteration of one record (from the records' wall-clock windows)."""
+
+    backend: str | None = None
+    algo: str | None = None
+    op: str | None = None
+    world_size: int | None = None
+    size_bytes: int | None = None
+    iteration: int | None = None
+    t_start_ns: int = 0
+    t_end_ns: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Phase:
+    phase: PhaseKey = field(default_factory=PhaseKey)
+    packets: int = 0
+    connections: list[Connection] = field(default_factory=list)
+    hosts: list[Host] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CaptureSummary:
+    kernel_dropped: int | None = None
+    flagged: bool = False
+    packets: int = 0
+    frames: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    schema: int = ANALYSIS_SCHEMA
+    files: list[dict[str, Any]] = field(default_factory=list)
+    capture: CaptureSummary = field(default_factory=CaptureSummary)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    connections: list[Connection] = field(default_factory=list)
+    hosts: list[Host] = field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    # Not written by the analyzer; a file made by another tool may say what it captured.
+    world_size: int | None = None
+    transport: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Analysis:
+        if not isinstance(data.get("schema", ANALYSIS_SCHEMA), int) or data.get("schema", 1) > ANALYSIS_SCHEMA:
+            raise ValueError(f"analysis schema {data.get('schema')!r} is newer than this diag reads "
+                             f"({ANALYSIS_SCHEMA}): upgrade diag")
+        return from_json(cls, data)
+
+    def to_json(self) -> dict[str, Any]:
+        out = to_json(self)
+        for key in ("world_size", "transport"):  # written only when set, as the analyzer never sets them
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
+
+
+def load_analysis(path: Path) -> Analysis:
+    """Read an analysis file; raises ValueError (bad JSON, not an object, too new) with the path."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return Analysis.from_json(data)

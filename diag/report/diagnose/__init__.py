@@ -1,0 +1,81 @@
+"""Diagnosis: rules read a RunData (files only, through the evidence queries of diag.report.queries) and
+say what they found, how sure, on what evidence, and which named threshold fired
+(diag.report.thresholds). A rule that lacks its inputs says it cannot decide, and why.
+
+Every rule returns Findings with status "fired", "clear" (checked, nothing wrong) or "undecided" (could
+not check). A fired finding always carries evidence: numbers, the file they came from, the plot that
+shows them and, where it applies, the phase.
+
+Modules: ``findings`` (the typed findings.json document and the text summary), ``records_rules``,
+``paired`` (one rule for every paired experiment, its rows as data), ``wire_rules``, ``cpu_rules``,
+``mechanism`` (the verdict over all findings). ``RULES`` registers every rule once under its id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from diag.report.diagnose.base import Rule
+from diag.report.diagnose.cpu_rules import cpu_bound, cpu_limited_world_sizes
+from diag.report.diagnose.findings import (
+    FINDINGS_SCHEMA,
+    STATUSES,
+    STRENGTHS,
+    Evidence,
+    Finding,
+    FindingsDocument,
+    format_threshold,
+    load_findings,
+    render_text,
+    summary_lines,
+)
+from diag.report.diagnose.mechanism import mechanism
+from diag.report.diagnose.paired import EXCHANGE_ORDER, EXPERIMENTS, SHARED_CONNECTION, PairedExperiment
+from diag.report.diagnose.records_rules import backend_below_raw, data_errors, half_duplex_match, n2_busbw_dip
+from diag.report.diagnose.wire_rules import (
+    capture_drops,
+    idle_gaps,
+    low_duplex_overlap,
+    retransmissions,
+    turn_taking,
+    window_limited,
+)
+from diag.report.rundir import RunData
+
+
+def _register(*rules: Rule) -> dict[str, Rule]:
+    registry: dict[str, Rule] = {}
+    for rule in rules:
+        if rule.__name__ in registry:
+            raise ValueError(f"two rules with the id {rule.__name__}")
+        registry[rule.__name__] = rule
+    return registry
+
+
+# Every rule, under its id, in report order.
+RULES: dict[str, Rule] = _register(
+    n2_busbw_dip, backend_below_raw, SHARED_CONNECTION, EXCHANGE_ORDER, low_duplex_overlap, turn_taking,
+    half_duplex_match, window_limited, retransmissions, idle_gaps, cpu_bound, capture_drops, data_errors,
+)
+
+
+def diagnose(run: RunData) -> list[Finding]:
+    findings: list[Finding] = []
+    for rule in RULES.values():
+        findings.extend(rule(run))
+    findings.append(mechanism(findings))
+    return findings
+
+
+def findings_to_json(findings: Sequence[Finding], run: RunData) -> dict[str, Any]:
+    return FindingsDocument(list(findings), str(run.root) if run.root else None, list(run.missing)).to_json()
+
+
+__all__ = [
+    "EXCHANGE_ORDER", "EXPERIMENTS", "FINDINGS_SCHEMA", "RULES", "SHARED_CONNECTION", "STATUSES", "STRENGTHS",
+    "Evidence", "Finding", "FindingsDocument", "PairedExperiment", "Rule", "backend_below_raw", "capture_drops",
+    "cpu_bound", "cpu_limited_world_sizes", "data_errors", "diagnose", "findings_to_json", "format_threshold",
+    "half_duplex_match", "idle_gaps", "load_findings", "low_duplex_overlap", "mechanism", "n2_busbw_dip",
+    "render_text", "retransmissions", "summary_lines", "turn_taking", "window_limited",
+]

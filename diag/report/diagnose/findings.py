@@ -1,0 +1,128 @@
+"""Findings and their evidence: the typed, versioned findings.json document, and the one text summary every
+command that prints findings uses.
+
+Schema history (``FINDINGS_SCHEMA``, the ``schema`` key of findings.json):
+  1: run_dir, missing_inputs, findings (rule, status, statement, strength, evidence [text, values, source,
+     plot, phase], thresholds). A file without a ``schema`` key is read as 1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diag.typedjson import from_json, to_json
+
+FINDINGS_SCHEMA = 1
+STATUSES = ("fired", "undecided", "clear")
+STRENGTHS = ("strong", "moderate", "weak")
+# Print order: what fired first, then what could not be decided, then what was checked clear.
+STATUS_ORDER = {"fired": 0, "undecided": 1, "clear": 2}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    text: str                                    # one sentence with the numbers
+    values: dict[str, Any] = field(default_factory=dict)
+    source: str = ""                             # file the numbers came from
+    plot: str | None = None                      # report PNG that shows it
+    phase: dict[str, Any] | None = None          # sweep phase (capture window) it belongs to
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    status: str                                  # fired | undecided | clear
+    statement: str
+    strength: str = ""                           # strong | moderate | weak (fired only)
+    evidence: tuple[Evidence, ...] = ()
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"bad status {self.status!r}")
+        if self.status == "fired" and (not self.evidence or self.strength not in STRENGTHS):
+            raise ValueError(f"rule {self.rule}: a finding needs evidence and a strength")
+
+    def to_json(self) -> dict[str, Any]:
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Finding:
+        return from_json(cls, data)
+
+
+@dataclass(frozen=True)
+class FindingsDocument:
+    """findings.json: the findings of one diagnosis and what the run lacked."""
+
+    findings: list[Finding]
+    run_dir: str | None = None
+    missing_inputs: list[str] = field(default_factory=list)
+    schema: int = FINDINGS_SCHEMA
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": self.schema, "run_dir": self.run_dir, "missing_inputs": list(self.missing_inputs),
+                "findings": [f.to_json() for f in self.findings]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FindingsDocument:
+        schema = data.get("schema", 1)
+        if not isinstance(schema, int) or schema > FINDINGS_SCHEMA:
+            raise ValueError(f"findings schema {schema!r} is newer than this diag reads ({FINDINGS_SCHEMA}): "
+                             "upgrade diag")
+        return cls([Finding.from_json(f) for f in data.get("findings") or []], data.get("run_dir"),
+                   list(data.get("missing_inputs") or []), schema)
+
+
+def load_findings(path: Path) -> FindingsDocument:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return FindingsDocument.from_json(data)
+
+
+def format_threshold(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def ordered(findings: Sequence[Finding]) -> list[Finding]:
+    """Fired, then undecided, then clear; rule order kept within each."""
+    return sorted(findings, key=lambda f: STATUS_ORDER[f.status])
+
+
+def fired(findings: Sequence[Finding]) -> list[Finding]:
+    return [f for f in findings if f.status == "fired"]
+
+
+def summary_lines(findings: Sequence[Finding]) -> list[str]:
+    """The short summary every command prints: one line per fired finding, then the count of rules that
+    could not decide and were checked clear."""
+    hits = fired(findings)
+    lines = [f"finding ({f.strength}) {f.rule}: {f.statement}" for f in hits] or ["no rule fired"]
+    undecided = sum(f.status == "undecided" for f in findings)
+    clear = sum(f.status == "clear" for f in findings)
+    lines.append(f"{len(hits)} findings, {undecided} rules could not decide, {clear} checked clear")
+    return lines
+
+
+def render_text(findings: Sequence[Finding]) -> str:
+    """Every finding with up to five pieces of evidence and the thresholds it used (diag diagnose)."""
+    lines: list[str] = []
+    for f in ordered(findings):
+        tag = {"fired": f"FINDING ({f.strength})", "undecided": "CANNOT DECIDE", "clear": "ok"}[f.status]
+        lines.append(f"[{tag}] {f.rule}: {f.statement}")
+        for e in f.evidence[:5]:
+            where = e.source + (f", plot {e.plot}" if e.plot else "")
+            lines.append(f"    - {e.text} [{where}]")
+        if len(f.evidence) > 5:
+            lines.append(f"    - ... {len(f.evidence) - 5} more in findings.json")
+        if f.thresholds and f.status != "clear":
+            lines.append("      thresholds: " + ", ".join(f"{k}={format_threshold(v)}" for k, v in f.thresholds.items()))
+    return "\n".join(lines)

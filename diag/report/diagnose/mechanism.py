@@ -1,0 +1,72 @@
+"""The mechanism verdict: tie the N=2 dip to the fired findings that explain it, and name the experiments
+that ruled suspects out; undecided when nothing isolates it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from diag.report.diagnose.findings import STRENGTHS, Evidence, Finding
+from diag.report.diagnose.paired import EXPERIMENTS
+
+# Rules whose firing points at a mechanism behind an N=2 dip, with what each means (the paired experiments
+# bring their own reading).
+READINGS: dict[str, str] = {
+    "turn_taking": "on the wire, the backend's one connection at N=2 carries its two directions in turns, "
+                   "where raw TCP on one connection between the same hosts carries both at once",
+    "half_duplex_match": "a raw ring that alternates directions (half duplex) runs at the backend's N=2 speed",
+    **{e.id: e.reading for e in EXPERIMENTS},
+    "low_duplex_overlap": "the wire shows both directions of one connection/host taking turns",
+    "cpu_bound": "a thread is pinned at a full core, so the CPU may set the pace",
+    "window_limited": "senders wait on windows or buffers",
+    "retransmissions": "losses force retransmissions",
+    "idle_gaps": "connections idle between bursts",
+}
+
+# Rules whose "clear" verdict rules a suspected mechanism out.
+RULED_OUT: tuple[str, ...] = (*(e.id for e in EXPERIMENTS if e.rules_out), "cpu_bound")
+
+
+def mechanism(findings: Sequence[Finding]) -> Finding:
+    """Tie the N=2 dip to the experiments that explain it; undecided when none does."""
+    name = "mechanism"
+    dips = [f for f in findings if f.rule == "n2_busbw_dip" and f.status == "fired"]
+    if not dips:
+        checked = [f for f in findings if f.rule == "n2_busbw_dip"]
+        if checked and all(f.status == "undecided" for f in checked):
+            return Finding(name, "undecided", "whether N=2 is slower could not be checked, so there is no "
+                           "mechanism to name")
+        return Finding(name, "clear", "no N=2 busbw dip to explain")
+    support: list[Finding] = []
+    everywhere: list[str] = []
+    for f in findings:
+        if f.status != "fired" or f.rule not in READINGS:
+            continue
+        sizes = {e.values.get("world_size") for e in f.evidence} - {None}
+        if sizes and 2 not in sizes:
+            continue  # seen only at other world sizes: says nothing about N=2
+        if any(n >= 3 for n in sizes):
+            everywhere.append(f.rule)  # present at N>=3 too, so it cannot explain what only N=2 suffers
+            continue
+        support.append(f)
+    if not support:
+        missing = sorted({f.rule for f in findings if f.status == "undecided" and f.rule in READINGS})
+        return Finding(name, "undecided",
+                       "N=2 is slower but no experiment here isolates why"
+                       + (f"; seen at N>=3 as well, so not specific to N=2: {', '.join(everywhere)}"
+                          if everywhere else "")
+                       + (f"; missing evidence for: {', '.join(missing)}" if missing else ""))
+    readings = "; ".join(READINGS[f.rule] for f in support)
+    evidence = tuple(Evidence(f"{f.rule}: {f.statement}", {"rule": f.rule, "strength": f.strength},
+                              f.evidence[0].source, f.evidence[0].plot) for f in [*dips[:1], *support])
+    strong = sum(f.strength == "strong" for f in support)
+    strength = "strong" if strong >= 2 else "moderate" if strong == 1 or len(support) >= 2 else "weak"
+    # No surer than the dip it explains.
+    weakest_dip = max(STRENGTHS.index(f.strength) for f in dips[:1])
+    strength = STRENGTHS[max(STRENGTHS.index(strength), weakest_dip)]
+    statement = f"the N=2 loss is supported by: {readings}"
+    ruled_out = [f.statement for f in findings if f.status == "clear" and f.rule in RULED_OUT]
+    if ruled_out:
+        statement += "; ruled out by experiment: " + "; ".join(ruled_out)
+    if everywhere:
+        statement += f" (not counted, seen at N>=3 too: {', '.join(everywhere)})"
+    return Finding(name, "fired", statement, strength, evidence)

@@ -1,0 +1,212 @@
+"""Rules on the records alone: the N=2 dip, the backend against the raw-TCP reference, half-duplex speed,
+wrong data."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+
+from diag.records import Record
+from diag.report.compare import welch_test
+from diag.report.diagnose.base import strength_of, undecided
+from diag.report.diagnose.cpu_rules import cpu_limited_world_sizes
+from diag.report.diagnose.findings import Evidence, Finding
+from diag.report.queries import large_sizes, raw_reference
+from diag.report.rundir import RunData
+from diag.report.series import PAIRWISE_OPS, busbw_samples, by_series, knob, series_label
+from diag.report.thresholds import (
+    ALPHA,
+    BACKEND_RAW_EFFICIENCY,
+    HALF_DUPLEX_MATCH,
+    LARGE_SIZE_BYTES,
+    N2_DIP_RATIO,
+    N2_DIP_STRONG,
+    used,
+)
+from diag.units import human_bytes, human_rate
+
+
+def n2_busbw_dip(run: RunData) -> list[Finding]:
+    """busbw at N=2 below N>=3 at the same size, and the size from which the dip holds."""
+    name = "n2_busbw_dip"
+    thresholds = used(N2_DIP_RATIO, N2_DIP_STRONG, ALPHA)
+    findings: list[Finding] = []
+    # N>=3 runs where the CPU, not the link, set the pace would drag the reference down and hide a dip:
+    # they are left out of it while link-bound N>=3 runs remain (cpu_bound names them).
+    cpu_limited = cpu_limited_world_sizes(run)
+    for (label, op), per_n in sorted(by_series(run.records).items()):
+        if op in PAIRWISE_OPS or 2 not in per_n or not any(n >= 3 for n in per_n):
+            continue
+        per_n, axis = match_axis(per_n)
+        reference = [n for n in per_n if n >= 3 and n not in cpu_limited] or [n for n in per_n if n >= 3]
+        left_out = sorted(n for n in per_n if n >= 3 and n not in reference)
+        note = (f"; N={','.join(map(str, left_out))} left out of the reference: CPU-bound there (cpu_bound)"
+                if left_out else "")
+        ratios: dict[int, tuple[float, float, float]] = {}
+        for size, row2 in sorted(per_n[2].items()):
+            others = [per_n[n][size].busbw_Bps for n in reference if size in per_n[n]]
+            if others and row2.busbw_Bps > 0:
+                ref = statistics.median(others)
+                ratios[size] = (row2.busbw_Bps / ref if ref > 0 else math.inf, row2.busbw_Bps, ref)
+        if not ratios:
+            continue
+        sizes = sorted(ratios)
+        source = run.source_of(per_n[2][sizes[-1]])
+        table = ", ".join(f"{axis}{human_bytes(s)}: {ratios[s][0]:.2f}" for s in sizes)
+        if ratios[sizes[-1]][0] >= N2_DIP_RATIO.value:
+            findings.append(Finding(name, "clear", f"{label} {op}: busbw at N=2 is not below N>=3 at the largest "
+                                    f"size (N=2 / N>=3 ratio by size: {table}){note}", thresholds=thresholds))
+            continue
+        onset = sizes[-1]
+        for s in reversed(sizes):
+            if ratios[s][0] >= N2_DIP_RATIO.value:
+                break
+            onset = s
+        dipping = [s for s in sizes if s >= onset]
+        worst = ratios[sizes[-1]][0]
+        strength = ("strong" if worst < N2_DIP_STRONG.value and len(dipping) >= 2
+                    else "moderate" if len(dipping) >= 2 or worst < N2_DIP_STRONG.value else "weak")
+        ns = sorted(reference)
+        reference_label = f"N={','.join(map(str, ns))}" if left_out else f"N>={ns[0]}"
+        pooled = [v for n in ns if sizes[-1] in per_n[n] for v in busbw_samples(per_n[n][sizes[-1]])]
+        test = welch_test(busbw_samples(per_n[2][sizes[-1]]), pooled)
+        if test.p_value is None or test.p_value >= ALPHA.value:
+            strength = "weak"  # the samples do not separate N=2 from N>=3 with confidence
+        significance = (f"p={test.p_value:.2g}" if test.p_value is not None else test.reason)
+        evidence = [Evidence(
+            f"at {axis}{human_bytes(s)}{' per rank' if not axis else ''}, N=2 busbw {human_rate(ratios[s][1])} vs median "
+            f"N={','.join(map(str, ns))} "
+            f"{human_rate(ratios[s][2])} (ratio {ratios[s][0]:.2f})",
+            {"size_bytes": s, "ratio": ratios[s][0], "busbw_n2_Bps": ratios[s][1], "busbw_n3plus_Bps": ratios[s][2]},
+            source, "busbw_vs_size.png") for s in dipping]
+        findings.append(Finding(
+            name, "fired",
+            f"{label} {op}: busbw at N=2 is {1 - worst:.0%} below {reference_label} at {axis}{human_bytes(sizes[-1])}, "
+            f"from {axis}{human_bytes(onset)}{' per rank' if not axis else ''} upward "
+            f"({significance}; ratio by size: {table}){note}",
+            strength, tuple(evidence), thresholds))
+    if not findings:
+        return undecided(name, "no series has both N=2 and N>=3 rows at the same sizes: cannot compare "
+                         "(sweep --nproc 2,3,4)", N2_DIP_RATIO, N2_DIP_STRONG, ALPHA)
+    return findings
+
+
+def match_axis(per_n: dict[int, dict[int, Record]]) -> tuple[dict[int, dict[int, Record]], str]:
+    """Compare N=2 with N>=3 at equal per-rank size S, or at equal per-device volume D = (N-1) x S (the
+    user's own axis, and what diag reproduce sweeps) when that matches more rows. Returns the maps and a
+    label prefix for sizes ("" for S, "D=" for volume)."""
+    by_volume = {n: {row.volume_bytes: row for row in rows.values()} for n, rows in per_n.items()}
+
+    def matches(maps: dict[int, dict[int, Record]]) -> int:
+        return sum(1 for key in maps.get(2, {}) if any(key in maps[n] for n in maps if n >= 3))
+
+    return (by_volume, "D=") if matches(by_volume) > matches(per_n) else (per_n, "")
+
+
+def backend_below_raw(run: RunData) -> list[Finding]:
+    """A torch backend far below the raw-TCP reference on the same op, N and sizes."""
+    name = "backend_below_raw"
+    limits = (BACKEND_RAW_EFFICIENCY, LARGE_SIZE_BYTES)
+    thresholds = used(*limits)
+    torch_rows = [r for r in run.records if r.backend != "raw"]
+    best_raw = raw_reference(run.records)
+    if not best_raw:
+        return undecided(name, "no raw rows: cannot compare the backend with the raw-TCP reference", *limits)
+    if not torch_rows:
+        return undecided(name, "no torch backend rows: nothing to compare with the raw reference", *limits)
+    groups: dict[tuple[str, str, int], list[Record]] = defaultdict(list)
+    for r in torch_rows:
+        if (r.op, r.world_size, r.size_bytes) in best_raw:
+            groups[(series_label(r), r.op, r.world_size)].append(r)
+    if not groups:
+        return undecided(name, "raw and backend rows share no (op, N, size): cannot compare", *limits)
+    low: list[Evidence] = []
+    fine: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    for (label, op, n), rows in sorted(groups.items()):
+        by_size = {r.size_bytes: r for r in rows}
+        large = large_sizes(sorted(by_size))
+        effs = [by_size[s].busbw_Bps / best_raw[(op, n, s)].busbw_Bps for s in large
+                if best_raw[(op, n, s)].busbw_Bps > 0]
+        if not effs:
+            continue
+        eff = statistics.median(effs)
+        ref = best_raw[(op, n, large[-1])]
+        text = (f"{label} {op} N={n}: busbw {eff:.0%} of raw ({series_label(ref)}) at "
+                f"{human_bytes(large[0])}..{human_bytes(large[-1])} "
+                f"({human_rate(by_size[large[-1]].busbw_Bps)} vs {human_rate(ref.busbw_Bps)} at {human_bytes(large[-1])})")
+        if eff < BACKEND_RAW_EFFICIENCY.value:
+            low.append(Evidence(text, {"world_size": n, "op": op, "efficiency": eff, "raw": series_label(ref)},
+                                run.source_of(by_size[large[-1]]), "efficiency.png"))
+        else:
+            fine[(label, op)].append((n, eff))
+    if not low:
+        return [Finding(name, "clear", "backend busbw is within reach of raw TCP: " + efficiency_summary(fine),
+                        thresholds=thresholds)]
+    worst = min(e.values["efficiency"] for e in low)
+    ns = sorted({e.values["world_size"] for e in low})
+    statement = (f"the backend is far below raw TCP on the same link at N={','.join(map(str, ns))} "
+                 f"(lowest efficiency {worst:.0%})")
+    if fine:
+        statement += "; elsewhere it keeps up: " + efficiency_summary(fine)
+    return [Finding(name, "fired", statement, strength_of(BACKEND_RAW_EFFICIENCY.value - worst, 0.3, 0.1),
+                    tuple(low), thresholds)]
+
+
+def efficiency_summary(fine: dict[tuple[str, str], list[tuple[int, float]]]) -> str:
+    """'torch:gloo all_gather N=3,4,5: 86-107% of raw; ...' (large-size busbw medians per N)."""
+    parts = []
+    for (label, op), items in sorted(fine.items()):
+        ns = ",".join(str(n) for n, _ in sorted(items))
+        low, high = min(e for _, e in items), max(e for _, e in items)
+        span = f"{low:.0%}" if round(low * 100) == round(high * 100) else f"{low * 100:.0f}-{high:.0%}"
+        parts.append(f"{label} {op} N={ns}: {span} of raw")
+    return "; ".join(parts)
+
+
+def half_duplex_match(run: RunData) -> list[Finding]:
+    """Does a half-duplex schedule (raw --io alternate) reproduce the backend's N=2 busbw?"""
+    name = "half_duplex_match"
+    thresholds = used(HALF_DUPLEX_MATCH)
+    rows = [r for r in run.records if r.op == "all_gather" and r.world_size == 2]
+    alternate = [r for r in rows if r.backend == "raw" and knob(r, "io") == "alternate"]
+    duplex = [r for r in rows if r.backend == "raw" and knob(r, "io") == "duplex"]
+    backend = [r for r in rows if r.backend != "raw"]
+    if not alternate or not backend:
+        return undecided(name, "no raw --io alternate rows at N=2 beside backend rows: cannot test whether a "
+                         "half-duplex schedule explains the N=2 busbw", HALF_DUPLEX_MATCH)
+    alt_by_volume = {r.volume_bytes: r for r in alternate}
+    findings = []
+    for r in backend:
+        ref = alt_by_volume.get(r.volume_bytes)
+        if ref is None or ref.busbw_Bps <= 0:
+            continue
+        full = max((d for d in duplex if d.volume_bytes == r.volume_bytes), key=lambda d: d.busbw_Bps, default=None)
+        ratio = r.busbw_Bps / ref.busbw_Bps
+        text = (f"at D={human_bytes(r.volume_bytes)}: {r.transport} N=2 busbw {human_rate(r.busbw_Bps)}, raw ring "
+                f"alternating directions {human_rate(ref.busbw_Bps)} (ratio {ratio:.2f})"
+                + (f", raw ring full duplex {human_rate(full.busbw_Bps)}" if full else ""))
+        evidence = (Evidence(text, {"world_size": 2, "ratio": ratio, "volume_bytes": r.volume_bytes},
+                             run.source_of(r), "busbw_vs_size.png"),)
+        if abs(ratio - 1) <= HALF_DUPLEX_MATCH.value and (full is None or full.busbw_Bps > 1.2 * r.busbw_Bps):
+            findings.append(Finding(name, "fired", f"{r.transport} at N=2 runs at the speed of a half-duplex "
+                                    f"schedule: {text}", "moderate" if abs(ratio - 1) > HALF_DUPLEX_MATCH.value / 2
+                                    else "strong", evidence, thresholds))
+        else:
+            findings.append(Finding(name, "clear", f"{r.transport} at N=2 does not match a half-duplex schedule: "
+                                    f"{text}", thresholds=thresholds))
+    if not findings:
+        return undecided(name, "raw --io alternate and backend rows share no per-device volume at N=2",
+                         HALF_DUPLEX_MATCH)
+    return findings
+
+
+def data_errors(run: RunData) -> list[Finding]:
+    name = "data_errors"
+    bad = [r for r in run.records if r.nwrong > 0]
+    if not bad:
+        return [Finding(name, "clear", f"all {len(run.records)} rows verified with 0 wrong elements")]
+    return [Finding(name, "fired", f"{len(bad)} rows delivered wrong data: their timings are not trustworthy",
+                    "strong", tuple(Evidence(f"{series_label(r)} {r.op} N={r.world_size} {human_bytes(r.size_bytes)}: "
+                                             f"{r.nwrong} wrong elements", {"nwrong": r.nwrong}, run.source_of(r))
+                                    for r in bad[:20]))]

@@ -1,0 +1,277 @@
+"""Rules on the wire (capture analyses) and TCP_INFO: duplex overlap, turn-taking against a raw shared
+connection, windows, retransmissions, idle gaps, capture drops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diag.report.diagnose.base import drop_note, strength_of, undecided, weaken
+from diag.report.diagnose.findings import Evidence, Finding
+from diag.report.queries import analysed, capture_op, tcp_info_series, two_way_connections
+from diag.report.rundir import RunData
+from diag.report.thresholds import (
+    BIDIR_MIN_BYTES,
+    DUPLEX_OVERLAP_LOW,
+    IDLE_FRACTION,
+    IDLE_RESTART_S,
+    RETRANS_MIN_COUNT,
+    RETRANS_RATE,
+    RWND_LIMITED_FRACTION,
+    SNDBUF_LIMITED_FRACTION,
+    TURN_TAKING_GAP,
+    used,
+)
+from diag.units import human_bytes
+
+
+def low_duplex_overlap(run: RunData) -> list[Finding]:
+    """Connections/hosts that carry both directions but rarely move both at once."""
+    name = "low_duplex_overlap"
+    limits = (DUPLEX_OVERLAP_LOW, BIDIR_MIN_BYTES)
+    thresholds = used(*limits)
+    captures = analysed(run)
+    if not captures:
+        return undecided(name, "no capture analysis (analysis/*.json): cannot measure duplex overlap", *limits)
+    low: list[Evidence] = []
+    ok: list[str] = []
+    unreliable = False
+    for c in sorted(captures, key=lambda c: (c.world_size or 0, c.tag)):
+        source = f"analysis/{c.tag}.json"
+        for conn in c.connections:
+            moved = conn.payload_bytes
+            overlap = conn.duplex_overlap
+            if min(moved) < BIDIR_MIN_BYTES.value or not isinstance(overlap, (int, float)):
+                continue
+            text = (f"{c.label}: connection {conn.a} <-> {conn.b} carries "
+                    f"{human_bytes(moved[0])} / {human_bytes(moved[1])} but both directions move at once "
+                    f"{overlap:.0%} of its active time{drop_note(c)}")
+            if overlap < DUPLEX_OVERLAP_LOW.value:
+                unreliable |= bool(c.kernel_dropped)
+                low.append(Evidence(text, {"world_size": c.world_size, "transport": c.transport,
+                                           "duplex_overlap": overlap, "kind": "connection"}, source,
+                                    "duplex_overlap.png"))
+            else:
+                ok.append(text)
+        for host in c.hosts:
+            overlap = host.duplex_overlap
+            tx, rx = host.tx_bytes, host.rx_bytes
+            if min(tx, rx) < BIDIR_MIN_BYTES.value or not isinstance(overlap, (int, float)):
+                continue
+            text = (f"{c.label}: host {host.address} sends {human_bytes(tx)} and receives "
+                    f"{human_bytes(rx)}, both at once {overlap:.0%} of its active time{drop_note(c)}")
+            if overlap < DUPLEX_OVERLAP_LOW.value:
+                unreliable |= bool(c.kernel_dropped)
+                low.append(Evidence(text, {"world_size": c.world_size, "transport": c.transport,
+                                           "duplex_overlap": overlap, "kind": "host"}, source, "duplex_overlap.png"))
+            else:
+                ok.append(text)
+    if not low:
+        if not ok:
+            return [Finding(name, "clear", "no connection or host carried both directions in bulk "
+                            f"(>= {human_bytes(BIDIR_MIN_BYTES.value)} each way)", thresholds=thresholds)]
+        return [Finding(name, "clear", "every connection/host carrying both directions used both at once: "
+                        + "; ".join(ok[:6]), thresholds=thresholds)]
+    worst = min(e.values["duplex_overlap"] for e in low)
+    ns = sorted({e.values["world_size"] for e in low if e.values["world_size"]})
+    statement = (f"the link's full duplex goes unused at N={','.join(map(str, ns)) or '?'}: a connection or host "
+                 f"that carries both directions moves them at once only {worst:.0%} of the time")
+    fine_ns = sorted({n for n in (c.world_size for c in captures) if n and n not in ns})
+    if fine_ns:
+        statement += f" (captures at N={','.join(map(str, fine_ns))} show no such loss)"
+    strength = strength_of(DUPLEX_OVERLAP_LOW.value - worst, 0.3, 0.15)
+    return [Finding(name, "fired", statement, weaken(strength) if unreliable else strength, tuple(low), thresholds)]
+
+
+def turn_taking(run: RunData) -> list[Finding]:
+    """At N=2 a backend's one connection carries both directions in turns while raw TCP on one shared
+    connection, on the same hosts, carries both at once: the turn-taking is the backend's, not TCP's."""
+    name = "turn_taking"
+    limits = (TURN_TAKING_GAP, DUPLEX_OVERLAP_LOW, BIDIR_MIN_BYTES)
+    thresholds = used(*limits)
+    pairs = [c for c in analysed(run) if c.world_size == 2 and two_way_connections(c)]
+    backend = [c for c in pairs if (c.transport or "").startswith("torch:") and capture_op(c) == "all_gather"]
+    raw = [c for c in pairs if (c.transport or "").startswith("raw")]
+    if not backend:
+        return undecided(name, "no capture of a backend all_gather at N=2 with a connection carrying both "
+                         "directions: cannot test turn-taking", *limits)
+    if not raw:
+        return undecided(name, "no capture of raw TCP on one shared connection at N=2 (raw --conn shared or "
+                         "--emulate gloo): no reference for what one connection can do", *limits)
+    best_raw = max(raw, key=lambda c: two_way_connections(c)[0].overlap)
+    reference = two_way_connections(best_raw)[0]
+    raw_conn, raw_overlap = reference.connection, reference.overlap
+    findings = []
+    for c in backend:
+        first = two_way_connections(c)[0]
+        conn, overlap = first.connection, first.overlap
+        evidence = (
+            Evidence(f"{c.label}: connection {conn.a} <-> {conn.b} moves both directions at once "
+                     f"{overlap:.0%} of its active time", {"world_size": 2, "duplex_overlap": overlap,
+                                                           "transport": c.transport},
+                     f"analysis/{c.tag}.json", "duplex_overlap.png"),
+            Evidence(f"{best_raw.label}: raw TCP, one connection {raw_conn.a} <-> {raw_conn.b} "
+                     f"carrying both directions, overlaps them {raw_overlap:.0%} of its active time",
+                     {"world_size": 2, "duplex_overlap": raw_overlap, "transport": best_raw.transport},
+                     f"analysis/{best_raw.tag}.json", "duplex_overlap.png"),
+        )
+        if overlap < DUPLEX_OVERLAP_LOW.value and raw_overlap - overlap >= TURN_TAKING_GAP.value:
+            strength = strength_of(raw_overlap - overlap - TURN_TAKING_GAP.value, 0.3, 0.15)
+            findings.append(Finding(
+                name, "fired",
+                f"{c.transport} all_gather at N=2 sends and receives on its one connection in turns "
+                f"({overlap:.0%} overlap), while raw TCP on one shared connection between the same hosts overlaps "
+                f"them {raw_overlap:.0%}: one TCP connection can carry both directions at once, so the turns "
+                "come from how the backend drives the pair, not from TCP or the link",
+                weaken(strength) if c.kernel_dropped or best_raw.kernel_dropped else strength, evidence,
+                thresholds))
+        else:
+            findings.append(Finding(name, "clear", f"{c.transport} all_gather at N=2 overlaps the two directions "
+                                    f"of its connection {overlap:.0%} (raw shared connection: {raw_overlap:.0%})",
+                                    thresholds=thresholds))
+    return findings
+
+
+def window_limited(run: RunData) -> list[Finding]:
+    """Receive-window limited (zero windows, full windows, TCP_INFO rwnd_limited) or send-buffer limited."""
+    name = "window_limited"
+    limits = (RWND_LIMITED_FRACTION, SNDBUF_LIMITED_FRACTION)
+    thresholds = used(*limits)
+    captures = analysed(run)
+    tcp = tcp_info_series(run)
+    if not captures and not tcp:
+        return undecided(name, "no capture analysis and no TCP_INFO samples: cannot see windows", *limits)
+    hits: list[Evidence] = []
+    for c in captures:
+        for conn in c.connections:
+            for label, d in conn.labelled_directions():
+                zero, full = d.zero_windows, d.window_full
+                if zero or full:
+                    hits.append(Evidence(f"{c.label} {label}: {zero} zero-window and {full} window-full events"
+                                         f"{drop_note(c)}", {"zero_windows": zero, "window_full": full,
+                                                             "world_size": c.world_size},
+                                         f"analysis/{c.tag}.json", "window.png"))
+    for series in tcp:
+        busy = series.delta("busy_s")
+        if not busy:
+            continue
+        for key, limit, what in (("rwnd_limited_s", RWND_LIMITED_FRACTION, "receive-window"),
+                                 ("sndbuf_limited_s", SNDBUF_LIMITED_FRACTION, "send-buffer")):
+            spent = series.delta(key)
+            if spent is not None and spent / busy >= limit.value:
+                hits.append(Evidence(f"{series.label}: {what} limited {spent / busy:.0%} of its busy time "
+                                     f"({spent:.3g} s of {busy:.3g} s, TCP_INFO)",
+                                     {key: spent, "busy_s": busy, "fraction": spent / busy}, "TCP_INFO samples",
+                                     "window.png"))
+    if not hits:
+        return [Finding(name, "clear", "no zero or full windows on the wire and no connection window- or "
+                        "buffer-limited beyond the thresholds", thresholds=thresholds)]
+    zero = sum(e.values.get("zero_windows", 0) for e in hits)
+    strength = ("strong" if zero or any(e.values.get("fraction", 0) >= 2 * RWND_LIMITED_FRACTION.value
+                                        for e in hits) else "moderate")
+    return [Finding(name, "fired", f"the sender waited on the receiver's window or its own buffer "
+                    f"({len(hits)} connection directions; {zero} zero windows)", strength, tuple(hits[:20]),
+                    thresholds)]
+
+
+def retransmissions(run: RunData) -> list[Finding]:
+    name = "retransmissions"
+    limits = (RETRANS_RATE, RETRANS_MIN_COUNT)
+    thresholds = used(*limits)
+    captures = analysed(run)
+    tcp = tcp_info_series(run)
+    if not captures and not tcp:
+        return undecided(name, "no capture analysis and no TCP_INFO samples: cannot count retransmissions",
+                         *limits)
+    hits: list[Evidence] = []
+    for c in captures:
+        for conn in c.connections:
+            for label, d in conn.labelled_directions():
+                resent, packets = d.retransmissions, d.packets
+                if packets and resent >= RETRANS_MIN_COUNT.value and resent / packets >= RETRANS_RATE.value:
+                    hits.append(Evidence(f"{c.label} {label}: {resent} retransmissions in {packets} packets "
+                                         f"({resent / packets:.2%}){drop_note(c)}",
+                                         {"retransmissions": resent, "packets": packets, "rate": resent / packets,
+                                          "world_size": c.world_size},
+                                         f"analysis/{c.tag}.json"))
+    for series in tcp:
+        total = series.delta("total_retrans")
+        if total is None:
+            values = series.values("retrans")
+            total = max(values) if values else None
+        if total and total >= RETRANS_MIN_COUNT.value:
+            hits.append(Evidence(f"{series.label}: {total:.0f} retransmitted segments (TCP_INFO)", {"retrans": total},
+                                 "TCP_INFO samples"))
+    if not hits:
+        return [Finding(name, "clear", "retransmissions below the threshold everywhere", thresholds=thresholds)]
+    worst = max(e.values.get("rate", 0) for e in hits)
+    return [Finding(name, "fired", f"segments were lost and resent on {len(hits)} connection directions "
+                    f"(worst {worst:.2%} of packets)", strength_of(worst / RETRANS_RATE.value, 10, 3),
+                    tuple(hits[:20]), thresholds)]
+
+
+def find_sysctl(env: Any, fragment: str) -> Any:
+    """Search the fingerprint for a sysctl by name fragment, wherever the harness put it."""
+    if isinstance(env, dict):
+        for k, v in env.items():
+            if fragment in str(k) and not isinstance(v, (dict, list)):
+                return v
+            found = find_sysctl(v, fragment)
+            if found is not None:
+                return found
+    return None
+
+
+def idle_gaps(run: RunData) -> list[Finding]:
+    """Idle gaps in a direction; after an idle longer than the RTO Linux restarts from slow start."""
+    name = "idle_gaps"
+    limits = (IDLE_RESTART_S, IDLE_FRACTION)
+    thresholds = used(*limits)
+    captures = analysed(run)
+    if not captures:
+        return undecided(name, "no capture analysis: cannot see idle gaps", *limits)
+    ssai = find_sysctl(run.env, "slow_start_after_idle")
+    hits: list[Evidence] = []
+    restart = False
+    for c in captures:
+        for conn in c.connections:
+            for label, d in conn.labelled_directions():
+                if d.payload_bytes < BIDIR_MIN_BYTES.value:
+                    continue  # an ACK-only direction idles by design
+                gaps = d.idle_gaps
+                span = d.span_s
+                total, longest = gaps.total_s, gaps.max_s
+                fraction = total / span if span > 0 else 0.0
+                if longest >= IDLE_RESTART_S.value or fraction >= IDLE_FRACTION.value:
+                    restart |= longest >= IDLE_RESTART_S.value
+                    hits.append(Evidence(
+                        f"{c.label} {label}: {gaps.count} idle gaps, {total:.3g} s idle of {span:.3g} s "
+                        f"({fraction:.0%}), longest {longest:.3g} s{drop_note(c)}",
+                        {"count": gaps.count, "total_s": total, "max_s": longest, "fraction": fraction,
+                         "world_size": c.world_size},
+                        f"analysis/{c.tag}.json", "conn_throughput.png"))
+    if not hits:
+        return [Finding(name, "clear", "no direction idles long enough to matter", thresholds=thresholds)]
+    statement = f"connections sit idle between bursts ({len(hits)} directions)"
+    if restart:
+        statement += (f"; gaps longer than {IDLE_RESTART_S.value} s let Linux restart from slow start after idle"
+                      + (f" (net.ipv4.tcp_slow_start_after_idle = {ssai})" if ssai is not None
+                         else " (tcp_slow_start_after_idle not in the fingerprint)"))
+        if str(ssai) == "0":
+            statement += ", which is off here, so no cwnd reset"
+    strength = "strong" if restart and str(ssai) != "0" else "moderate" if restart else "weak"
+    return [Finding(name, "fired", statement, strength, tuple(hits[:20]), thresholds)]
+
+
+def capture_drops(run: RunData) -> list[Finding]:
+    name = "capture_drops"
+    known = [c for c in run.captures.values() if c.kernel_dropped is not None or c.flagged]
+    if not known:
+        return undecided(name, "no capture metadata: whether the kernel dropped packets is unknown")
+    bad = [c for c in known if (c.kernel_dropped or 0) > 0 or c.flagged]
+    if not bad:
+        return [Finding(name, "clear", f"no kernel drops in {len(known)} captures")]
+    return [Finding(name, "fired", f"{len(bad)} captures lost packets in the kernel: findings from them "
+                    f"(duplex overlap, windows, retransmissions, gaps) are unreliable", "strong",
+                    tuple(Evidence(f"{c.label}: kernel dropped {c.kernel_dropped} packets",
+                                   {"kernel_dropped": c.kernel_dropped}, f"captures/{c.tag}.capture.json")
+                          for c in bad))]

@@ -1,0 +1,75 @@
+"""Every number a diagnosis rule or an evidence query compares against: one table of name, value, meaning.
+
+Each finding reports the thresholds it used (``used(...)``: name -> value), and the report prints the table.
+A threshold is read as ``N2_DIP_RATIO.value``; the name in a finding is the constant's own name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diag.report.compare import ALPHA as _ALPHA
+
+
+@dataclass(frozen=True)
+class Threshold:
+    name: str
+    value: float | int
+    meaning: str
+
+
+def _t(name: str, value: float | int, meaning: str) -> Threshold:
+    return Threshold(name, value, meaning)
+
+
+N2_DIP_RATIO = _t("N2_DIP_RATIO", 0.8, "busbw at N=2 below this fraction of the median busbw at N>=3 "
+                  "(same size or same D) is a dip")
+N2_DIP_STRONG = _t("N2_DIP_STRONG", 0.6, "a dip deeper than this at the largest size, over >= 2 sizes, is strong")
+LARGE_SIZE_BYTES = _t("LARGE_SIZE_BYTES", 1 << 20, "sizes at or above this count as large (bandwidth-bound "
+                      "rather than latency-bound)")
+BACKEND_RAW_EFFICIENCY = _t("BACKEND_RAW_EFFICIENCY", 0.7, "backend busbw below this fraction of the raw-TCP "
+                            "reference's (same op, N, size) is far below")
+BIDIR_MIN_BYTES = _t("BIDIR_MIN_BYTES", 64 * 1024, "a connection or host moving at least this many payload bytes "
+                     "each way carries both directions")
+DUPLEX_OVERLAP_LOW = _t("DUPLEX_OVERLAP_LOW", 0.5, "duplex overlap (fraction of active time both directions move "
+                        "data) below this is low")
+ORDER_EFFECT = _t("ORDER_EFFECT", 0.15, "the exchange order (send-first vs recv-first) changes time by at least "
+                  "this fraction")
+CONN_SPLIT_EFFECT = _t("CONN_SPLIT_EFFECT", 0.15, "one connection per direction is at least this fraction faster "
+                       "than both directions on one connection (raw --conn)")
+RWND_LIMITED_FRACTION = _t("RWND_LIMITED_FRACTION", 0.2, "share of busy time a connection spent receive-window "
+                           "limited (TCP_INFO) before it is called rwnd limited")
+SNDBUF_LIMITED_FRACTION = _t("SNDBUF_LIMITED_FRACTION", 0.2, "same, send-buffer limited")
+RETRANS_RATE = _t("RETRANS_RATE", 0.001, "retransmitted segments per data segment above which retransmissions "
+                  "matter")
+RETRANS_MIN_COUNT = _t("RETRANS_MIN_COUNT", 3, "... and at least this many, so one resent segment on a tiny "
+                       "connection is not a finding")
+IDLE_RESTART_S = _t("IDLE_RESTART_S", 0.2, "Linux resets cwnd after an idle longer than the RTO "
+                    "(tcp_slow_start_after_idle); the RTO is >= 200 ms")
+IDLE_FRACTION = _t("IDLE_FRACTION", 0.3, "idle time (gaps) above this fraction of a direction's active span is "
+                   "significant")
+CPU_PINNED_PCT = _t("CPU_PINNED_PCT", 90.0, "a thread at or above this % of one core ...")
+CPU_PINNED_SHARE = _t("CPU_PINNED_SHARE", 0.5, "... in at least this share of its samples (and at least "
+                      "CPU_MIN_SAMPLES samples) is pinned; a machine saturated this share of a run is busy")
+CPU_MIN_SAMPLES = _t("CPU_MIN_SAMPLES", 3, "fewest CPU samples a thread or machine needs before it is judged")
+CPU_SATURATED_PCT = _t("CPU_SATURATED_PCT", 90.0, "the machine's CPUs (all, averaged) at least this busy: the "
+                       "ranks together use every core, so the CPU rather than the link may set the pace")
+CPU_LINK_REACHED = _t("CPU_LINK_REACHED", 0.85, "a busy machine limits an N only where raw TCP at that N stays "
+                      "below this share of the measured link rate")
+TURN_TAKING_GAP = _t("TURN_TAKING_GAP", 0.3, "a backend's two-way connection overlaps its directions this much "
+                     "less than raw TCP on one shared connection between the same hosts: the backend takes turns")
+HALF_DUPLEX_MATCH = _t("HALF_DUPLEX_MATCH", 0.2, "a backend's busbw within this fraction of a raw ring that "
+                       "alternates directions (half duplex) matches it")
+ALPHA = _t("ALPHA", _ALPHA, "significance level of Welch's t-test: a difference with p below it is confirmed")
+
+TABLE: tuple[Threshold, ...] = (
+    N2_DIP_RATIO, N2_DIP_STRONG, LARGE_SIZE_BYTES, BACKEND_RAW_EFFICIENCY, BIDIR_MIN_BYTES, DUPLEX_OVERLAP_LOW,
+    ORDER_EFFECT, CONN_SPLIT_EFFECT, RWND_LIMITED_FRACTION, SNDBUF_LIMITED_FRACTION, RETRANS_RATE,
+    RETRANS_MIN_COUNT, IDLE_RESTART_S, IDLE_FRACTION, CPU_PINNED_PCT, CPU_PINNED_SHARE, CPU_MIN_SAMPLES,
+    CPU_SATURATED_PCT, CPU_LINK_REACHED, TURN_TAKING_GAP, HALF_DUPLEX_MATCH, ALPHA,
+)
+
+
+def used(*thresholds: Threshold) -> dict[str, float]:
+    """name -> value of the thresholds a finding used, in the order given (findings.json ``thresholds``)."""
+    return {t.name: t.value for t in thresholds}

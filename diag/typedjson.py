@@ -1,0 +1,123 @@
+"""Dataclasses <-> JSON objects, for the versioned documents diag writes (analysis, findings).
+
+A document class is a dataclass whose fields carry type hints; ``from_json`` builds it from a decoded JSON
+object and ``to_json`` turns it back. Reading is lenient the way a loader of older files has to be: a key
+that is absent, or null where the field is not optional, takes the field's default; a key the class does
+not know is kept in ``extra`` (when the class has that field) and written back unchanged, so a file from a
+newer writer survives a read-modify-write. Nested dataclasses, ``list[X]``, ``dict[str, X]`` and
+``X | None`` are followed; anything else is taken as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from functools import cache
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+EXTRA = "extra"
+
+
+Decoder = Callable[[Any], Any]
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _optional(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+
+
+def _decoder(hint: Any) -> Decoder:
+    """A function that decodes one JSON value for this type hint (None passes through)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _decoder(options[0]) if len(options) == 1 else _identity
+    if dataclasses.is_dataclass(hint):
+        cls = hint
+        return lambda v: from_json(cls, v) if isinstance(v, dict) else v  # type: ignore[arg-type]
+    if origin in (list, tuple):
+        item = _decoder((typing.get_args(hint) or (Any,))[0])
+        if item is _identity:
+            return lambda v: (list(v) if origin is list else tuple(v)) if isinstance(v, list) else v
+        return lambda v: ([item(x) for x in v] if origin is list else tuple(item(x) for x in v)) \
+            if isinstance(v, list) else v
+    if origin is dict:
+        args = typing.get_args(hint)
+        item = _decoder(args[1]) if len(args) == 2 else _identity
+        if item is _identity:
+            return lambda v: dict(v) if isinstance(v, dict) else v
+        return lambda v: {k: item(x) for k, x in v.items()} if isinstance(v, dict) else v
+    return _identity
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    name: str
+    key: str
+    decode: Decoder
+    optional: bool
+    field: dataclasses.Field[Any]
+
+
+@cache
+def _plan(cls: type) -> tuple[tuple[_Slot, ...], bool]:
+    """How to read each field of cls, computed once per class; and whether cls keeps ``extra``."""
+    hints = typing.get_type_hints(cls)
+    slots = []
+    has_extra = False
+    for f in dataclasses.fields(cls):
+        if f.name == EXTRA:
+            has_extra = True
+            continue
+        slots.append(_Slot(f.name, str(f.metadata.get("key", f.name)), _decoder(hints[f.name]),
+                           _optional(hints[f.name]), f))
+    return tuple(slots), has_extra
+
+
+def _default(field: dataclasses.Field[Any]) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def from_json(cls: type[T], data: dict[str, Any]) -> T:
+    """Build ``cls`` from a JSON object (see the module docstring for what is lenient)."""
+    slots, has_extra = _plan(cls)
+    kwargs: dict[str, Any] = {}
+    for slot in slots:
+        value = data.get(slot.key)
+        if value is None:
+            kwargs[slot.name] = None if slot.optional else _default(slot.field)
+        else:
+            kwargs[slot.name] = slot.decode(value)
+    if has_extra:
+        known = {slot.key for slot in slots}
+        kwargs[EXTRA] = {k: v for k, v in data.items() if k not in known}
+    return cls(**kwargs)
+
+
+def _encode(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_json(value)
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    return value
+
+
+def to_json(obj: Any) -> dict[str, Any]:
+    """The JSON object of a document dataclass: its fields by key, then whatever ``extra`` kept."""
+    slots, has_extra = _plan(type(obj))
+    out = {slot.key: _encode(getattr(obj, slot.name)) for slot in slots}
+    if has_extra:
+        out.update(getattr(obj, EXTRA) or {})
+    return out
