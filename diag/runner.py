@@ -17,7 +17,6 @@ from diag.spec import SweepSpec
 from diag.worker import Job
 
 
-
 def transport_tag(spec: SweepSpec) -> str:
     label = spec.backend if spec.backend != "raw" else f"raw-{spec.algo}"
     if spec.knobs.get("emulate"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -14,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.common import need_root
 
 # tshark's expert-info fields we compare, keyed by the diag per-direction counter they correspond to.
 TSHARK_FLAGS = {
@@ -32,11 +33,6 @@ def need_tools(*tools: str) -> None:
     missing = [tool for tool in tools if not shutil.which(tool)]
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (installed by .ci/run through apt)")
-
-
-def need_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root for packet capture and network namespaces")
 
 
 def tshark_directions(pcap: Path) -> dict[tuple[str, str], dict[str, object]]:
@@ -142,12 +138,6 @@ c.close()
 
 def _in_ns(netns: str | None, command: list[str]) -> list[str]:
     return ["ip", "netns", "exec", netns, *command] if netns else command
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest
 
-
-def is_root() -> bool:
-    return os.geteuid() == 0
+from tests import common
 
 
 @pytest.fixture
 def need_root() -> None:
-    if not is_root():
-        pytest.skip("needs root (CAP_NET_ADMIN) for network namespaces and tc; CI runs as root")
+    """The fixture form of common.need_root."""
+    common.need_root()
 
 
 def need_tool(name: str) -> str:

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.common import free_port
 
 
 class CorruptingTransport:

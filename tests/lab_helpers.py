@@ -6,7 +6,6 @@ import itertools
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,12 +46,6 @@ def root_links() -> set[str]:
     """Interface names in the test's own namespace (the lab must never add any)."""
     out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
     return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line}
-
-
-def run_diag(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The real command line: python -m diag ..."""
-    return subprocess.run([sys.executable, "-m", "diag", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env=env)
 
 
 @pytest.fixture

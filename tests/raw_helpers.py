@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+from tests.common import free_port
+
 RANK_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple[Any, ...],

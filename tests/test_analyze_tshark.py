@@ -16,8 +16,6 @@ from capture_helpers import (
     bulk_transfer,
     diag_directions,
     flagged_frames,
-    free_port,
-    need_root,
     need_tools,
     netns_pair,
     tc,
@@ -25,6 +23,7 @@ from capture_helpers import (
 )
 
 from diag.capture import analyze_files, start_capture
+from tests.common import free_port, need_root
 
 # diag PacketState attribute for each per-direction counter compared frame by frame.
 STATE_FLAGS = {"retransmissions": "retransmission", "fast_retransmissions": "fast_retransmission",

@@ -9,10 +9,11 @@ import warnings
 from pathlib import Path
 
 import pytest
-from capture_helpers import bulk_transfer, free_port, need_root, need_tools, netns_pair, tshark_directions
+from capture_helpers import bulk_transfer, need_tools, netns_pair, tshark_directions
 
 from diag.capture import CaptureInfo, analyze_files, start_capture
 from diag.errors import DiagError
+from tests.common import free_port, need_root
 
 
 def test_tcpdump_capture_writes_sidecar_and_counts(tmp_path: Path) -> None:

@@ -365,3 +365,40 @@ def test_a_large_difference_the_samples_cannot_confirm_is_undecided(tmp_path) ->
     send = make_record("gloo", "exchange", 2, size, [1.3, 1.45, 1.6], knobs={"order": "send-first"})
     (f,) = EXCHANGE_ORDER(load_run([write_run_dir(tmp_path / "u", [recv, send])]))
     assert f.status == "undecided" and "cannot confirm" in f.statement and "more --iters" in f.statement
+
+
+def test_a_new_protocol_knob_is_one_row_of_the_paired_experiment_rule(tmp_path) -> None:
+    """A knob the raw transport gains later (say, the ready notice in-band or on its own connection) is
+    judged by the same rule once it is described as data: effect when the knob moves busbw, clear when not."""
+    from diag.report.diagnose import PairedExperiment
+    from diag.report.thresholds import CONN_SPLIT_EFFECT
+
+    notice = PairedExperiment(
+        id="notice_channel", knob="notice", a="inband", b="own", metric="busbw", effect=CONN_SPLIT_EFFECT,
+        two_sided=False, ratio_key="own_over_inband", backend="raw",
+        compare="{b} {b_busbw} vs {a} {a_busbw} busbw ({ratio:.2f}x", headline="the in-band notice costs throughput",
+        clear="where the notice travels does not matter", maybe="the notice may cost throughput",
+        absent="no rows with --notice", one_value="rows with one --notice value only", reading="notice queued")
+    assert notice.__name__ == "notice_channel"
+
+    def run_with(own_s: float, name: str):
+        rows = [make_record("raw", "all_gather", 2, 16 * MiB, timed(2.0, seed=1), knobs={"notice": "inband"}),
+                make_record("raw", "all_gather", 2, 16 * MiB, timed(own_s, seed=2), knobs={"notice": "own"})]
+        return load_run([write_run_dir(tmp_path / name, rows)])
+
+    (f,) = notice(run_with(1.0, "effect"))
+    assert f.status == "fired" and f.rule == "notice_channel"
+    assert f.evidence[0].values["own_over_inband"] == pytest.approx(2.0, rel=0.05)
+    assert "own" in f.evidence[0].text and "inband" in f.evidence[0].text
+    (g,) = notice(run_with(2.0, "flat"))
+    assert g.status == "clear" and g.statement.startswith("where the notice travels does not matter")
+    (u,) = notice(load_run([write_run_dir(tmp_path / "none", [make_record("gloo", "all_gather", 2, MiB, timed(0.1))])]))
+    assert u.status == "undecided" and u.statement == "no rows with --notice"
+
+
+def test_rules_are_registered_once_under_their_ids(anomaly_run) -> None:
+    from diag.report.diagnose import RULES
+
+    for rule_id, rule in RULES.items():
+        assert rule.__name__ == rule_id
+        assert {f.rule for f in rule(anomaly_run)} == {rule_id}

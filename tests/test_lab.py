@@ -11,13 +11,14 @@ import sys
 import time
 
 import pytest
-from lab_helpers import REPO, lab_names, lab_netns, requires_root, root_links, run_diag, unique_lab_name
+from lab_helpers import REPO, lab_names, lab_netns, requires_root, root_links, unique_lab_name
 
 from diag.errors import DiagError
 from diag.lab import LabConfig, bring_up, lab_session, load_lab, measure_link, tear_down, topology
 from diag.lab import state as lab_state
 from diag.lab.netns import call_in_netns
 from diag.lab.shaping import read_qdiscs
+from tests.common import run_diag
 
 __all__ = ["lab_names"]  # the fixture, re-exported so pytest finds it
 

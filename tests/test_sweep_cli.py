@@ -15,13 +15,9 @@ from pathlib import Path
 import pytest
 
 from diag.records import load_records
+from tests.common import run_diag
 
 DIAG = [sys.executable, "-m", "diag"]
-
-
-def run_diag(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*DIAG, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
