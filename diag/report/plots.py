@@ -1,18 +1,25 @@
-"""The report's plots (matplotlib, Agg backend): each one has units on its axes and a caption that says what
-to look for. A plot whose inputs are missing is skipped with the reason, never drawn empty.
+"""The report's plots, as data: each builder reads the run through the evidence queries and returns a
+FigureSpec (panels of labelled lines and bars, units on every axis, a caption that says what to look for)
+or the reason it drew nothing; diag.report.figures draws every spec with one panel helper.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from diag.report.queries import busiest_connection, host_cpu, raw_reference, tcp_info_series, thread_cpu
+from diag.records import Record
+from diag.report.figures import Bars, FigureSpec, Line, Panel, Plot, RefLine, Skipped, render
+from diag.report.queries import (
+    busiest_connection,
+    capture_name,
+    host_cpu,
+    raw_reference,
+    tcp_info_series,
+    thread_cpu,
+)
 from diag.report.rundir import CaptureSet, RunData
 from diag.report.series import PAIRWISE_OPS, by_series, series_label
 from diag.units import human_bytes
@@ -20,163 +27,152 @@ from diag.units import human_bytes
 # At most this many panels/lines per plot, so a big sweep stays readable.
 MAX_PANELS = 6
 MAX_LINES = 8
-DPI = 90
+# Rows whose per-device volume is within this fraction of the headline's D count as "at D" (D / (N-1) is
+# rounded to whole elements, so D itself differs by a few bytes between N).
+SAME_VOLUME = 0.01
+
+Builder = Callable[[RunData], FigureSpec | Skipped]
 
 
-@dataclass(frozen=True)
-class Plot:
-    filename: str
-    title: str
-    caption: str
-
-
-@dataclass(frozen=True)
-class Skipped:
-    title: str
-    reason: str
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _grid(plt: Any, count: int, width: float = 5.0, height: float = 3.6) -> tuple[Any, list[Any]]:
-    cols = min(count, 3)
-    rows = math.ceil(count / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
-    flat = [ax for row in axes for ax in row]
-    for ax in flat[count:]:
-        ax.set_visible(False)
-    return fig, flat[:count]
-
-
-def _save(plt: Any, fig: Any, out: Path, filename: str) -> None:
-    fig.tight_layout()
-    fig.savefig(out / filename, dpi=DPI)
-    plt.close(fig)
-
-
-def _bytes_axis(ax: Any, axis: str = "x") -> None:
-    from matplotlib.ticker import FuncFormatter, LogLocator
-
-    target = ax.xaxis if axis == "x" else ax.yaxis
-    # Every 4x, not every 2x: byte labels are wide and collide otherwise.
-    target.set_major_locator(LogLocator(base=4))
-    target.set_major_formatter(FuncFormatter(lambda v, _pos: human_bytes(v) if v >= 1 else ""))
-
-
-def _main_op(run: RunData) -> str | None:
+def main_op(run: RunData) -> str | None:
+    """all_gather when present, else the commonest collective (not a pairwise op)."""
     ops = [r.op for r in run.records if r.op not in PAIRWISE_OPS]
     if not ops:
         return None
     return "all_gather" if "all_gather" in ops else max(set(ops), key=ops.count)
 
 
-def plot_time_vs_volume(run: RunData, out: Path) -> Plot | Skipped:
-    title = "Time vs per-device volume D"
-    op = _main_op(run)
+def _link_ref(run: RunData) -> list[RefLine]:
+    link = run.link_Bps
+    if not link:
+        return []
+    return [RefLine(link / 1e6, f"link rate {link / 1e6:.1f} MB/s ({run.link_source.split(' (')[0]})")]
+
+
+def _style(label: str) -> str:
+    return "o-" if label.startswith("torch:") else "s--"
+
+
+def headline(run: RunData) -> FigureSpec | Skipped:
+    title = "Headline: backend vs raw TCP busbw against N at equal per-device volume D"
+    op = main_op(run)
     if op is None:
         return Skipped(title, "no collective rows (only pairwise ops)")
     series = {label: per_n for (label, o), per_n in by_series(run.records).items() if o == op}
-    plt = _pyplot()
-    fig, axes = _grid(plt, min(len(series), MAX_PANELS))
+    torch_n2 = [r.volume_bytes for label, per_n in series.items() if label.startswith("torch:")
+                for r in per_n.get(2, {}).values()]
+    volumes = torch_n2 or [r.volume_bytes for per_n in series.values() for rows in per_n.values()
+                           for r in rows.values()]
+    target = max(volumes)
+    lines = []
+    for label, per_n in sorted(series.items(), key=lambda kv: (not kv[0].startswith("torch:"), kv[0])):
+        points: list[tuple[int, float]] = []
+        for n in sorted(per_n):
+            near = min(per_n[n].values(), key=lambda r: abs(r.volume_bytes - target))
+            if abs(near.volume_bytes - target) <= SAME_VOLUME * target:
+                points.append((n, near.busbw_Bps / 1e6))
+        if points:
+            lines.append(Line(label, [p[0] for p in points], [p[1] for p in points], _style(label),
+                              width=2.5 if label.startswith("torch:") else 1.5))
+    if not lines:
+        return Skipped(title, f"no rows at D={human_bytes(target)}")
+    panel = Panel(f"{op} busbw at D = {human_bytes(target)} per device", "world size N", "busbw [MB/s]",
+                  lines, refs=_link_ref(run), x="int", y_from_zero=True)
+    return FigureSpec("headline.png", title,
+                      f"{op} bus bandwidth (nccl-tests convention, MB/s = 1e6 B/s) against the number of ranks N, "
+                      f"each rank receiving the same volume D = {human_bytes(target)} at every N. On a full-duplex "
+                      "link every transport should sit near the dashed link rate at every N; a backend line that "
+                      "drops at N=2 while the raw-TCP lines stay up is the anomaly, and the gap is what the "
+                      "backend loses. Raw experiments run at one N only are single markers.",
+                      [panel], columns=1, panel_size=(10.0, 4.6))
+
+
+def time_vs_volume(run: RunData) -> FigureSpec | Skipped:
+    title = "Time vs per-device volume D"
+    op = main_op(run)
+    if op is None:
+        return Skipped(title, "no collective rows (only pairwise ops)")
+    series = {label: per_n for (label, o), per_n in by_series(run.records).items() if o == op
+              and sum(len(rows) for rows in per_n.values()) > 1}
+    if not series:
+        return Skipped(title, f"no {op} series with more than one row")
     link = run.link_Bps
-    for ax, (label, per_n) in zip(axes, sorted(series.items()), strict=False):
+    panels = []
+    for label, per_n in sorted(series.items())[:MAX_PANELS]:
+        lines: list[Line] = []
         volumes: list[int] = []
         for n in sorted(per_n)[:MAX_LINES]:
             rows = sorted(per_n[n].values(), key=lambda r: r.volume_bytes)
             volumes += [r.volume_bytes for r in rows if r.volume_bytes > 0]
-            ax.plot([r.volume_bytes for r in rows], [r.time_s * 1e3 for r in rows], "o-", ms=3, label=f"N={n}")
-        if link and volumes:
+            lines.append(Line(f"N={n}", [r.volume_bytes for r in rows], [r.time_s * 1e3 for r in rows]))
+        if link and len(set(volumes)) > 1:
             lo, hi = min(volumes), max(volumes)
-            ax.plot([lo, hi], [lo / link * 1e3, hi / link * 1e3], "k--", lw=1,
-                    label=f"ideal D / link ({link * 8 / 1e9:.3g} Gbit/s)")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        _bytes_axis(ax)
-        ax.set_xlabel("per-device volume D = (N-1) x size [bytes]")
-        ax.set_ylabel("time per operation [ms]")
-        ax.set_title(f"{label} {op}", fontsize=9)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    _save(plt, fig, out, "time_vs_volume.png")
+            lines.append(Line(f"ideal D / link ({link * 8 / 1e9:.3g} Gbit/s)", [lo, hi],
+                              [lo / link * 1e3, hi / link * 1e3], "k--"))
+        panels.append(Panel(f"{label} {op}", "per-device volume D = (N-1) x size [bytes]", "time per operation [ms]",
+                            lines, x="bytes", y="log"))
     ideal = (f"The dashed line is the ideal time D / link rate ({run.link_source})." if link
              else "No link rate in run.json, so no ideal line.")
-    return Plot("time_vs_volume.png", title,
-                f"{op} time against the bytes each rank receives, one line per world size N. For the same D all "
-                f"lines should fall on one curve near the ideal; a line above the others (N=2 in the reported "
-                f"anomaly) moves the same volume more slowly. {ideal}")
+    return FigureSpec("time_vs_volume.png", title,
+                      f"{op} time against the bytes each rank receives, one line per world size N. For the same D "
+                      f"all lines should fall on one curve near the ideal; a line above the others (N=2 in the "
+                      f"reported anomaly) moves the same volume more slowly. {ideal} Series with a single row "
+                      f"(one-N experiments) are in the headline and the busbw plot.", panels)
 
 
-def plot_busbw(run: RunData, out: Path) -> Plot | Skipped:
+def busbw_vs_size(run: RunData) -> FigureSpec | Skipped:
     title = "Bus bandwidth vs size"
     series = by_series(run.records)
     if not series:
         return Skipped(title, "no records")
-    plt = _pyplot()
-    keys = sorted(series)[:MAX_PANELS]
-    fig, axes = _grid(plt, len(keys))
-    link = run.link_Bps
-    for ax, key in zip(axes, keys, strict=False):
+    refs = _link_ref(run)
+    multi = sorted(k for k, per_n in series.items() if sum(len(rows) for rows in per_n.values()) > 1)
+    single = sorted(k for k in series if k not in multi)
+    panels = []
+    for key in multi[:MAX_PANELS]:
+        lines = []
         for n in sorted(series[key])[:MAX_LINES]:
             rows = sorted(series[key][n].values(), key=lambda r: r.size_bytes)
-            ax.plot([r.size_bytes for r in rows], [r.busbw_Bps / 1e6 for r in rows], "o-", ms=3, label=f"N={n}")
-        if link:
-            ax.axhline(link / 1e6, color="k", ls="--", lw=1, label="link rate")
-        ax.set_xscale("log", base=2)
-        _bytes_axis(ax)
-        ax.set_xlabel("per-rank size [bytes]")
-        ax.set_ylabel("busbw [MB/s]")
-        ax.set_ylim(bottom=0)  # from zero, so run-to-run noise does not look like a dip
-        ax.set_title(f"{key[0]} {key[1]}", fontsize=9)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    _save(plt, fig, out, "busbw_vs_size.png")
-    return Plot("busbw_vs_size.png", title,
-                "busbw (nccl-tests convention, MB/s = 1e6 B/s) per transport, one line per N. busbw is normalised "
-                "so that all N should reach the same plateau at large sizes; a line that plateaus lower (N=2) is "
-                "the anomaly, and the size where it leaves the others is where it starts. Compare the torch "
-                "panels with the raw-TCP reference panels.")
+            lines.append(Line(f"N={n}", [r.size_bytes for r in rows], [r.busbw_Bps / 1e6 for r in rows]))
+        panels.append(Panel(f"{key[0]} {key[1]}", "per-rank size [bytes]", "busbw [MB/s]", lines, refs=refs,
+                            x="bytes", y_from_zero=True))
+    if single:
+        rows: list[Record] = [next(iter(next(iter(series[k].values())).values())) for k in single]
+        panels.append(Panel("one-row experiments", "", "busbw [MB/s]",
+                            bars=Bars([f"{series_label(r)} {r.op} N={r.world_size} {human_bytes(r.size_bytes)}"
+                                       for r in rows], [("busbw", [r.busbw_Bps / 1e6 for r in rows])]),
+                            refs=refs))
+    return FigureSpec("busbw_vs_size.png", title,
+                      "busbw (nccl-tests convention, MB/s = 1e6 B/s) per transport, one line per N. busbw is "
+                      "normalised so that all N should reach the same plateau at large sizes; a line that plateaus "
+                      "lower (N=2) is the anomaly, and the size where it leaves the others is where it starts. "
+                      "Compare the torch panels with the raw-TCP reference panels; experiments with one row each "
+                      "(one size, one N) are the labelled bars.", panels)
 
 
-def plot_efficiency(run: RunData, out: Path) -> Plot | Skipped:
+def efficiency(run: RunData) -> FigureSpec | Skipped:
     title = "Efficiency: backend busbw / raw busbw"
-    best_raw = {key: r.busbw_Bps for key, r in raw_reference(run.records).items()}
+    best_raw = raw_reference(run.records)
     if not best_raw:
         return Skipped(title, "no raw rows: cannot compare the backend with the raw-TCP reference")
     lines: dict[tuple[str, str], dict[int, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
     for r in run.records:
         ref = best_raw.get((r.op, r.world_size, r.size_bytes))
-        if r.backend != "raw" and ref:
-            lines[(series_label(r), r.op)][r.world_size].append((r.size_bytes, r.busbw_Bps / ref))
+        if r.backend != "raw" and ref and ref.busbw_Bps > 0:
+            lines[(series_label(r), r.op)][r.world_size].append((r.size_bytes, r.busbw_Bps / ref.busbw_Bps))
     if not lines:
         return Skipped(title, "backend and raw rows share no op, N and size")
-    plt = _pyplot()
-    keys = sorted(lines)[:MAX_PANELS]
-    fig, axes = _grid(plt, len(keys))
-    for ax, key in zip(axes, keys, strict=False):
-        for n in sorted(lines[key])[:MAX_LINES]:
-            points = sorted(lines[key][n])
-            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", ms=3, label=f"N={n}")
-        ax.axhline(1.0, color="k", ls="--", lw=1)
-        ax.set_xscale("log", base=2)
-        _bytes_axis(ax)
-        ax.set_xlabel("per-rank size [bytes]")
-        ax.set_ylabel("busbw / best raw busbw [ratio]")
-        ax.set_ylim(bottom=0)
-        ax.set_title(f"{key[0]} {key[1]}", fontsize=9)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    _save(plt, fig, out, "efficiency.png")
-    return Plot("efficiency.png", title,
-                "The backend's busbw divided by the best raw-TCP busbw for the same op, N and size (1.0 = as "
-                "fast as plain sockets on the same link). A line well below the others at one N says the "
-                "backend, not the link, loses bandwidth there.")
+    panels = []
+    for key in sorted(lines)[:MAX_PANELS]:
+        drawn = [Line(f"N={n}", [p[0] for p in sorted(lines[key][n])], [p[1] for p in sorted(lines[key][n])])
+                 for n in sorted(lines[key])[:MAX_LINES]]
+        panels.append(Panel(f"{key[0]} {key[1]} / fastest raw", "per-rank size [bytes]",
+                            "busbw / best raw busbw [ratio]", drawn, refs=[RefLine(1.0, "as fast as raw TCP")],
+                            x="bytes", y_from_zero=True))
+    return FigureSpec("efficiency.png", title,
+                      "The backend's busbw divided by the best raw-TCP busbw for the same op, N and size (1.0 = as "
+                      "fast as plain sockets on the same link). A line well below the others at one N says the "
+                      "backend, not the link, loses bandwidth there.", panels)
 
 
 def _pick_captures(run: RunData) -> list[CaptureSet]:
@@ -196,192 +192,155 @@ def _pick_captures(run: RunData) -> list[CaptureSet]:
     return picks
 
 
-def plot_conn_throughput(run: RunData, out: Path) -> Plot | Skipped:
+def conn_throughput(run: RunData) -> FigureSpec | Skipped:
     title = "Per-connection throughput over time"
-    picks = [(c, busiest_connection(c)) for c in _pick_captures(run)]
-    picks = [(c, conn) for c, conn in picks if conn]
-    if not picks:
-        return Skipped(title, "no analysed capture with connections (analysis/*.json)")
-    plt = _pyplot()
-    fig, axes = plt.subplots(len(picks), 1, figsize=(10, 3.2 * len(picks)), squeeze=False)
-    drawn = False
-    for ax, (capture, conn) in zip((row[0] for row in axes), picks, strict=False):
-        t_first = None
-        for direction, style in (("a->b", "-"), ("b->a", "--")):
-            tp = conn.direction(direction).throughput
-            if tp is None or not tp.Bps:
-                continue
-            t_first = tp.t0 if t_first is None else min(t_first, tp.t0)
-            name = f"{conn.a} -> {conn.b}" if direction == "a->b" else f"{conn.b} -> {conn.a}"
-            ax.step([x - (t_first or 0) for x in tp.times()], [v * 8 / 1e6 for v in tp.Bps], style, where="post",
-                    label=name)
-            drawn = True
-        ax.set_xlabel("time since capture start [s]")
-        ax.set_ylabel("throughput [Mbit/s]")
-        overlap = conn.duplex_overlap
-        ax.set_title(f"{capture.label}: busiest connection"
-                     + (f", duplex overlap {overlap:.0%}" if isinstance(overlap, (int, float)) else ""), fontsize=9)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    if not drawn:
-        plt.close(fig)
-        return Skipped(title, "the analyses carry no per-direction throughput series")
-    _save(plt, fig, out, "conn_throughput.png")
-    return Plot("conn_throughput.png", title,
-                "The busiest connection of the N=2 capture above the N=4 one (solid: a->b, dashed: b->a). On a "
-                "full-duplex link both directions of a connection should run at once; curves that alternate "
-                "(one high while the other is zero) mean the directions take turns, which halves what the link "
-                "can carry.")
-
-
-def plot_duplex(run: RunData, out: Path) -> Plot | Skipped:
-    title = "Duplex overlap per N and transport"
-    bars: list[tuple[str, float, float | None]] = []
-    for c in sorted(run.captures.values(), key=lambda c: (str(c.transport), c.world_size or 0, c.tag)):
-        if not c.analysis:
+    panels = []
+    for capture in _pick_captures(run):
+        conn = busiest_connection(capture)
+        if conn is None:
             continue
-        weights = []
-        for conn in c.connections:
-            overlap = conn.duplex_overlap
-            moved = conn.payload_bytes
-            if isinstance(overlap, (int, float)) and min(moved) > 0:
-                weights.append((overlap, sum(moved)))
-        hosts = [h.duplex_overlap for h in c.hosts if isinstance(h.duplex_overlap, (int, float))]
-        conn_mean = sum(o * w for o, w in weights) / sum(w for _, w in weights) if weights else float("nan")
-        bars.append((f"{c.transport or '?'}\nN={c.world_size or '?'}", conn_mean,
-                     statistics.mean(hosts) if hosts else None))
-    if not bars:
+        series = [(d, conn.direction(d).throughput) for d in ("a->b", "b->a")]
+        series = [(d, tp) for d, tp in series if tp is not None and tp.Bps]
+        if not series:
+            continue
+        t_first = min(tp.t0 for _, tp in series)
+        lines = [Line(f"{conn.a} -> {conn.b}" if d == "a->b" else f"{conn.b} -> {conn.a}",
+                      [t - t_first for t in tp.times()], [v * 8 / 1e6 for v in tp.Bps],
+                      "-" if d == "a->b" else "--", step=True) for d, tp in series]
+        overlap = conn.duplex_overlap
+        panels.append(Panel(f"{capture_name(run, capture)}: busiest connection"
+                            + (f", duplex overlap {overlap:.0%}" if isinstance(overlap, (int, float)) else ""),
+                            "time since capture start [s]", "throughput [Mbit/s]", lines))
+    if not panels:
+        return Skipped(title, "no analysed capture with a per-direction throughput series (analysis/*.json)")
+    return FigureSpec("conn_throughput.png", title,
+                      "The busiest connection of the N=2 capture above the N=4 one (solid: a->b, dashed: b->a). On "
+                      "a full-duplex link both directions of a connection should run at once; curves that alternate "
+                      "(one high while the other is zero) mean the directions take turns, which halves what the "
+                      "link can carry.", panels, columns=1, panel_size=(10.0, 3.2))
+
+
+def _captures_in_order(run: RunData) -> list[CaptureSet]:
+    return sorted((c for c in run.captures.values() if c.analysis),
+                  key=lambda c: (str(c.transport), c.world_size or 0, c.tag))
+
+
+def duplex(run: RunData) -> FigureSpec | Skipped:
+    title = "Duplex overlap per N and transport"
+    groups: list[str] = []
+    connections: list[float | None] = []
+    hosts: list[float | None] = []
+    for c in _captures_in_order(run):
+        weights = [(float(conn.duplex_overlap), sum(conn.payload_bytes)) for conn in c.connections
+                   if isinstance(conn.duplex_overlap, (int, float)) and min(conn.payload_bytes) > 0]
+        host_values = [h.duplex_overlap for h in c.hosts if isinstance(h.duplex_overlap, (int, float))]
+        groups.append(capture_name(run, c))
+        connections.append(sum(o * w for o, w in weights) / sum(w for _, w in weights) if weights else None)
+        hosts.append(statistics.mean(host_values) if host_values else None)
+    if not groups:
         return Skipped(title, "no capture analysis (analysis/*.json)")
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(bars)), 3.8))
-    _paired_bars(ax, bars, "connections (byte-weighted)", "hosts")
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("duplex overlap [fraction of active time]")
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
-    _save(plt, fig, out, "duplex_overlap.png")
-    return Plot("duplex_overlap.png", title,
-                "Fraction of active time in which both directions move data at once, for connections that carry "
-                "both directions and for each host's NIC (1.0 = full duplex used). A low bar at one N, high at "
-                "the others, says the traffic pattern at that N wastes half the link. Missing bars: no "
-                "connection carried both directions (a ring at N>=3 sends one way per connection).")
+    panel = Panel("duplex overlap per capture", "", "duplex overlap [fraction of active time]",
+                  bars=Bars(groups, [("connections carrying both directions (byte-weighted)", connections),
+                                     ("hosts' NICs (mean)", hosts)]), y_max=1.05)
+    return FigureSpec("duplex_overlap.png", title,
+                      "Fraction of active time in which both directions move data at once, for connections that "
+                      "carry both directions and for each host's NIC (1.0 = full duplex used). A short bar at one "
+                      "N, long at the others, says the traffic pattern at that N wastes half the link. A missing "
+                      "connection bar: no connection carried both directions (a ring at N>=3 sends one way per "
+                      "connection).", [panel], columns=1, panel_size=(10.0, 3.8))
 
 
-def _paired_bars(ax: Any, bars: list[tuple[str, Any, Any]], left: str, right: str) -> None:
-    """Two bars per labelled group, (label, left value, right value); None draws no bar."""
-    xs = range(len(bars))
-    ax.bar([x - 0.2 for x in xs], [b[1] if b[1] is not None else float("nan") for b in bars], 0.4, label=left)
-    ax.bar([x + 0.2 for x in xs], [b[2] if b[2] is not None else float("nan") for b in bars], 0.4, label=right)
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([b[0] for b in bars], fontsize=7)
-
-
-def plot_window(run: RunData, out: Path) -> Plot | Skipped:
+def window(run: RunData) -> FigureSpec | Skipped:
     title = "Congestion window and queued bytes"
     series = [s for s in tcp_info_series(run) if s.has_cwnd]
     if not series:
         return Skipped(title, "no TCP_INFO samples (observe/*.jsonl tcp_info, tcpinfo/*.jsonl)")
     busiest = sorted(series, key=lambda s: -max(s.values("cwnd")))[:MAX_LINES]
-    plt = _pyplot()
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    t_min = min(s.t_ns for one in busiest for s in one.samples)
-    any_queue = False
+    t_min = min(sample.t_ns for one in busiest for sample in one.samples)
+    cwnd: list[Line] = []
+    queue: list[Line] = []
     for one in busiest:
-        ts = [(s.t_ns - t_min) / 1e9 for s in one.samples]
-        name = f"{one.tag}: {one.label}" if one.tag else f"raw {one.label}"
-        ax1.plot(ts, [s.cwnd if isinstance(s.cwnd, (int, float)) else float("nan") for s in one.samples], ".-",
-                 ms=3, label=name[:60])
-        queue = [s.send_q for s in one.samples]
-        if any(isinstance(q, (int, float)) for q in queue):
-            any_queue = True
-            ax2.plot(ts, [q if isinstance(q, (int, float)) else float("nan") for q in queue], ".-", ms=3)
-    ax1.set_ylabel("cwnd [segments]")
-    ax1.grid(True, alpha=0.3)
-    ax1.legend(fontsize=6)
-    ax2.set_ylabel("send queue [bytes]" if any_queue else "send queue [bytes] (not sampled)")
-    ax2.set_xlabel("time since first sample [s]")
-    ax2.grid(True, alpha=0.3)
-    _save(plt, fig, out, "window.png")
-    return Plot("window.png", title,
-                "TCP_INFO per connection: congestion window (segments) and bytes waiting in the send queue. A "
-                "cwnd that collapses to a few segments after each pause is slow start after idle; a full send "
-                "queue with a small cwnd means the network side limits, an empty one means the application does "
-                "not keep the socket fed.")
+        name = (f"{capture_name(run, run.captures[one.tag])}: {one.label}" if one.tag else f"raw {one.label}")[:70]
+        ts = [(sample.t_ns - t_min) / 1e9 for sample in one.samples]
+        cwnd.append(Line(name, ts, [s.cwnd if isinstance(s.cwnd, (int, float)) else float("nan")
+                                    for s in one.samples], ".-"))
+        if any(isinstance(s.send_q, (int, float)) for s in one.samples):
+            queue.append(Line(name, ts, [s.send_q if isinstance(s.send_q, (int, float)) else float("nan")
+                                         for s in one.samples], ".-"))
+    panels = [Panel("congestion window", "time since first sample [s]", "cwnd [segments]", cwnd),
+              Panel("send queue", "time since first sample [s]",
+                    "send queue [bytes]" if queue else "send queue [bytes] (not sampled)", queue)]
+    return FigureSpec("window.png", title,
+                      "TCP_INFO per connection: congestion window (segments) and bytes waiting in the send queue. A "
+                      "cwnd that collapses to a few segments after each pause is slow start after idle; a full send "
+                      "queue with a small cwnd means the network side limits, an empty one means the application "
+                      "does not keep the socket fed.", panels, columns=1, panel_size=(11.0, 3.4), sharex=True)
 
 
-def plot_in_flight(run: RunData, out: Path) -> Plot | Skipped:
+def in_flight(run: RunData) -> FigureSpec | Skipped:
     title = "Bytes in flight per direction (from the wire)"
-    bars: list[tuple[str, float, float]] = []
-    for c in sorted(run.captures.values(), key=lambda c: (str(c.transport), c.world_size or 0, c.tag)):
-        conn = busiest_connection(c) if c.analysis else None
+    groups: list[str] = []
+    medians: list[float | None] = []
+    p95s: list[float | None] = []
+    for c in _captures_in_order(run):
+        conn = busiest_connection(c)
         if conn is None:
             continue
-        for label in ("a->b", "b->a"):
-            d = conn.direction(label)
+        for key in ("a->b", "b->a"):
+            d = conn.direction(key)
             flight = d.bytes_in_flight
             if isinstance(flight.median, (int, float)) and d.payload_bytes > 0:
-                bars.append((f"{c.transport or '?'} N={c.world_size or '?'}\n{label}", flight.median,
-                             flight.p95 or flight.median))
-    if not bars:
+                groups.append(f"{capture_name(run, c)} {key}")
+                medians.append(flight.median)
+                p95s.append(flight.p95 or flight.median)
+    if not groups:
         return Skipped(title, "the analyses carry no bytes_in_flight (analysis/*.json)")
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(bars)), 3.8))
-    _paired_bars(ax, bars, "median", "p95")
-    ax.set_yscale("log", base=2)
-    _bytes_axis(ax, "y")
-    ax.set_ylabel("unacknowledged bytes in flight [bytes]")
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
-    _save(plt, fig, out, "in_flight.png")
-    return Plot("in_flight.png", title,
-                "Bytes sent but not yet acknowledged, per direction of each capture's busiest connection. To "
-                "fill a link the sender needs about rate x RTT in flight; a direction far below that at N=2 "
-                "but not at N>=3 waits on its window, its ACKs or the application.")
+    panel = Panel("busiest connection of each capture", "", "unacknowledged bytes in flight [bytes]",
+                  bars=Bars(groups, [("median", medians), ("p95", p95s)]), y="bytes")
+    return FigureSpec("in_flight.png", title,
+                      "Bytes sent but not yet acknowledged, per direction of each capture's busiest connection. To "
+                      "fill a link the sender needs about rate x RTT in flight; a direction far below that at N=2 "
+                      "but not at N>=3 waits on its window, its ACKs or the application.", [panel], columns=1,
+                      panel_size=(10.0, 3.8))
 
 
-def plot_cpu(run: RunData, out: Path) -> Plot | Skipped:
+def cpu(run: RunData) -> FigureSpec | Skipped:
     title = "Per-thread CPU"
-    per_capture: dict[str, list[Any]] = defaultdict(list)
+    per_capture = defaultdict(list)
     for thread in thread_cpu(run):
         per_capture[thread.tag].append(thread)
-    host = host_cpu(run)
     if not per_capture:
         return Skipped(title, "no per-thread CPU samples (observe/*.jsonl cpu_thread)")
-    plt = _pyplot()
-    tags = sorted(per_capture)[:MAX_PANELS]
-    fig, axes = _grid(plt, len(tags), width=5.5)
-    for ax, tag in zip(axes, tags, strict=False):
+    machines = host_cpu(run)
+    panels = []
+    for tag in sorted(per_capture)[:MAX_PANELS]:
         threads = sorted(per_capture[tag], key=lambda t: -statistics.mean(t.cpu_pct))
         t_min = min(t for thread in threads for t in thread.t_ns)
-        for thread in threads[:5]:
-            ax.plot([(t - t_min) / 1e9 for t in thread.t_ns], list(thread.cpu_pct), ".-", ms=3,
-                    label=f"{thread.name} ({thread.tid})")
-        machine = host.get(tag)
+        lines = [Line(f"{t.name} ({t.tid})", [(x - t_min) / 1e9 for x in t.t_ns], list(t.cpu_pct), ".-")
+                 for t in threads[:5]]
+        machine = machines.get(tag)
         if machine:
-            ax.plot([(t - t_min) / 1e9 for t in machine.t_ns], list(machine.busy_pct), "k-",
-                    lw=2, alpha=0.5, label=f"whole machine ({machine.cpus} CPUs, % busy)")
-        ax.axhline(100, color="k", ls="--", lw=1)
-        ax.set_ylim(0, 110)
-        ax.set_xlabel("time [s]")
-        ax.set_ylabel("CPU [% of one core; machine: % of all]")
-        ax.set_title(run.captures[tag].label, fontsize=9)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=6)
-    _save(plt, fig, out, "cpu_threads.png")
-    return Plot("cpu_threads.png", title,
-                "The busiest threads of each captured run, in % of one core, and the whole machine (grey, % of "
-                "all its CPUs busy). A thread that stays near the dashed 100% line is CPU-bound; a machine near "
-                "100% has no core left even when no single thread is pinned (many ranks on few cores). Either "
-                "way the network is not what limits that run, and a bandwidth dip there says more about the "
-                "CPU than about TCP.")
+            lines.append(Line(f"whole machine ({machine.cpus} CPUs, % busy)", [(x - t_min) / 1e9 for x in machine.t_ns],
+                              list(machine.busy_pct), "k-", width=2.5))
+        panels.append(Panel(capture_name(run, run.captures[tag]), "time [s]", "CPU [% of one core; machine: % of all]",
+                            lines, refs=[RefLine(100.0, "one full core")], y_max=110))
+    return FigureSpec("cpu_threads.png", title,
+                      "The busiest threads of each captured run, in % of one core, and the whole machine (black, % "
+                      "of all its CPUs busy). A thread that stays near the dashed 100% line is CPU-bound; a machine "
+                      "near 100% has no core left even when no single thread is pinned (many ranks on few cores). "
+                      "Either way the network is not what limits that run, and a bandwidth dip there says more "
+                      "about the CPU than about TCP.", panels, panel_size=(5.5, 3.6))
 
 
-PLOTS: tuple[Callable[[RunData, Path], Plot | Skipped], ...] = (
-    plot_time_vs_volume, plot_busbw, plot_efficiency, plot_conn_throughput, plot_duplex, plot_window, plot_in_flight,
-    plot_cpu,
-)
+# In report order; the headline first.
+PLOTS: tuple[Builder, ...] = (headline, time_vs_volume, busbw_vs_size, efficiency, conn_throughput, duplex, window,
+                              in_flight, cpu)
 
 
 def render_plots(run: RunData, out: Path) -> list[Plot | Skipped]:
     out.mkdir(parents=True, exist_ok=True)
-    return [make(run, out) for make in PLOTS]
+    drawn: list[Plot | Skipped] = []
+    for build in PLOTS:
+        spec = build(run)
+        drawn.append(render(spec, out) if isinstance(spec, FigureSpec) else spec)
+    return drawn

@@ -240,3 +240,34 @@ def host_cpu(run: RunData) -> dict[str, HostCpu]:
         out[tag] = HostCpu(tag, samples[0].get("cpus"), tuple(float(s["busy_pct"]) for s in ordered),
                            tuple(s.get("t_ns", 0) for s in ordered))
     return out
+
+
+def capture_series(run: RunData, capture: CaptureSet) -> str | None:
+    """The series label (transport and knobs) of the records this capture's busy phases belong to: tells two
+    raw variants apart where the capture alone says only "raw:ring"."""
+    return run.remember(f"capture_series:{capture.tag}", lambda: _capture_series(run, capture))
+
+
+def _capture_series(run: RunData, capture: CaptureSet) -> str | None:
+    by_key: dict[tuple[Any, Any, Any, Any], list[Record]] = defaultdict(list)
+    for r in run.records:
+        by_key[(r.backend, r.op, r.world_size, r.size_bytes)].append(r)
+    labels: Counter[str] = Counter()
+    for p in capture.phases:
+        if not p.connections:
+            continue
+        key = (p.phase.backend, p.phase.op, p.phase.world_size, p.phase.size_bytes)
+        for r in by_key.get(key, []):
+            if r.t_start_ns <= p.phase.t_start_ns and p.phase.t_end_ns <= r.t_end_ns:
+                labels[series_label(r)] += 1
+    return labels.most_common(1)[0][0] if labels else None
+
+
+def capture_name(run: RunData, capture: CaptureSet) -> str:
+    """How a plot names a capture: its series and op at its N, else its transport and tag."""
+    series = capture_series(run, capture)
+    op = capture_op(capture)
+    n = f"N={capture.world_size}" if capture.world_size else "N=?"
+    if series:
+        return f"{series} {op or ''} {n}".replace("  ", " ")
+    return f"{capture.transport or '?'} {n} ({capture.tag})"

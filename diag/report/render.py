@@ -14,8 +14,9 @@ from typing import Any
 
 from diag.records import Record
 from diag.report.diagnose import Finding, diagnose, findings_to_json, format_threshold
+from diag.report.figures import Plot, Skipped
 from diag.report.model import GroupModel, fit_all, models_to_json
-from diag.report.plots import Plot, Skipped, render_plots
+from diag.report.plots import render_plots
 from diag.report.rundir import RunData
 from diag.report.series import series_label
 from diag.units import human_bytes, human_rate, human_time

@@ -1,0 +1,226 @@
+"""Plots as data: a FigureSpec holds panels of labelled lines, bars and reference lines; ``render`` draws any
+spec with one panel helper (matplotlib, Agg backend), so every plot follows the same rules:
+
+- every line and bar carries a label, and a legend shows it (two raw variants are never two unlabelled
+  lines of the same colour);
+- a series with one point is drawn as a marker, not as a line;
+- an axis is logarithmic only when its data spans more than one value (one point on a log axis has
+  meaningless ticks);
+- bars with long labels are horizontal, so the labels stay readable.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from diag.units import human_bytes
+
+DPI = 90
+# Bar labels and panel titles wrap at these many characters, so long series labels stay inside the figure.
+LABEL_CHARS = 34
+TITLE_CHARS = 60
+
+
+@dataclass(frozen=True)
+class Line:
+    label: str
+    x: Sequence[float]
+    y: Sequence[float]
+    style: str = "o-"                 # matplotlib format; a one-point line is drawn as its marker only
+    step: bool = False                # a binned time series (drawn as steps)
+    width: float | None = None
+
+
+@dataclass(frozen=True)
+class Bars:
+    """Groups (one label each) by series (one value per group; None: no bar)."""
+
+    groups: Sequence[str]
+    series: Sequence[tuple[str, Sequence[float | None]]]
+    horizontal: bool = True
+
+
+@dataclass(frozen=True)
+class RefLine:
+    value: float
+    label: str
+    style: str = "--"
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    xlabel: str
+    ylabel: str
+    lines: Sequence[Line] = ()
+    bars: Bars | None = None
+    refs: Sequence[RefLine] = ()      # horizontal reference lines (link rate, 100%)
+    x: str = "linear"                 # "linear" | "bytes" (log2, byte labels) | "int" (integer ticks, N)
+    y: str = "linear"                 # "linear" | "log" | "bytes"
+    y_from_zero: bool = False
+    y_max: float | None = None
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    filename: str
+    title: str
+    caption: str
+    panels: Sequence[Panel]
+    columns: int = 3
+    panel_size: tuple[float, float] = (5.0, 3.6)
+    sharex: bool = False
+
+
+@dataclass(frozen=True)
+class Plot:
+    filename: str
+    title: str
+    caption: str
+
+
+@dataclass(frozen=True)
+class Skipped:
+    title: str
+    reason: str
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _distinct(values: Sequence[float]) -> int:
+    return len({v for v in values if isinstance(v, (int, float)) and math.isfinite(v)})
+
+
+def _bytes_axis(axis: Any) -> None:
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    # Every 4x, not every 2x: byte labels are wide and collide otherwise.
+    axis.set_major_locator(LogLocator(base=4))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: human_bytes(v) if v >= 1 else ""))
+
+
+def _scale(ax: Any, which: str, kind: str, values: Sequence[float]) -> None:
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    set_scale = ax.set_xscale if which == "x" else ax.set_yscale
+    spread = _distinct(values) > 1
+    if kind == "bytes" and spread:
+        set_scale("log", base=2)
+        _bytes_axis(axis)
+    elif kind == "bytes":
+        from matplotlib.ticker import FixedLocator, FuncFormatter
+
+        axis.set_major_locator(FixedLocator(sorted({v for v in values if v > 0})))
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: human_bytes(v) if v >= 1 else ""))
+    elif kind == "log" and spread:
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
+        set_scale("log")
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+    elif kind == "int":
+        from matplotlib.ticker import MaxNLocator
+
+        axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def draw_panel(ax: Any, panel: Panel) -> None:
+    """The one panel helper every plot goes through."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for line in panel.lines:
+        xs += list(line.x)
+        ys += list(line.y)
+        if len(line.x) == 1:
+            style = "".join(c for c in line.style if c not in "-:") or "o"
+            ax.plot(line.x, line.y, style, ms=7, label=line.label)
+        elif line.step:
+            ax.step(line.x, line.y, line.style, where="post", label=line.label, lw=line.width or 1.2)
+        else:
+            ax.plot(line.x, line.y, line.style, ms=4, label=line.label, lw=line.width or 1.5)
+    if panel.bars is not None:
+        _draw_bars(ax, panel.bars)
+        ys += [v for _, values in panel.bars.series for v in values if v is not None]
+    for ref in panel.refs:
+        if panel.bars is not None and panel.bars.horizontal:
+            ax.axvline(ref.value, color="k", ls=ref.style, lw=1, label=ref.label)
+        else:
+            ax.axhline(ref.value, color="k", ls=ref.style, lw=1, label=ref.label)
+        ys.append(ref.value)
+    if panel.bars is None:
+        _scale(ax, "x", panel.x, xs)
+        _scale(ax, "y", panel.y, ys)
+        if panel.y_from_zero:
+            ax.set_ylim(bottom=0)  # from zero, so run-to-run noise does not look like a dip
+    else:
+        _scale(ax, "x" if panel.bars.horizontal else "y", panel.y, ys)
+    if panel.y_max is not None:
+        (ax.set_xlim if panel.bars is not None and panel.bars.horizontal else ax.set_ylim)(0, panel.y_max)
+    horizontal = panel.bars is not None and panel.bars.horizontal
+    ax.set_xlabel(panel.ylabel if horizontal else panel.xlabel, fontsize=8)
+    ax.set_ylabel(panel.xlabel if horizontal else panel.ylabel, fontsize=8)
+    ax.set_title(textwrap.fill(panel.title, TITLE_CHARS), fontsize=9, pad=22 if horizontal else 6)
+    ax.tick_params(labelsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        if horizontal:  # above the axes: bars fill the plot area, a legend inside would hide some
+            ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, frameon=False)
+        elif len(panel.lines) > 4 or any(len(line.label) > 40 for line in panel.lines):
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: many or long labels
+        else:
+            ax.legend(fontsize=7)
+
+
+def _draw_bars(ax: Any, bars: Bars) -> None:
+    count = max(1, len(bars.series))
+    width = 0.8 / count
+    positions = range(len(bars.groups))
+    for index, (name, values) in enumerate(bars.series):
+        offset = (index - (count - 1) / 2) * width
+        heights = [v if v is not None else float("nan") for v in values]
+        at = [p + offset for p in positions]
+        if bars.horizontal:
+            ax.barh(at, heights, width, label=name)
+        else:
+            ax.bar(at, heights, width, label=name)
+    if bars.horizontal:
+        ax.set_yticks(list(positions))
+        ax.set_yticklabels([textwrap.fill(g, LABEL_CHARS) for g in bars.groups], fontsize=7)
+        ax.invert_yaxis()  # first group on top, as it is read
+    else:
+        ax.set_xticks(list(positions))
+        ax.set_xticklabels(bars.groups, fontsize=7)
+
+
+def render(spec: FigureSpec, out: Path) -> Plot:
+    plt = _pyplot()
+    count = len(spec.panels)
+    cols = max(1, min(count, spec.columns))
+    rows = math.ceil(count / cols)
+    width, height = spec.panel_size
+    # Horizontal bars: room for each group's wrapped label (lines of text) and its bars.
+    tall_bars = max((len(p.bars.groups) * max(0.45, 0.14 * max(len(textwrap.wrap(g, LABEL_CHARS)) for g in p.bars.groups)
+                                               + 0.15)
+                     for p in spec.panels if p.bars is not None and p.bars.horizontal and p.bars.groups), default=0.0)
+    height = max(height, tall_bars + 1.6)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, sharex=spec.sharex)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[count:]:
+        ax.set_visible(False)
+    for ax, panel in zip(flat, spec.panels, strict=False):
+        draw_panel(ax, panel)
+    fig.tight_layout()
+    fig.savefig(out / spec.filename, dpi=DPI, bbox_inches="tight")  # long labels and outside legends fit
+    plt.close(fig)
+    return Plot(spec.filename, spec.title, spec.caption)
