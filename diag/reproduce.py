@@ -149,19 +149,17 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
     _analyze(run_dir, say)
     say("[report] rendering")
     from diag.report import load_run, write_report
+    from diag.report.diagnose import summary_lines
 
     result = write_report(load_run([str(run_dir)]), run_dir / "report")
     elapsed = time.monotonic() - started
     print(f"\ndiag reproduce: done in {elapsed / 60:.1f} min; report: {run_dir / 'report' / 'report.html'}")
     fired = [f for f in result.findings if f.status == "fired"]
-    undecided = [f for f in result.findings if f.status != "fired" and f.status != "clear"]
     print(f"findings ({len(fired)}):")
-    for finding in fired:
-        print(f"  [{finding.strength}] {finding.statement}")
-    if not fired:
-        print("  none fired; see report.md for the rules that could not decide")
-    if undecided:
-        print(f"  ({len(undecided)} rules could not decide: see {run_dir / 'report' / 'findings.json'})")
+    for line in summary_lines(result.findings):
+        print(f"  {line}")
+    print(f"  every finding with its evidence: {run_dir / 'report' / 'report.md'}, "
+          f"{run_dir / 'report' / 'findings.json'}")
     if meta["failures"]:
         print(f"{len(meta['failures'])} step(s) failed: see {run_dir / 'run.json'}")
         return 1

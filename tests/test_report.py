@@ -27,7 +27,7 @@ from diag.report import load_run, write_report
 from diag.units import human_rate
 
 REPO = Path(__file__).resolve().parents[1]
-ALL_PLOTS = {"time_vs_volume.png", "busbw_vs_size.png", "efficiency.png", "conn_throughput.png",
+ALL_PLOTS = {"headline.png", "time_vs_volume.png", "busbw_vs_size.png", "efficiency.png", "conn_throughput.png",
              "duplex_overlap.png", "window.png", "in_flight.png", "cpu_threads.png"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -168,3 +168,32 @@ def test_diagnose_compare_and_model_on_the_real_sweep(real_sweep: Path, tmp_path
     assert main(["model", "fit", str(real_sweep), "-o", str(tmp_path / "m.json")]) == 0
     assert main(["model", "predict", "--model", str(tmp_path / "m.json"), "--world-size", "2", "--size", "32K"]) == 0
     assert "on 2 ranks with torch:gloo" in capsys.readouterr().out
+
+
+def test_report_html_screenshot_is_not_blank(full_run_dir: Path, tmp_path: Path) -> None:
+    """What a reader sees: headless Chromium renders report.html; the page must show text and figures, not a
+    blank or broken page."""
+    import shutil
+    import subprocess
+
+    import numpy as np
+    from matplotlib.image import imread
+
+    browser = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
+                    if shutil.which(name)), None)
+    if browser is None:
+        pytest.skip("no chromium on this machine: the screenshot check needs a headless browser")
+    write_report(load_run([full_run_dir]), full_run_dir / "report")
+    shot = tmp_path / "report.png"
+    proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                           "--window-size=1400,3000", (full_run_dir / "report" / "report.html").as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert shot.exists(), proc.stderr[-2000:]
+    pixels = imread(shot)[..., :3]
+    assert pixels.shape[:2] == (3000, 1400)
+    not_white = (pixels < 0.9).any(axis=2)
+    # text and plots cover a real share of the page, and the headline figure's colours are there
+    assert 0.02 < not_white.mean() < 0.9
+    colourful = (pixels.max(axis=2) - pixels.min(axis=2)) > 0.3
+    assert colourful[: 1500].mean() > 0.001, "no coloured plot in the top half: the headline figure is missing"
+    assert np.unique((pixels[::7, ::7] * 16).astype(int).reshape(-1, 3), axis=0).shape[0] > 20

@@ -20,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from diag.errors import DiagError
     from diag.report import load_run, write_report
+    from diag.report.diagnose import summary_lines
 
     data = load_run(args.paths)
     out = args.out
@@ -28,12 +29,9 @@ def run(args: argparse.Namespace) -> int:
             raise DiagError("plain record files: say where the report goes with --out DIR")
         out = data.root / "report"
     result = write_report(data, out)
-    fired = [f for f in result.findings if f.status == "fired"]
     print(f"report: {out / 'report.html'} ({len(result.files)} files)")
-    for f in fired:
-        print(f"  finding ({f.strength}) {f.rule}: {f.statement}")
-    if not fired:
-        print("  no rule fired")
+    for line in summary_lines(result.findings):
+        print(f"  {line}")
     skipped = [p for p in result.plots if not hasattr(p, "filename")]
     for p in skipped:
         print(f"  plot not drawn: {p.title}: {p.reason}")

@@ -4,8 +4,6 @@ the PNGs themselves, findings.json and model.json. Reads files only, so it can b
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import time
 from dataclasses import dataclass
@@ -14,11 +12,24 @@ from typing import Any
 
 from diag.records import Record
 from diag.report.diagnose import Finding, diagnose, findings_to_json, format_threshold
+from diag.report.diagnose.findings import ordered, summary_lines
+from diag.report.document import (
+    Block,
+    Bullets,
+    FigureBlock,
+    FindingBlock,
+    Heading,
+    Table,
+    Text,
+    to_html,
+    to_markdown,
+)
 from diag.report.figures import Plot, Skipped
 from diag.report.model import GroupModel, fit_all, models_to_json
 from diag.report.plots import render_plots
 from diag.report.rundir import RunData
 from diag.report.series import series_label
+from diag.report.thresholds import TABLE
 from diag.units import human_bytes, human_rate, human_time
 
 # Env values longer than this are cut in the table (the full fingerprint is in the records' start event).
@@ -55,21 +66,6 @@ def record_row(r: Record) -> list[str]:
 RECORD_HEADER = ["series", "op", "N", "size", "D", "time (median)", "algbw", "busbw", "#wrong", "samples"]
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
-    return lines
-
-
-def _html_table(header: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 def _model_rows(models: list[GroupModel]) -> list[list[str]]:
     rows = []
     for m in models:
@@ -87,37 +83,38 @@ def _model_rows(models: list[GroupModel]) -> list[list[str]]:
 MODEL_HEADER = ["transport", "op", "N", "alpha (latency)", "1/beta (per-rank bytes/s)", "fit error (rel. RMS)",
                 "best fit", "bend (two-segment)"]
 
-_STATUS_ORDER = {"fired": 0, "undecided": 1, "clear": 2}
 
-
-def _finding_lines_md(f: Finding) -> list[str]:
-    head = {"fired": f"**Finding ({f.strength})**", "undecided": "**Cannot decide**", "clear": "ok"}[f.status]
-    lines = [f"- {head} `{f.rule}`: {f.statement}"]
-    for e in f.evidence:
-        where = f"`{e.source}`" + (f", plot `{e.plot}`" if e.plot else "")
-        lines.append(f"    - {e.text} ({where})")
-    if f.thresholds:
-        lines.append("    - thresholds: " + ", ".join(f"`{k}` = {format_threshold(v)}" for k, v in f.thresholds.items()))
-    return lines
-
-
-def _finding_html(f: Finding) -> str:
-    head = {"fired": f"Finding ({f.strength})", "undecided": "Cannot decide", "clear": "ok"}[f.status]
-    items = "".join(
-        f"<li>{html.escape(e.text)} <span class='src'>[{html.escape(e.source)}"
-        f"{', plot ' + html.escape(e.plot) if e.plot else ''}]</span></li>" for e in f.evidence)
-    thresholds = ", ".join(f"{html.escape(k)} = {format_threshold(v)}" for k, v in f.thresholds.items())
-    return (f"<div class='finding {f.status}'><b>{head}</b> <code>{html.escape(f.rule)}</code>: "
-            f"{html.escape(f.statement)}<ul>{items}</ul>"
-            + (f"<div class='thr'>thresholds: {thresholds}</div>" if thresholds else "") + "</div>")
-
-
-_CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
-table{border-collapse:collapse;font-size:12px;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px}
-th{background:#eee}.finding{margin:.6em 0;padding:.4em .8em;border-left:4px solid #999}
-.fired{border-color:#c33;background:#fff4f4}.undecided{border-color:#c93;background:#fffbf0}
-.clear{border-color:#3a3}.src,.thr{color:#666;font-size:11px}figure{margin:1.5em 0}
-figcaption{font-size:13px;color:#444;max-width:900px}img{max-width:100%}"""
+def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Finding], models: list[GroupModel],
+                   title: str, created: str) -> list[Block]:
+    """The report, once: the headline figure, the summary of findings, the other plots, every finding, the
+    records, the model, the thresholds and the environment."""
+    sources = [run.relative(f.path) for f in run.record_files]
+    fired = [f for f in findings if f.status == "fired"]
+    records = sorted(run.records, key=lambda r: (series_label(r), r.op, r.world_size, r.size_bytes))
+    env_rows = [[k, v] for k, v in flatten(run.env)]
+    meta_rows = [[k, v] for k, v in flatten(run.meta)]
+    head = [p for p in plots if isinstance(p, Plot) and p.filename == "headline.png"]
+    rest = [p for p in plots if p not in head]
+    blocks: list[Block] = [Heading(1, title), Text(f"Generated {created} from {', '.join(sources)}.", muted=True)]
+    blocks += [FigureBlock(p) for p in head]
+    blocks += [Heading(2, "Summary"),
+               Bullets([(f.rule, f"({f.strength}): {f.statement}") for f in fired] or [("", "no rule fired")]),
+               Text(summary_lines(findings)[-1] + ".")]
+    if run.missing:
+        blocks += [Heading(3, "Missing inputs"), Bullets([("", m) for m in run.missing])]
+    blocks += [Heading(2, "Plots"), *(FigureBlock(p) for p in rest)]
+    blocks += [Heading(2, "Findings"), *(FindingBlock(f) for f in ordered(findings))]
+    blocks += [Heading(2, "Records"), Table(RECORD_HEADER, [record_row(r) for r in records])]
+    blocks += [Heading(2, "Model (T = alpha + beta x per-rank bytes)"),
+               Text("Full fit with covariance: model.json.")]
+    blocks += [Table(MODEL_HEADER, _model_rows(models))] if models else [Text("No group has two sizes to fit.")]
+    blocks += [Heading(2, "Thresholds"), Text("Every number a rule compares against (diag/report/thresholds.py)."),
+               Table(["name", "value", "meaning"], [[t.name, format_threshold(t.value), t.meaning] for t in TABLE])]
+    blocks += [Heading(2, "Environment"),
+               Table(["key", "value"], env_rows) if env_rows else Text("No environment fingerprint in the records.")]
+    if meta_rows:
+        blocks += [Heading(3, "Run (run.json)"), Table(["key", "value"], meta_rows)]
+    return blocks
 
 
 def write_report(run: RunData, out_dir: Path) -> ReportResult:
@@ -132,68 +129,12 @@ def write_report(run: RunData, out_dir: Path) -> ReportResult:
     model_path = out_dir / "model.json"
     model_path.write_text(json.dumps(models_to_json(models, sources), indent=1) + "\n")
 
-    ordered = sorted(findings, key=lambda f: _STATUS_ORDER[f.status])
-    fired = [f for f in findings if f.status == "fired"]
-    records = sorted(run.records, key=lambda r: (series_label(r), r.op, r.world_size, r.size_bytes))
-    env_rows = [[k, v] for k, v in flatten(run.env)]
-    meta_rows = [[k, v] for k, v in flatten(run.meta)]
     title = f"diag report: {run.root.name if run.root else ', '.join(sources)}"
-    created = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-
-    md: list[str] = [f"# {title}", "", f"Generated {created} from {', '.join(sources)}.", "", "## Summary", ""]
-    md += [f"- **{f.rule}** ({f.strength}): {f.statement}" for f in fired] or ["- no rule fired"]
-    md += ["", f"{len(fired)} findings, {sum(f.status == 'undecided' for f in findings)} rules could not decide, "
-           f"{sum(f.status == 'clear' for f in findings)} checked clear.", ""]
-    if run.missing:
-        md += ["### Missing inputs", ""] + [f"- {m}" for m in run.missing] + [""]
-    md += ["## Plots", ""]
-    for p in plots:
-        if isinstance(p, Plot):
-            md += [f"### {p.title}", "", f"![{p.title}]({p.filename})", "", p.caption, ""]
-        else:
-            md += [f"### {p.title}", "", f"Not drawn: {p.reason}.", ""]
-    md += ["## Findings", ""]
-    for f in ordered:
-        md += _finding_lines_md(f)
-    md += ["", "## Records", "", *_md_table(RECORD_HEADER, [record_row(r) for r in records])]
-    md += ["", "## Model (T = alpha + beta x per-rank bytes)", "", "Full fit with covariance: `model.json`.", ""]
-    md += _md_table(MODEL_HEADER, _model_rows(models)) if models else ["No group has two sizes to fit."]
-    md += ["", "## Environment", ""]
-    md += _md_table(["key", "value"], env_rows) if env_rows else ["No environment fingerprint in the records."]
-    if meta_rows:
-        md += ["", "### Run (run.json)", "", *_md_table(["key", "value"], meta_rows)]
+    blocks = build_document(run, plots, findings, models, title, time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     md_path = out_dir / "report.md"
-    md_path.write_text("\n".join(md) + "\n")
-
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>",
-             f"<p>Generated {html.escape(created)} from {html.escape(', '.join(sources))}.</p><h2>Summary</h2><ul>"]
-    parts += [f"<li><b>{html.escape(f.rule)}</b> ({f.strength}): {html.escape(f.statement)}</li>" for f in fired] \
-        or ["<li>no rule fired</li>"]
-    parts.append("</ul>")
-    if run.missing:
-        parts.append("<h3>Missing inputs</h3><ul>" + "".join(f"<li>{html.escape(m)}</li>" for m in run.missing)
-                     + "</ul>")
-    parts.append("<h2>Plots</h2>")
-    for p in plots:
-        if isinstance(p, Plot):
-            data = base64.b64encode((out_dir / p.filename).read_bytes()).decode("ascii")
-            parts.append(f"<figure><h3>{html.escape(p.title)}</h3><img alt='{html.escape(p.title)}' "
-                         f"src='data:image/png;base64,{data}'><figcaption>{html.escape(p.caption)}</figcaption>"
-                         f"</figure>")
-        else:
-            parts.append(f"<h3>{html.escape(p.title)}</h3><p>Not drawn: {html.escape(p.reason)}.</p>")
-    parts.append("<h2>Findings</h2>" + "".join(_finding_html(f) for f in ordered))
-    parts.append("<h2>Records</h2>" + _html_table(RECORD_HEADER, [record_row(r) for r in records]))
-    parts.append("<h2>Model (T = alpha + beta x per-rank bytes)</h2>"
-                 + (_html_table(MODEL_HEADER, _model_rows(models)) if models else "<p>No group has two sizes.</p>"))
-    parts.append("<h2>Environment</h2>" + (_html_table(["key", "value"], env_rows) if env_rows
-                                            else "<p>No environment fingerprint in the records.</p>"))
-    if meta_rows:
-        parts.append("<h3>Run (run.json)</h3>" + _html_table(["key", "value"], meta_rows))
-    parts.append("</body></html>")
+    md_path.write_text(to_markdown(blocks))
     html_path = out_dir / "report.html"
-    html_path.write_text("".join(parts))
+    html_path.write_text(to_html(blocks, title, out_dir))
 
     files = [html_path, md_path, findings_path, model_path] + [out_dir / p.filename for p in plots
                                                                if isinstance(p, Plot)]
