@@ -64,6 +64,7 @@ class Panel:
     y: str = "linear"                 # "linear" | "log" | "bytes"
     y_from_zero: bool = False
     y_max: float | None = None
+    legend: str | None = None         # a matplotlib legend location; None: inside if few short labels, else beside
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,8 @@ def draw_panel(ax: Any, panel: Panel) -> None:
     if ax.get_legend_handles_labels()[0]:
         if horizontal:  # above the axes: bars fill the plot area, a legend inside would hide some
             ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, frameon=False)
+        elif panel.legend is not None:
+            ax.legend(fontsize=8, loc=panel.legend)
         elif len(panel.lines) > 4 or any(len(line.label) > 40 for line in panel.lines):
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: many or long labels
         else:

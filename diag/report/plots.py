@@ -77,7 +77,7 @@ def headline(run: RunData) -> FigureSpec | Skipped:
     if not lines:
         return Skipped(title, f"no rows at D={human_bytes(target)}")
     panel = Panel(f"{op} busbw at D = {human_bytes(target)} per device", "world size N", "busbw [MB/s]",
-                  lines, refs=_link_ref(run), x="int", y_from_zero=True)
+                  lines, refs=_link_ref(run), x="int", y_from_zero=True, legend="lower right")
     return FigureSpec("headline.png", title,
                       f"{op} bus bandwidth (nccl-tests convention, MB/s = 1e6 B/s) against the number of ranks N, "
                       f"each rank receiving the same volume D = {human_bytes(target)} at every N. On a full-duplex "
