@@ -193,3 +193,22 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+# The columns of `diag sweep --csv`: a record's identity and its timing summary, in base units.
+CSV_FIELDS = ("backend", "algo", "op", "world_size", "size_bytes", "total_bytes", "volume_bytes", "dtype",
+              "iters", "time_s", "min_s", "max_s", "p95_s", "stdev_s", "algbw_Bps", "busbw_Bps", "nwrong")
+
+
+def export_csv(records_path: str | os.PathLike[str], csv_path: str | os.PathLike[str]) -> None:
+    """Every record of a records file as one CSV row (CSV_FIELDS)."""
+    import csv
+
+    rows = load_records(records_path).records
+    out = Path(csv_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(CSV_FIELDS)
+        for record in rows:
+            writer.writerow([getattr(record, name) for name in CSV_FIELDS])

@@ -15,12 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
-from typing import Any
-
-DEFAULT_NAME = "diag"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_name(parser: argparse.ArgumentParser) -> None:
+    from diag.lab.config import DEFAULT_NAME  # the naming rule's home; no torch, a few ms
+
     parser.add_argument("--name", default=DEFAULT_NAME, help=f"lab name (default {DEFAULT_NAME})")
 
 
@@ -94,14 +92,17 @@ def _up(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(lab.to_json(), indent=1))
     else:
-        _print_lab(lab)
+        from diag.lab.status import format_lab
+
+        print(format_lab(lab))
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
     from diag.lab import remove_lab
+    from diag.lab.status import lab_names_present
 
-    names = _all_lab_names() if args.all else [args.name]
+    names = lab_names_present() if args.all else [args.name]
     for name in names:
         removed = remove_lab(name)
         if removed:
@@ -113,117 +114,22 @@ def _down(args: argparse.Namespace) -> int:
     return 0
 
 
-def _all_lab_names() -> list[str]:
-    from diag.lab.netns import list_netns
-    from diag.lab.state import known_lab_names
-
-    pattern = re.compile(r"^diag-([a-z0-9_]+)-(?:sw|h\d+)$")
-    found = {match.group(1) for ns in list_netns() if (match := pattern.match(ns))}
-    return sorted(found | set(known_lab_names()))
-
-
 def _status(args: argparse.Namespace) -> int:
     from diag.errors import DiagError
-    from diag.lab import load_lab, measure_link
-    from diag.lab.measure import iperf3_available
+    from diag.lab import load_lab
     from diag.lab.netns import require_privilege
+    from diag.lab.status import format_status, lab_names_present, status_report
 
     try:
         lab = load_lab(args.name)
     except DiagError as exc:
-        others = [name for name in _all_lab_names() if name != args.name]
+        others = [name for name in lab_names_present() if name != args.name]
         hint = f" (labs present: {', '.join(others)}; use --name)" if others else ""
         raise DiagError(f"{exc}{hint}") from exc
     require_privilege("diag lab status")
-    report: dict[str, Any] = {"lab": lab.to_json(), "links": _links(lab), "measurements": []}
-    if args.measure:
-        tools = {"auto": ["socket", *(["iperf3"] if iperf3_available() else [])],
-                 "socket": ["socket"], "iperf3": ["iperf3"]}[args.tool]
-        a, b = (lab.host(which) for which in args.between)
-        for tool in tools:
-            result = measure_link(lab, a.index, b.index, seconds=args.seconds, tool=tool)
-            report["measurements"].append({"a": a.name, "b": b.name, **result.to_json()})
-    if args.json:
-        print(json.dumps(report, indent=1))
-        return 0
-    _print_lab(lab, report["links"])
-    for measured in report["measurements"]:
-        _print_measurement(lab, measured)
-    if args.measure and "iperf3" not in [m["tool"] for m in report["measurements"]] and args.tool == "auto":
-        print("  (iperf3 not installed: measured with diag's own sockets only)")
+    report = status_report(lab, args.measure, args.tool, tuple(args.between), args.seconds)
+    print(json.dumps(report, indent=1) if args.json else format_status(lab, report, args.tool))
     return 0
-
-
-def _links(lab: Any) -> list[dict[str, Any]]:
-    from diag.lab.shaping import read_qdiscs
-
-    links = []
-    for host in lab.hosts:
-        links.append({
-            "host": host.name,
-            "tx": [q.to_json() for q in read_qdiscs(host.netns, host.iface)],
-            "rx": [q.to_json() for q in read_qdiscs(lab.switch_netns, host.switch_port)],
-        })
-    return links
-
-
-def _print_lab(lab: Any, links: list[dict[str, Any]] | None = None) -> None:
-    from diag.units import human_bits, human_bytes, human_rate
-
-    config = lab.config
-    extras = [f"mtu {config.mtu}", f"burst {lab.burst_bytes} B", f"switch queue {human_bytes(lab.queue_limit_bytes)}",
-              "offloads " + ("on" if config.offloads else "off")]
-    if config.delay:
-        extras.append(f"delay {config.delay}")
-    if config.loss:
-        extras.append(f"loss {config.loss}")
-    print(f"lab {lab.name}: {len(lab.hosts)} hosts, {human_bits(lab.rate_bps)} full duplex per host "
-          f"(TCP goodput at most {human_rate(lab.expected_goodput_Bps)} each way), {', '.join(extras)}")
-    by_host = {link["host"]: link for link in links or []}
-    for host in lab.hosts:
-        line = f"  {host.name:<4} {host.address + '/' + str(host.prefix_len):<15} {host.iface} in {host.netns}"
-        link = by_host.get(host.name)
-        if link is not None:
-            line += f"   tx: {_qdisc_text(link['tx'])}   rx: {_qdisc_text(link['rx'])}"
-        print(line)
-    print(f"  run a command on a host: diag lab exec{_name_flag(lab.name)} h0 -- CMD ; "
-          f"remove: diag lab down{_name_flag(lab.name)}")
-
-
-def _qdisc_text(qdiscs: list[dict[str, Any]]) -> str:
-    from diag.units import human_bits
-
-    if not qdiscs:
-        return "NONE (unshaped!)"
-    parts = []
-    for q in qdiscs:
-        text = q["kind"]
-        if q.get("rate_bps"):
-            text += f" {human_bits(q['rate_bps'])} burst {q.get('burst_bytes')}"
-        if q.get("kind") == "netem":
-            text += " " + " ".join(f"{k}={v}" for k, v in q["options"].items() if k in ("delay", "loss", "limit"))
-        if q.get("drops"):
-            text += f" drops {q['drops']}"
-        parts.append(text)
-    return " > ".join(parts)
-
-
-def _print_measurement(lab: Any, measured: dict[str, Any]) -> None:
-    from diag.units import human_bits
-
-    expected = lab.expected_goodput_Bps
-    single = measured["single_stream_Bps"]
-    forward, backward = measured["bidir_Bps"]
-    print(f"  measured with {measured['tool']} ({measured['seconds']:g} s each), TCP goodput:")
-    print(f"    {measured['a']} -> {measured['b']} alone:  {human_bits(single * 8)} "
-          f"({100 * single / expected:.1f}% of the {human_bits(expected * 8)} bound)")
-    print(f"    both ways at once:  {measured['a']} -> {measured['b']} {human_bits(forward * 8)} "
-          f"({100 * forward / expected:.1f}%), {measured['b']} -> {measured['a']} {human_bits(backward * 8)} "
-          f"({100 * backward / expected:.1f}%)  (ACKs share each direction: ~3% less is expected)")
-
-
-def _name_flag(name: str) -> str:
-    return "" if name == DEFAULT_NAME else f" --name {name}"
 
 
 def _exec(args: argparse.Namespace) -> int:

@@ -151,10 +151,14 @@ def run(args: argparse.Namespace) -> int:
 
         code = run_job(job)
         if code == 0 and args.csv and int(os.environ.get("RANK", "0")) == 0:
+            from diag.records import export_csv
+
             export_csv(out, Path(args.csv))
         return code
     code = run_local_or_lab(args, spec, job, out, run_dir)
     if args.csv:
+        from diag.records import export_csv
+
         export_csv(out, Path(args.csv))
     return code
 
@@ -171,21 +175,3 @@ def run_local_or_lab(args: argparse.Namespace, spec, job, out: Path, run_dir: Pa
                master_addr=args.master_addr, master_port=args.master_port, capture=args.capture,
                snaplen=args.snaplen, observe=args.observe)
     return 0
-
-
-CSV_FIELDS = ("backend", "algo", "op", "world_size", "size_bytes", "total_bytes", "volume_bytes", "dtype",
-              "iters", "time_s", "min_s", "max_s", "p95_s", "stdev_s", "algbw_Bps", "busbw_Bps", "nwrong")
-
-
-def export_csv(records_path: Path, csv_path: Path) -> None:
-    import csv
-
-    from diag.records import load_records
-
-    rows = load_records(records_path).records
-    csv_path.parent.mkdir(parents=True, exist_ok=True)
-    with csv_path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(CSV_FIELDS)
-        for record in rows:
-            writer.writerow([getattr(record, name) for name in CSV_FIELDS])

@@ -162,6 +162,17 @@ def host_address(index: int) -> str:
     return f"{SUBNET_PREFIX}{index + 1}"
 
 
+# The lab naming rule, in one place: lab NAME owns namespaces diag-NAME-sw (the switch) and diag-NAME-h<i>.
+DEFAULT_NAME = "diag"
+_NETNS_RE = re.compile(r"^diag-([a-z0-9_]+)-(?:sw|h\d+)$")
+
+
+def lab_name_of(netns: str) -> str | None:
+    """The lab a namespace belongs to, or None for a namespace that is not a diag lab's."""
+    match = _NETNS_RE.match(netns)
+    return match.group(1) if match else None
+
+
 def namespace_prefix(lab_name: str) -> str:
     return f"diag-{lab_name}-"
 
@@ -176,5 +187,4 @@ def switch_netns(lab_name: str) -> str:
 
 def owns_netns(lab_name: str, netns: str) -> bool:
     """True for exactly this lab's namespaces: 'diag-a-h0' belongs to lab 'a', never to lab 'a_b'."""
-    rest = netns[len(namespace_prefix(lab_name)):] if netns.startswith(namespace_prefix(lab_name)) else None
-    return rest is not None and (rest == "sw" or re.fullmatch(r"h\d+", rest) is not None)
+    return lab_name_of(netns) == lab_name
