@@ -1,9 +1,10 @@
 """The main job: reproduce (or rule out) the WORLD_SIZE=2 all_gather anomaly on one machine, with evidence.
 
-Composes the other parts and adds no measurement logic of its own:
-  lab (shaped full-duplex hosts) -> link measurement -> gloo and raw-TCP all_gather sweeps at equal
-  per-device volume D for every N, captured and observed -> exchange in both orders -> raw knob experiments
-  at N=2 -> analysis of every capture against its records -> report + findings. The lab is always torn down.
+Composes the other parts and adds no measurement logic of its own: lab (shaped full-duplex hosts) -> link
+measurement -> the plan's steps -> analysis of every capture against its records -> report + findings. The
+lab is always torn down. The plan is data (``Plan`` of ``Step`` rows, as flent's tests are): gloo and raw-TCP
+all_gather sweeps at equal per-device volume D for every N, captured and observed; exchange in both orders;
+raw knob experiments at N=2. A new experiment is one more Step.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,29 @@ EXCHANGE_MIN_ITERS = 8
 
 
 @dataclass(frozen=True)
+class Step:
+    """One experiment of the plan, as data: which transport runs which op, at which world sizes and volumes,
+    with which knobs. ``at`` is "every_n" (the plan's world sizes) or "n2"; ``volumes`` is "sweep" (the
+    plan's per-device volumes D), "experiment" (its knob volume) or "exchange" (its exchange sizes, per
+    rank). The step's name names its records file and prefixes its captures' tags."""
+
+    name: str
+    backend: str                         # "gloo" | "raw"
+    op: str = "all_gather"
+    at: str = "every_n"
+    volumes: str = "sweep"
+    knobs: dict[str, Any] = field(default_factory=dict)
+    algo: str = "ring"                   # raw only
+    order: str = "recv-first"            # exchange: which call each rank posts first
+    min_iters: int = 0                   # e.g. the order effect is judged by a two-sample test on these rows
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Plan:
-    """What a reproduce run does; --quick and the default differ only in these numbers."""
+    """What a reproduce run does; --quick and the default differ only in these numbers and steps."""
 
     world_sizes: tuple[int, ...]
     volumes: tuple[int, ...]            # per-device volume D = (N-1) x per-rank bytes, the same for every N
@@ -38,29 +60,58 @@ class Plan:
     rate: str
     warmup: int
     iters: int
-    knob_sets: tuple[tuple[str, dict[str, Any]], ...] = ()
+    steps: tuple[Step, ...] = ()
+
+    def world_sizes_of(self, step: Step) -> tuple[int, ...]:
+        return self.world_sizes if step.at == "every_n" else (2,)
+
+    def sizes_of(self, step: Step, world_size: int) -> tuple[int, ...]:
+        """Per-rank sizes of a step at one world size."""
+        if step.volumes == "exchange":
+            return self.exchange_sizes
+        volumes = self.volumes if step.volumes == "sweep" else (self.knob_volume,)
+        return tuple(sorted({per_rank_size(v, world_size) for v in volumes}))
+
+    def to_json(self) -> dict[str, Any]:
+        return {**{k: v for k, v in asdict(self).items() if k != "steps"},
+                "steps": [s.to_json() for s in self.steps]}
 
 
+def _exchanges(*backends: tuple[str, str]) -> tuple[Step, ...]:
+    """The exchange op at N=2 in both orders, for each (name, backend)."""
+    return tuple(Step(f"{name}-exchange-{order}", backend, "exchange", at="n2", volumes="exchange", order=order,
+                      min_iters=EXCHANGE_MIN_ITERS)
+                 for order in ("recv-first", "send-first") for name, backend in backends)
+
+
+# gloo and raw TCP at every N, equal D; --emulate gloo (shared + notify + 2 chunks) runs at every N too.
+SWEEPS = (
+    Step("gloo-all_gather", "gloo"),
+    Step("raw-ring-all_gather", "raw"),
+    Step("raw-ring-emulate-gloo-all_gather", "raw", knobs={"emulate": "gloo"}),
+)
 # N=2 raw experiments, one suspected mechanism each (docs/raw-tcp.md): one shared connection, and a
-# half-duplex schedule (directions in turns). --emulate gloo (shared + notify + 2 chunks) runs at every N.
-KNOBS_QUICK: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("shared-conn", {"conn": "shared"}),
-    ("alternate-io", {"io": "alternate"}),
+# half-duplex schedule (directions in turns).
+KNOBS_QUICK = (
+    Step("raw-ring-shared-conn-all_gather", "raw", at="n2", volumes="experiment", knobs={"conn": "shared"}),
+    Step("raw-ring-alternate-io-all_gather", "raw", at="n2", volumes="experiment", knobs={"io": "alternate"}),
 )
 KNOBS_FULL = (
     *KNOBS_QUICK,
-    ("notify", {"conn": "split", "handshake": "notify", "chunks": 2}),
-    ("shared-alternate", {"conn": "shared", "io": "alternate"}),
+    Step("raw-ring-notify-all_gather", "raw", at="n2", volumes="experiment",
+         knobs={"conn": "split", "handshake": "notify", "chunks": 2}),
+    Step("raw-ring-shared-alternate-all_gather", "raw", at="n2", volumes="experiment",
+         knobs={"conn": "shared", "io": "alternate"}),
 )
 
 QUICK = Plan(world_sizes=(2, 3, 4), volumes=tuple(parse_size(s) for s in ("1M", "4M", "16M")),
              exchange_sizes=(parse_size("16M"),), knob_volume=parse_size("16M"), rate="200mbit",
-             warmup=1, iters=5, knob_sets=KNOBS_QUICK)
+             warmup=1, iters=5, steps=(*SWEEPS, *_exchanges(("gloo", "gloo")), *KNOBS_QUICK))
 # D=32M is left out of the default: on a 2-core machine N=2..8 with it measured ~21 min (half the steps in
 # 10.7 min), over the 20 minutes the default may take; pass --volumes 1M,4M,16M,32M to include it.
 FULL = Plan(world_sizes=(2, 3, 4, 5, 6, 7, 8), volumes=tuple(parse_size(s) for s in ("1M", "4M", "16M")),
             exchange_sizes=(parse_size("4M"), parse_size("16M")), knob_volume=parse_size("16M"), rate="200mbit",
-            warmup=1, iters=6, knob_sets=KNOBS_FULL)
+            warmup=1, iters=6, steps=(*SWEEPS, *_exchanges(("gloo", "gloo"), ("raw-split", "raw")), *KNOBS_FULL))
 
 
 def per_rank_size(volume: int, world_size: int, element: int = 4) -> int:
@@ -78,16 +129,34 @@ def make_say(started: float) -> Callable[[str], None]:
     return say
 
 
-def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | None, keep_going: bool,
-                  volumes: list[int] | None = None) -> int:
+def resolve_plan(quick: bool, max_n: int | None, volumes: list[int] | None) -> Plan:
+    """The quick or full plan with the user's --max-n and --volumes applied (the experiments then run at
+    the largest volume)."""
     plan = QUICK if quick else FULL
     if volumes:
-        plan = Plan(**{**plan.__dict__, "volumes": tuple(volumes), "exchange_sizes": (max(volumes),),
-                       "knob_volume": max(volumes)})
+        plan = replace(plan, volumes=tuple(volumes), exchange_sizes=(max(volumes),), knob_volume=max(volumes))
     if max_n is not None:
         if max_n < 2:
             raise DiagError("--max-n must be at least 2")
-        plan = Plan(**{**plan.__dict__, "world_sizes": tuple(n for n in range(2, max_n + 1))})
+        plan = replace(plan, world_sizes=tuple(range(2, max_n + 1)))
+    return plan
+
+
+@dataclass
+class Run:
+    """The run directory and its run.json, written again after every change so a killed run keeps it."""
+
+    root: Path
+    meta: dict[str, Any]
+
+    def save(self) -> None:
+        (self.root / "run.json").write_text(json.dumps(self.meta, indent=1, default=str))
+
+
+def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | None, keep_going: bool,
+                  volumes: list[int] | None = None) -> int:
+    """lab -> link -> steps -> analyze -> report."""
+    plan = resolve_plan(quick, max_n, volumes)
     rate = rate or plan.rate
     parse_rate_bps(rate)
     run_dir = out or Path("runs") / f"reproduce-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -108,43 +177,21 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
     if use_lab and capture is None:
         say("diag reproduce: tcpdump is missing: no captures (install it: apt-get install tcpdump)")
 
-    meta: dict[str, Any] = {"created_ns": time.time_ns(), "cpu_count": os.cpu_count(), "quick": quick,
-                            "plan": {k: v for k, v in plan.__dict__.items() if k != "knob_sets"},
-                            "knob_sets": [name for name, _ in plan.knob_sets], "lab": None, "link": None,
-                            "notes": [], "failures": []}
-
-    def write_meta() -> None:
-        (run_dir / "run.json").write_text(json.dumps(meta, indent=1, default=str))
-
-    write_meta()
+    run = Run(run_dir, {"created_ns": time.time_ns(), "cpu_count": os.cpu_count(), "quick": quick,
+                        "plan": plan.to_json(), "lab": None, "link": None, "notes": [], "failures": []})
+    run.save()
     if use_lab:
-        from diag.lab import LabConfig, lab_session, measure_link
-        from diag.lab.measure import iperf3_available
+        from diag.lab import LabConfig, lab_session
 
         config = LabConfig(name=f"repro{os.getpid() % 100000}", hosts=max(plan.world_sizes), rate=rate)
         with lab_session(config) as lab:
-            meta["lab"] = {"name": lab.name, "rate_bps": lab.rate_bps, "hosts": len(lab.hosts),
-                           "addresses": [h.address for h in lab.hosts]}
-            say(f"[lab] {len(lab.hosts)} hosts, {human_bits(lab.rate_bps)} full duplex each; measuring the link")
-            # iperf3 (C) when present: diag's own socket probe runs both directions in one Python process,
-            # which a 2-core machine can make CPU-bound.
-            link = measure_link(lab, 0, 1, seconds=2.0, tool="iperf3" if iperf3_available() else "socket")
-            meta["link"] = {"single_stream_Bps": link.single_stream_Bps, "bidir_Bps": list(link.bidir_Bps),
-                            "tool": link.tool}
-            expected = lab.rate_bps / 8 * 0.94
-            if link.single_stream_Bps < CPU_BOUND_LINK_FRACTION * expected:
-                note = (f"one TCP stream reached {link.single_stream_Bps / 1e6:.1f} MB/s, below "
-                        f"{CPU_BOUND_LINK_FRACTION:.0%} of the {expected / 1e6:.1f} MB/s the link allows: the CPU "
-                        "(or other load) limits this machine; lower --rate")
-                meta["notes"].append(note)
-                say(f"[lab] warning: {note}")
-            say(f"[lab] single stream {link.single_stream_Bps / 1e6:.1f} MB/s, both directions "
-                f"{link.bidir_Bps[0] / 1e6:.1f} + {link.bidir_Bps[1] / 1e6:.1f} MB/s")
-            write_meta()
-            _run_sweeps(plan, run_dir, lab, capture, meta, write_meta, say, keep_going)
+            run.meta["lab"] = {"name": lab.name, "rate_bps": lab.rate_bps, "hosts": len(lab.hosts),
+                               "addresses": [h.address for h in lab.hosts]}
+            _measure_link(lab, run, say)
+            _run_steps(plan, run, lab, capture, say, keep_going)
         say("[lab] torn down")
     else:
-        _run_sweeps(plan, run_dir, None, None, meta, write_meta, say, keep_going)
+        _run_steps(plan, run, None, None, say, keep_going)
 
     _analyze(run_dir, say)
     say("[report] rendering")
@@ -160,68 +207,73 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
         print(f"  {line}")
     print(f"  every finding with its evidence: {run_dir / 'report' / 'report.md'}, "
           f"{run_dir / 'report' / 'findings.json'}")
-    if meta["failures"]:
-        print(f"{len(meta['failures'])} step(s) failed: see {run_dir / 'run.json'}")
+    if run.meta["failures"]:
+        print(f"{len(run.meta['failures'])} step(s) failed: see {run_dir / 'run.json'}")
         return 1
     return 0
 
 
-def _run_sweeps(plan: Plan, run_dir: Path, lab: Any, capture: str | None, meta: dict[str, Any],
-                write_meta: Callable[[], None], say: Callable[[str], None], keep_going: bool) -> None:
+def _measure_link(lab: Any, run: Run, say: Callable[[str], None]) -> None:
+    """One TCP stream and both directions at once between h0 and h1: the link rate every plot compares with."""
+    from diag.lab import measure_link
+    from diag.lab.measure import iperf3_available
+
+    say(f"[lab] {len(lab.hosts)} hosts, {human_bits(lab.rate_bps)} full duplex each; measuring the link")
+    # iperf3 (C) when present: diag's own socket probe runs both directions in one Python process,
+    # which a 2-core machine can make CPU-bound.
+    link = measure_link(lab, 0, 1, seconds=2.0, tool="iperf3" if iperf3_available() else "socket")
+    run.meta["link"] = {"single_stream_Bps": link.single_stream_Bps, "bidir_Bps": list(link.bidir_Bps),
+                        "tool": link.tool}
+    expected = lab.rate_bps / 8 * 0.94
+    if link.single_stream_Bps < CPU_BOUND_LINK_FRACTION * expected:
+        note = (f"one TCP stream reached {link.single_stream_Bps / 1e6:.1f} MB/s, below "
+                f"{CPU_BOUND_LINK_FRACTION:.0%} of the {expected / 1e6:.1f} MB/s the link allows: the CPU "
+                "(or other load) limits this machine; lower --rate")
+        run.meta["notes"].append(note)
+        say(f"[lab] warning: {note}")
+    say(f"[lab] single stream {link.single_stream_Bps / 1e6:.1f} MB/s, both directions "
+        f"{link.bidir_Bps[0] / 1e6:.1f} + {link.bidir_Bps[1] / 1e6:.1f} MB/s")
+    run.save()
+
+
+def step_spec(plan: Plan, step: Step, world_size: int) -> SweepSpec:
+    """The sweep one step runs at one world size."""
+    spec = SweepSpec(backend=step.backend, ops=(step.op,), sizes=plan.sizes_of(step, world_size),
+                     warmup=plan.warmup, iters=max(plan.iters, step.min_iters), timeout_s=120.0, order=step.order)
+    if step.backend == "raw":
+        spec = spec.replace(algo=step.algo, knobs=dict(step.knobs))
+    return spec
+
+
+def step_title(step: Step, world_size: int) -> str:
+    """'gloo all_gather N=2', 'raw-ring-emulate-gloo all_gather N=3', 'gloo exchange send-first N=2'."""
+    name = step.name.removesuffix(f"-{step.op}").removesuffix(f"-{step.op}-{step.order}")
+    return f"{name} {step.op}{' ' + step.order if step.op == 'exchange' else ''} N={world_size}"
+
+
+def _run_steps(plan: Plan, run: Run, lab: Any, capture: str | None, say: Callable[[str], None],
+               keep_going: bool) -> None:
     from diag.runner import make_job, run_worlds
 
-    base = SweepSpec(backend="gloo", ops=("all_gather",), sizes=(1,), warmup=plan.warmup, iters=plan.iters,
-                     timeout_s=120.0)
-    transports: list[tuple[str, SweepSpec]] = [
-        ("gloo", base),
-        ("raw-ring", base.replace(backend="raw", algo="ring")),
-        ("raw-ring-emulate-gloo", base.replace(backend="raw", algo="ring", knobs={"emulate": "gloo"})),
-    ]
-    steps: list[tuple[str, Callable[[], None]]] = []
-    for name, spec in transports:
-        for n in plan.world_sizes:
-            sized = spec.replace(sizes=tuple(sorted({per_rank_size(v, n) for v in plan.volumes})))
-            steps.append((f"{name} all_gather N={n}", _sweep_step(sized, n, run_dir, f"{name}-all_gather",
-                                                               lab, capture, make_job, run_worlds)))
-    exchange_transports = [("gloo", base)]
-    if len(plan.knob_sets) > len(KNOBS_QUICK):
-        exchange_transports.append(("raw-split", base.replace(backend="raw", algo="ring")))
-    for order in ("recv-first", "send-first"):
-        for name, spec in exchange_transports:
-            # more samples here: the order effect is judged by a two-sample test on these rows alone
-            exchange = spec.replace(ops=("exchange",), sizes=plan.exchange_sizes, order=order,
-                                    iters=max(plan.iters, EXCHANGE_MIN_ITERS))
-            steps.append((f"{name} exchange {order} N=2",
-                          _sweep_step(exchange, 2, run_dir, f"{name}-exchange-{order}", lab, capture, make_job,
-                                      run_worlds)))
-    for knob_name, knobs in plan.knob_sets:
-        spec = base.replace(backend="raw", algo="ring", knobs=knobs, sizes=(per_rank_size(plan.knob_volume, 2),))
-        steps.append((f"raw-ring {knob_name} N=2",
-                      _sweep_step(spec, 2, run_dir, f"raw-ring-{knob_name}-all_gather", lab, capture, make_job,
-                                  run_worlds)))
-    for index, (title, action) in enumerate(steps, 1):
-        say(f"[{index}/{len(steps)}] {title}")
+    runs = [(step, n) for step in plan.steps for n in plan.world_sizes_of(step)]
+    for index, (step, n) in enumerate(runs, 1):
+        title = step_title(step, n)
+        say(f"[{index}/{len(runs)}] {title}")
         step_started = time.monotonic()
+        spec = step_spec(plan, step, n)
+        out = run.root / "records" / f"{step.name}.jsonl"
         try:
-            action()
-            meta.setdefault("step_seconds", {})[title] = round(time.monotonic() - step_started, 2)
-            write_meta()
+            job = make_job(spec, out, argv=["reproduce"], quiet=False)
+            run_worlds(spec, job, out, run.root, world_sizes=[n], lab=lab, capture=capture,
+                       observe=lab is not None, tag_prefix=f"{step.name}--")
+            run.meta.setdefault("step_seconds", {})[title] = round(time.monotonic() - step_started, 2)
+            run.save()
         except DiagError as exc:
-            meta["failures"].append({"step": title, "error": str(exc)})
-            write_meta()
-            say(f"[{index}/{len(steps)}] failed: {exc}")
+            run.meta["failures"].append({"step": title, "error": str(exc)})
+            run.save()
+            say(f"[{index}/{len(runs)}] failed: {exc}")
             if not keep_going:
                 raise
-
-
-def _sweep_step(spec: SweepSpec, world_size: int, run_dir: Path, name: str, lab: Any, capture: str | None,
-                make_job: Callable[..., Any], run_worlds: Callable[..., Any]) -> Callable[[], None]:
-    def action() -> None:
-        out = run_dir / "records" / f"{name}.jsonl"
-        job = make_job(spec, out, argv=["reproduce"], quiet=False)
-        run_worlds(spec, job, out, run_dir, world_sizes=[world_size], lab=lab, capture=capture,
-                   observe=lab is not None, tag_prefix=f"{name}--")
-    return action
 
 
 def _analyze(run_dir: Path, say: Callable[[str], None]) -> None:
