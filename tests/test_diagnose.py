@@ -402,3 +402,20 @@ def test_rules_are_registered_once_under_their_ids(anomaly_run) -> None:
     for rule_id, rule in RULES.items():
         assert rule.__name__ == rule_id
         assert {f.rule for f in rule(anomaly_run)} == {rule_id}
+
+
+def test_evidence_without_a_world_size_is_not_n2_evidence(tmp_path) -> None:
+    """TCP_INFO evidence names no world size: a window-limited connection somewhere in the run cannot
+    explain what N=2 suffers."""
+    gloo_only = [r for r in anomaly_records() if r.backend == "gloo" and r.op == "all_gather"]
+    limited = load_run([write_run_dir(tmp_path / "t", gloo_only, observe={"x": tcp_info_samples(rwnd_limited_s=0.6)})])
+    findings = diagnose(limited)
+    window = next(f for f in findings if f.rule == "window_limited")
+    assert window.status == "fired" and all("world_size" not in e.values for e in window.evidence)
+    mech = next(f for f in findings if f.rule == "mechanism")
+    assert mech.status == "undecided" and "window" not in mech.statement.split("missing")[0]
+    # the same limit seen on an N=2 capture counts
+    zero = analysis(2, [connection("a:1", "b:2", direction(MiB, zero_windows=3), direction(MiB), 0.9)])
+    seen = diagnose(load_run([write_run_dir(tmp_path / "w", gloo_only, analyses={"n2": zero})]))
+    mech2 = next(f for f in seen if f.rule == "mechanism")
+    assert mech2.status == "fired" and "senders wait on windows or buffers" in mech2.statement

@@ -42,8 +42,8 @@ def mechanism(findings: Sequence[Finding]) -> Finding:
         if f.status != "fired" or f.rule not in READINGS:
             continue
         sizes = {e.values.get("world_size") for e in f.evidence} - {None}
-        if sizes and 2 not in sizes:
-            continue  # seen only at other world sizes: says nothing about N=2
+        if 2 not in sizes:
+            continue  # seen only at other world sizes, or at no known one: says nothing about N=2
         if any(n >= 3 for n in sizes):
             everywhere.append(f.rule)  # present at N>=3 too, so it cannot explain what only N=2 suffers
             continue
