@@ -419,3 +419,19 @@ def test_evidence_without_a_world_size_is_not_n2_evidence(tmp_path) -> None:
     seen = diagnose(load_run([write_run_dir(tmp_path / "w", gloo_only, analyses={"n2": zero})]))
     mech2 = next(f for f in seen if f.rule == "mechanism")
     assert mech2.status == "fired" and "senders wait on windows or buffers" in mech2.statement
+
+
+def test_a_dip_in_a_raw_series_is_not_the_backends_mechanism(tmp_path) -> None:
+    """Only the raw shared-connection series dips at N=2 (gloo is flat): the mechanism names no backend
+    mechanism; with gloo dipping too it explains gloo's dip."""
+    raw_only = [r for r in anomaly_records(n2_slowdown=1.9) if not (r.backend == "gloo" and r.op == "all_gather")]
+    flat_gloo = [r for r in flat_records() if r.backend == "gloo" and r.op == "all_gather"]
+    findings = diagnose(load_run([write_run_dir(tmp_path / "raw", raw_only + flat_gloo,
+                                                analyses=turn_taking_analyses())]))
+    dips = [f for f in findings if f.rule == "n2_busbw_dip" and f.status == "fired"]
+    assert dips and all(f.evidence[0].values["series"].startswith("raw:") for f in dips)
+    mech = next(f for f in findings if f.rule == "mechanism")
+    assert mech.status == "clear" and "no backend N=2 busbw dip" in mech.statement and "conn=shared" in mech.statement
+    both = diagnose(load_run([write_run_dir(tmp_path / "both", anomaly_records(), analyses=turn_taking_analyses())]))
+    mech2 = next(f for f in both if f.rule == "mechanism")
+    assert mech2.status == "fired" and mech2.evidence[0].text.startswith("n2_busbw_dip: torch:gloo")

@@ -78,7 +78,8 @@ def n2_busbw_dip(run: RunData) -> list[Finding]:
             f"at {axis}{human_bytes(s)}{' per rank' if not axis else ''}, N=2 busbw {human_rate(ratios[s][1])} vs median "
             f"N={','.join(map(str, ns))} "
             f"{human_rate(ratios[s][2])} (ratio {ratios[s][0]:.2f})",
-            {"size_bytes": s, "ratio": ratios[s][0], "busbw_n2_Bps": ratios[s][1], "busbw_n3plus_Bps": ratios[s][2]},
+            {"size_bytes": s, "ratio": ratios[s][0], "busbw_n2_Bps": ratios[s][1], "busbw_n3plus_Bps": ratios[s][2],
+             "series": label, "op": op},
             source, "busbw_vs_size.png") for s in dipping]
         findings.append(Finding(
             name, "fired",
