@@ -435,3 +435,15 @@ def test_a_dip_in_a_raw_series_is_not_the_backends_mechanism(tmp_path) -> None:
     both = diagnose(load_run([write_run_dir(tmp_path / "both", anomaly_records(), analyses=turn_taking_analyses())]))
     mech2 = next(f for f in both if f.rule == "mechanism")
     assert mech2.status == "fired" and mech2.evidence[0].text.startswith("n2_busbw_dip: torch:gloo")
+
+
+def test_one_window_full_event_is_not_window_limited(tmp_path) -> None:
+    def run_with(window_full: int, name: str):
+        conn = connection("a:1", "b:2", direction(MiB, packets=5000, window_full=window_full), direction(MiB), 0.9)
+        return load_run([write_run_dir(tmp_path / name, flat_records(), analyses={"n2": analysis(2, [conn])})])
+
+    (one,) = window_limited(run_with(1, "one"))
+    assert one.status == "clear"
+    (many,) = window_limited(run_with(40, "many"))
+    assert many.status == "fired" and many.evidence[0].values["window_full"] == 40
+    assert many.thresholds["WINDOW_FULL_RATE"] == 0.001

@@ -40,6 +40,10 @@ CONN_SPLIT_EFFECT = _t("CONN_SPLIT_EFFECT", 0.15, "one connection per direction 
 RWND_LIMITED_FRACTION = _t("RWND_LIMITED_FRACTION", 0.2, "share of busy time a connection spent receive-window "
                            "limited (TCP_INFO) before it is called rwnd limited")
 SNDBUF_LIMITED_FRACTION = _t("SNDBUF_LIMITED_FRACTION", 0.2, "same, send-buffer limited")
+WINDOW_FULL_RATE = _t("WINDOW_FULL_RATE", 0.001, "window-full events per data packet of a direction at or above "
+                      "which its sender waited on the receiver's window (one event in thousands of packets is a "
+                      "sender catching up, not a limit)")
+WINDOW_FULL_MIN_COUNT = _t("WINDOW_FULL_MIN_COUNT", 3, "... and at least this many window-full events")
 RETRANS_RATE = _t("RETRANS_RATE", 0.001, "retransmitted segments per data segment above which retransmissions "
                   "matter")
 RETRANS_MIN_COUNT = _t("RETRANS_MIN_COUNT", 3, "... and at least this many, so one resent segment on a tiny "
@@ -64,7 +68,8 @@ ALPHA = _t("ALPHA", _ALPHA, "significance level of Welch's t-test: a difference 
 
 TABLE: tuple[Threshold, ...] = (
     N2_DIP_RATIO, N2_DIP_STRONG, LARGE_SIZE_BYTES, BACKEND_RAW_EFFICIENCY, BIDIR_MIN_BYTES, DUPLEX_OVERLAP_LOW,
-    ORDER_EFFECT, CONN_SPLIT_EFFECT, RWND_LIMITED_FRACTION, SNDBUF_LIMITED_FRACTION, RETRANS_RATE,
+    ORDER_EFFECT, CONN_SPLIT_EFFECT, RWND_LIMITED_FRACTION, SNDBUF_LIMITED_FRACTION, WINDOW_FULL_RATE,
+    WINDOW_FULL_MIN_COUNT, RETRANS_RATE,
     RETRANS_MIN_COUNT, IDLE_RESTART_S, IDLE_FRACTION, CPU_PINNED_PCT, CPU_PINNED_SHARE, CPU_MIN_SAMPLES,
     CPU_SATURATED_PCT, CPU_LINK_REACHED, TURN_TAKING_GAP, HALF_DUPLEX_MATCH, ALPHA,
 )

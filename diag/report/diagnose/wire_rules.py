@@ -19,6 +19,8 @@ from diag.report.thresholds import (
     RWND_LIMITED_FRACTION,
     SNDBUF_LIMITED_FRACTION,
     TURN_TAKING_GAP,
+    WINDOW_FULL_MIN_COUNT,
+    WINDOW_FULL_RATE,
     used,
 )
 from diag.units import human_bytes
@@ -134,7 +136,7 @@ def turn_taking(run: RunData) -> list[Finding]:
 def window_limited(run: RunData) -> list[Finding]:
     """Receive-window limited (zero windows, full windows, TCP_INFO rwnd_limited) or send-buffer limited."""
     name = "window_limited"
-    limits = (RWND_LIMITED_FRACTION, SNDBUF_LIMITED_FRACTION)
+    limits = (RWND_LIMITED_FRACTION, SNDBUF_LIMITED_FRACTION, WINDOW_FULL_RATE, WINDOW_FULL_MIN_COUNT)
     thresholds = used(*limits)
     captures = analysed(run)
     tcp = tcp_info_series(run)
@@ -145,10 +147,14 @@ def window_limited(run: RunData) -> list[Finding]:
         for conn in c.connections:
             for label, d in conn.labelled_directions():
                 zero, full = d.zero_windows, d.window_full
-                if zero or full:
-                    hits.append(Evidence(f"{c.label} {label}: {zero} zero-window and {full} window-full events"
-                                         f"{drop_note(c)}", {"zero_windows": zero, "window_full": full,
-                                                             "world_size": c.world_size},
+                data_packets = d.data_packets or d.packets
+                often_full = (full >= WINDOW_FULL_MIN_COUNT.value and data_packets > 0
+                              and full / data_packets >= WINDOW_FULL_RATE.value)
+                if zero or often_full:
+                    hits.append(Evidence(f"{c.label} {label}: {zero} zero-window and {full} window-full events "
+                                         f"in {data_packets} data packets{drop_note(c)}",
+                                         {"zero_windows": zero, "window_full": full, "data_packets": data_packets,
+                                          "world_size": c.world_size},
                                          f"analysis/{c.tag}.json", "window.png"))
     for series in tcp:
         busy = series.delta("busy_s")
