@@ -165,8 +165,8 @@ def connection(a: str, b: str, ab: dict[str, Any], ba: dict[str, Any], overlap: 
 
 
 def analysis(world_size: int, connections: list[dict[str, Any]], hosts: list[dict[str, Any]] | None = None,
-             backend: str = "gloo", kernel_dropped: int = 0) -> dict[str, Any]:
-    phase = {"backend": backend, "algo": "default", "op": "all_gather", "world_size": world_size,
+             backend: str = "gloo", kernel_dropped: int = 0, op: str = "all_gather") -> dict[str, Any]:
+    phase = {"backend": backend, "algo": "default", "op": op, "world_size": world_size,
              "size_bytes": 4 * MiB, "iteration": 0, "t_start_ns": 0, "t_end_ns": 1}
     return {"schema": 1, "files": ["x.pcap"], "capture": {"kernel_dropped": kernel_dropped,
                                                           "flagged": kernel_dropped > 0},

@@ -447,3 +447,18 @@ def test_one_window_full_event_is_not_window_limited(tmp_path) -> None:
     (many,) = window_limited(run_with(40, "many"))
     assert many.status == "fired" and many.evidence[0].values["window_full"] == 40
     assert many.thresholds["WINDOW_FULL_RATE"] == 0.001
+
+
+def test_low_duplex_overlap_headline_quotes_the_collective_not_the_exchange(tmp_path) -> None:
+    """gloo all_gather at N=2 overlaps 33%, the exchange experiment 20%: the headline quotes 33% from the
+    all_gather capture and names the exchange's 20% apart."""
+    gather = analysis(2, [connection("10.0.0.1:1", "10.0.0.2:2", direction(8 * MiB), direction(8 * MiB), 0.33)])
+    exchange = analysis(2, [connection("10.0.0.1:3", "10.0.0.2:4", direction(8 * MiB), direction(8 * MiB), 0.2)],
+                        op="exchange")
+    (f,) = low_duplex_overlap(load_run([write_run_dir(tmp_path / "b", flat_records(),
+                                                      analyses={"gather_n2": gather, "exchange_n2": exchange})]))
+    assert f.status == "fired" and "in the all_gather capture" in f.statement
+    assert "only 33% of the time" in f.statement and "the exchange experiment's: 20%" in f.statement
+    (g,) = low_duplex_overlap(load_run([write_run_dir(tmp_path / "e", flat_records(),
+                                                      analyses={"exchange_n2": exchange})]))
+    assert g.status == "fired" and "in the exchange capture" in g.statement and "only 20%" in g.statement

@@ -9,6 +9,7 @@ from diag.report.diagnose.base import drop_note, strength_of, undecided, weaken
 from diag.report.diagnose.findings import Evidence, Finding
 from diag.report.queries import analysed, capture_op, tcp_info_series, two_way_connections
 from diag.report.rundir import RunData
+from diag.report.series import PAIRWISE_OPS
 from diag.report.thresholds import (
     BIDIR_MIN_BYTES,
     DUPLEX_OVERLAP_LOW,
@@ -39,6 +40,7 @@ def low_duplex_overlap(run: RunData) -> list[Finding]:
     unreliable = False
     for c in sorted(captures, key=lambda c: (c.world_size or 0, c.tag)):
         source = f"analysis/{c.tag}.json"
+        op = capture_op(c)
         for conn in c.connections:
             moved = conn.payload_bytes
             overlap = conn.duplex_overlap
@@ -50,7 +52,7 @@ def low_duplex_overlap(run: RunData) -> list[Finding]:
             if overlap < DUPLEX_OVERLAP_LOW.value:
                 unreliable |= bool(c.kernel_dropped)
                 low.append(Evidence(text, {"world_size": c.world_size, "transport": c.transport,
-                                           "duplex_overlap": overlap, "kind": "connection"}, source,
+                                           "duplex_overlap": overlap, "kind": "connection", "op": op}, source,
                                     "duplex_overlap.png"))
             else:
                 ok.append(text)
@@ -64,7 +66,8 @@ def low_duplex_overlap(run: RunData) -> list[Finding]:
             if overlap < DUPLEX_OVERLAP_LOW.value:
                 unreliable |= bool(c.kernel_dropped)
                 low.append(Evidence(text, {"world_size": c.world_size, "transport": c.transport,
-                                           "duplex_overlap": overlap, "kind": "host"}, source, "duplex_overlap.png"))
+                                           "duplex_overlap": overlap, "kind": "host", "op": op}, source,
+                                    "duplex_overlap.png"))
             else:
                 ok.append(text)
     if not low:
@@ -73,10 +76,20 @@ def low_duplex_overlap(run: RunData) -> list[Finding]:
                             f"(>= {human_bytes(BIDIR_MIN_BYTES.value)} each way)", thresholds=thresholds)]
         return [Finding(name, "clear", "every connection/host carrying both directions used both at once: "
                         + "; ".join(ok[:6]), thresholds=thresholds)]
-    worst = min(e.values["duplex_overlap"] for e in low)
-    ns = sorted({e.values["world_size"] for e in low if e.values["world_size"]})
-    statement = (f"the link's full duplex goes unused at N={','.join(map(str, ns)) or '?'}: a connection or host "
-                 f"that carries both directions moves them at once only {worst:.0%} of the time")
+    # The headline quotes the collective's own captures; a pairwise experiment (exchange) is quoted apart.
+    collective = [e for e in low if e.values["op"] not in PAIRWISE_OPS]
+    pairwise = [e for e in low if e.values["op"] in PAIRWISE_OPS]
+    headline = collective or low
+    worst = min(e.values["duplex_overlap"] for e in headline)
+    ns = sorted({e.values["world_size"] for e in headline if e.values["world_size"]})
+    ops = sorted({str(e.values["op"]) for e in headline if e.values["op"]})
+    statement = (f"the link's full duplex goes unused at N={','.join(map(str, ns)) or '?'}"
+                 + (f" in the {'/'.join(ops)} capture" if ops else "")
+                 + f": a connection or host that carries both directions moves them at once only {worst:.0%} "
+                 "of the time")
+    if collective and pairwise:
+        statement += (f"; the {'/'.join(sorted({str(e.values['op']) for e in pairwise}))} experiment's: "
+                      f"{min(e.values['duplex_overlap'] for e in pairwise):.0%}")
     fine_ns = sorted({n for n in (c.world_size for c in captures) if n and n not in ns})
     if fine_ns:
         statement += f" (captures at N={','.join(map(str, fine_ns))} show no such loss)"
