@@ -16,6 +16,7 @@ from report_helpers import (
     cpu_samples,
     direction,
     flat_records,
+    host,
     host_cpu_samples,
     ideal_time,
     make_record,
@@ -339,23 +340,38 @@ def test_turn_taking_fires_only_against_a_raw_shared_connection_that_overlaps(tm
 
 
 def test_half_duplex_match(tmp_path) -> None:
+    """The raw --io alternate reference counts only where its capture shows it half duplex on the wire."""
     from diag.report.diagnose import half_duplex_match
 
     size = 16 * MiB
     gloo = make_record("gloo", "all_gather", 2, size, timed(2.0))
     full = make_record("raw", "all_gather", 2, size, timed(1.0), knobs={"io": "duplex", "conn": "split"})
 
-    def run_with(alternate_s: float, name: str):
+    def run_with(alternate_s: float, name: str, wire_overlap: float | None = 0.05):
         alternate = make_record("raw", "all_gather", 2, size, timed(alternate_s),
-                                knobs={"io": "alternate", "conn": "split"})
-        return load_run([write_run_dir(tmp_path / name, [gloo, full, alternate])])
+                                knobs={"io": "alternate", "conn": "split"}, t_start_ns=50_000_000_000)
+        analyses = {}
+        if wire_overlap is not None:
+            capture = analysis(2, [connection("10.0.0.1:1", "10.0.0.2:2", direction(size), direction(size),
+                                              wire_overlap)],
+                               [host("10.0.0.1", size, size, wire_overlap)], backend="raw")
+            capture["phases"][0]["phase"].update(algo="ring", size_bytes=size, t_start_ns=alternate.t_start_ns,
+                                                 t_end_ns=alternate.t_start_ns + 1)
+            analyses["raw_alternate_n2"] = capture
+        return load_run([write_run_dir(tmp_path / name, [gloo, full, alternate], analyses=analyses)])
 
     (f,) = half_duplex_match(run_with(1.9, "match"))
     assert f.status == "fired" and f.evidence[0].values["ratio"] == pytest.approx(1.9 / 2.0, rel=0.05)
+    assert "on the wire its directions overlap 5%" in f.statement
     (g,) = half_duplex_match(run_with(1.0, "nomatch"))
     assert g.status == "clear"
     (h,) = half_duplex_match(load_run([write_run_dir(tmp_path / "none", [gloo, full])]))
     assert h.status == "undecided"
+    # the same speed match, but the wire shows the "alternate" run overlapping its directions: no reference
+    (k,) = half_duplex_match(run_with(1.9, "overlapping", wire_overlap=0.9))
+    assert k.status == "undecided" and "90% of its active time on the wire: not half duplex" in k.statement
+    (m,) = half_duplex_match(run_with(1.9, "uncaptured", wire_overlap=None))
+    assert m.status == "undecided" and "no capture of the raw --io alternate run" in m.statement
 
 
 def test_a_large_difference_the_samples_cannot_confirm_is_undecided(tmp_path) -> None:

@@ -12,12 +12,14 @@ from diag.report.compare import welch_test
 from diag.report.diagnose.base import strength_of, undecided
 from diag.report.diagnose.cpu_rules import cpu_limited_world_sizes
 from diag.report.diagnose.findings import Evidence, Finding
-from diag.report.queries import large_sizes, raw_reference
+from diag.report.queries import analysed, capture_series, large_sizes, raw_reference, two_way_connections
 from diag.report.rundir import RunData
 from diag.report.series import PAIRWISE_OPS, busbw_samples, by_series, knob, series_label
 from diag.report.thresholds import (
     ALPHA,
     BACKEND_RAW_EFFICIENCY,
+    BIDIR_MIN_BYTES,
+    DUPLEX_OVERLAP_LOW,
     HALF_DUPLEX_MATCH,
     LARGE_SIZE_BYTES,
     N2_DIP_RATIO,
@@ -168,15 +170,26 @@ def efficiency_summary(fine: dict[tuple[str, str], list[tuple[int, float]]]) -> 
 def half_duplex_match(run: RunData) -> list[Finding]:
     """Does a half-duplex schedule (raw --io alternate) reproduce the backend's N=2 busbw?"""
     name = "half_duplex_match"
-    thresholds = used(HALF_DUPLEX_MATCH)
+    thresholds = used(HALF_DUPLEX_MATCH, DUPLEX_OVERLAP_LOW)
     rows = [r for r in run.records if r.op == "all_gather" and r.world_size == 2]
     alternate = [r for r in rows if r.backend == "raw" and knob(r, "io") == "alternate"]
     duplex = [r for r in rows if r.backend == "raw" and knob(r, "io") == "duplex"]
     backend = [r for r in rows if r.backend != "raw"]
     if not alternate or not backend:
         return undecided(name, "no raw --io alternate rows at N=2 beside backend rows: cannot test whether a "
-                         "half-duplex schedule explains the N=2 busbw", HALF_DUPLEX_MATCH)
-    alt_by_volume = {r.volume_bytes: r for r in alternate}
+                         "half-duplex schedule explains the N=2 busbw", HALF_DUPLEX_MATCH, DUPLEX_OVERLAP_LOW)
+    # The reference counts only where the wire shows it half duplex: a schedule meant to alternate that the
+    # capture shows moving both directions at once tests nothing.
+    wire = {label: half_duplex_on_wire(run, label) for label in {series_label(r) for r in alternate}}
+    usable = {label for label, overlap in wire.items() if overlap is not None and overlap < DUPLEX_OVERLAP_LOW.value}
+    if not usable:
+        seen = {label: overlap for label, overlap in wire.items() if overlap is not None}
+        why = ("; ".join(f"{label} moved both directions at once {overlap:.0%} of its active time on the wire"
+                         for label, overlap in sorted(seen.items())) + ": not half duplex, so no reference"
+               if seen else "no capture of the raw --io alternate run at N=2: the wire cannot show it half duplex, "
+                            "so it is no reference")
+        return undecided(name, why, HALF_DUPLEX_MATCH, DUPLEX_OVERLAP_LOW)
+    alt_by_volume = {r.volume_bytes: r for r in alternate if series_label(r) in usable}
     findings = []
     for r in backend:
         ref = alt_by_volume.get(r.volume_bytes)
@@ -185,7 +198,8 @@ def half_duplex_match(run: RunData) -> list[Finding]:
         full = max((d for d in duplex if d.volume_bytes == r.volume_bytes), key=lambda d: d.busbw_Bps, default=None)
         ratio = r.busbw_Bps / ref.busbw_Bps
         text = (f"at D={human_bytes(r.volume_bytes)}: {r.transport} N=2 busbw {human_rate(r.busbw_Bps)}, raw ring "
-                f"alternating directions {human_rate(ref.busbw_Bps)} (ratio {ratio:.2f})"
+                f"alternating directions {human_rate(ref.busbw_Bps)} (ratio {ratio:.2f}; on the wire its directions "
+                f"overlap {wire[series_label(ref)]:.0%})"
                 + (f", raw ring full duplex {human_rate(full.busbw_Bps)}" if full else ""))
         evidence = (Evidence(text, {"world_size": 2, "ratio": ratio, "volume_bytes": r.volume_bytes},
                              run.source_of(r), "busbw_vs_size.png"),)
@@ -198,8 +212,21 @@ def half_duplex_match(run: RunData) -> list[Finding]:
                                     f"{text}", thresholds=thresholds))
     if not findings:
         return undecided(name, "raw --io alternate and backend rows share no per-device volume at N=2",
-                         HALF_DUPLEX_MATCH)
+                         HALF_DUPLEX_MATCH, DUPLEX_OVERLAP_LOW)
     return findings
+
+
+def half_duplex_on_wire(run: RunData, label: str) -> float | None:
+    """How much a series' N=2 capture overlaps its directions: the mean over hosts that send and receive in
+    bulk, else over its two-way connections; None without such a capture."""
+    overlaps: list[float] = []
+    for c in analysed(run):
+        if c.world_size != 2 or capture_series(run, c) != label:
+            continue
+        hosts = [h.duplex_overlap for h in c.hosts if isinstance(h.duplex_overlap, (int, float))
+                 and min(h.tx_bytes, h.rx_bytes) >= BIDIR_MIN_BYTES.value]
+        overlaps += [float(o) for o in hosts] or [t.overlap for t in two_way_connections(c)]
+    return statistics.mean(overlaps) if overlaps else None
 
 
 def data_errors(run: RunData) -> list[Finding]:
