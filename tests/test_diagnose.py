@@ -478,3 +478,36 @@ def test_low_duplex_overlap_headline_quotes_the_collective_not_the_exchange(tmp_
     (g,) = low_duplex_overlap(load_run([write_run_dir(tmp_path / "e", flat_records(),
                                                       analyses={"exchange_n2": exchange})]))
     assert g.status == "fired" and "in the exchange capture" in g.statement and "only 20%" in g.statement
+
+
+def _turns_run(tmp_path, name: str, cwnds: list[int] | None):
+    """N=2: one connection whose directions take turns (overlap 10%); each direction idles 1.2 s of its 2 s
+    span, all of it while the other direction sends. cwnds: the observer's TCP_INFO of that connection."""
+    gloo_only = [r for r in anomaly_records() if r.backend == "gloo" and r.op == "all_gather"]
+    ab = direction(8 * MiB, idle_count=10, idle_total_s=1.2, idle_max_s=0.3)
+    ba = direction(8 * MiB, idle_count=10, idle_total_s=1.2, idle_max_s=0.3)
+    ab["active_s"] = ba["active_s"] = 0.8
+    conn = connection("10.0.0.1:5000", "10.0.0.2:40000", ab, ba, 0.1)
+    observe = None
+    if cwnds is not None:
+        observe = {"gloo_n2": [{**sample, "cwnd": cwnd}
+                               for sample, cwnd in zip(tcp_info_samples(0.0, count=len(cwnds)), cwnds, strict=True)]}
+        for sample in observe["gloo_n2"]:
+            sample.update(local="[::ffff:10.0.0.1]:5000", remote="[::ffff:10.0.0.2]:40000")
+    return load_run([write_run_dir(tmp_path / name, gloo_only, analyses={"gloo_n2": analysis(2, [conn])},
+                                   observe=observe)])
+
+
+def test_idle_gaps_that_are_the_turns_are_not_slow_start_after_idle(tmp_path) -> None:
+    (steady,) = idle_gaps(_turns_run(tmp_path, "steady", [40, 60, 80, 90, 100]))
+    assert steady.status == "clear" and "slow start after idle" not in steady.statement
+    assert "not counted: 2 direction(s) whose gaps are the other direction's turns" in steady.statement
+    mech = next(f for f in diagnose(_turns_run(tmp_path, "steady2", [40, 60, 80, 90, 100])) if f.rule == "mechanism")
+    assert "connections idle between bursts" not in mech.statement
+    # the same gaps with cwnd collapsing to the restart window: a real idle restart, counted
+    (collapsed,) = idle_gaps(_turns_run(tmp_path, "collapsed", [60, 90, 5, 8, 30]))
+    assert collapsed.status == "fired" and "slow start after idle" in collapsed.statement
+    assert all(e.values["cwnd_collapses"] == 1 for e in collapsed.evidence)
+    # no TCP_INFO of the connection: whether cwnd collapsed is unknown, so the gaps stay, with the turns named
+    (unknown,) = idle_gaps(_turns_run(tmp_path, "unknown", None))
+    assert unknown.status == "fired" and "no TCP_INFO of this connection" in unknown.evidence[0].text

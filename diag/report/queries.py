@@ -152,6 +152,39 @@ class TcpInfoSeries:
     def has_cwnd(self) -> bool:
         return bool(self.values("cwnd"))
 
+    def cwnd_collapses(self, restart_segments: float) -> int:
+        """How often cwnd fell to restart_segments or less after having been at least 4x that."""
+        count, peak = 0, 0.0
+        for cwnd in self.values("cwnd"):
+            if cwnd <= restart_segments and peak >= 4 * restart_segments:
+                count += 1
+                peak = cwnd
+            peak = max(peak, cwnd)
+        return count
+
+    @property
+    def endpoints(self) -> frozenset[str]:
+        """{"ip:port", "ip:port"} of an observer's series (IPv4-mapped addresses unwrapped); empty otherwise."""
+        first = self.samples[0] if self.samples else None
+        if first is None or not first.local or not first.remote:
+            return frozenset()
+        return frozenset(_plain_endpoint(e) for e in (first.local, first.remote))
+
+
+def _plain_endpoint(text: str) -> str:
+    """'[::ffff:10.0.0.1]:5000' -> '10.0.0.1:5000' (what the analyzer writes); others unchanged."""
+    address, _, port = text.rpartition(":")
+    address = address.strip("[]")
+    if address.startswith("::ffff:"):
+        address = address[len("::ffff:"):]
+    return f"{address}:{port}" if "." in address else text
+
+
+def connection_tcp_info(run: RunData, conn: Connection) -> list[TcpInfoSeries]:
+    """The TCP_INFO series an observer took of this connection (either end)."""
+    ends = frozenset((conn.a, conn.b))
+    return [s for s in tcp_info_series(run) if s.endpoints == ends]
+
 
 def tcp_info_series(run: RunData) -> list[TcpInfoSeries]:
     """Per connection, the TCP_INFO samples from observers and raw side files, sorted by label."""

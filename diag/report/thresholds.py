@@ -52,6 +52,12 @@ IDLE_RESTART_S = _t("IDLE_RESTART_S", 0.2, "Linux resets cwnd after an idle long
                     "(tcp_slow_start_after_idle); the RTO is >= 200 ms")
 IDLE_FRACTION = _t("IDLE_FRACTION", 0.3, "idle time (gaps) above this fraction of a direction's active span is "
                    "significant")
+TURN_GAP_SHARE = _t("TURN_GAP_SHARE", 0.5, "share of a direction's idle time during which the other direction "
+                    "of its connection sends alone: at least this much, on a connection that takes turns, and the "
+                    "gaps are the turns themselves")
+CWND_COLLAPSE_SEGMENTS = _t("CWND_COLLAPSE_SEGMENTS", 10, "a cwnd at or below this many segments (Linux's "
+                            "restart window) after having been at least 4x larger is a collapse: slow start "
+                            "after idle seen in TCP_INFO")
 CPU_PINNED_PCT = _t("CPU_PINNED_PCT", 90.0, "a thread at or above this % of one core ...")
 CPU_PINNED_SHARE = _t("CPU_PINNED_SHARE", 0.5, "... in at least this share of its samples (and at least "
                       "CPU_MIN_SAMPLES samples) is pinned; a machine saturated this share of a run is busy")
@@ -70,7 +76,7 @@ TABLE: tuple[Threshold, ...] = (
     N2_DIP_RATIO, N2_DIP_STRONG, LARGE_SIZE_BYTES, BACKEND_RAW_EFFICIENCY, BIDIR_MIN_BYTES, DUPLEX_OVERLAP_LOW,
     ORDER_EFFECT, CONN_SPLIT_EFFECT, RWND_LIMITED_FRACTION, SNDBUF_LIMITED_FRACTION, WINDOW_FULL_RATE,
     WINDOW_FULL_MIN_COUNT, RETRANS_RATE,
-    RETRANS_MIN_COUNT, IDLE_RESTART_S, IDLE_FRACTION, CPU_PINNED_PCT, CPU_PINNED_SHARE, CPU_MIN_SAMPLES,
+    RETRANS_MIN_COUNT, IDLE_RESTART_S, IDLE_FRACTION, TURN_GAP_SHARE, CWND_COLLAPSE_SEGMENTS, CPU_PINNED_PCT, CPU_PINNED_SHARE, CPU_MIN_SAMPLES,
     CPU_SATURATED_PCT, CPU_LINK_REACHED, TURN_TAKING_GAP, HALF_DUPLEX_MATCH, ALPHA,
 )
 

@@ -7,11 +7,18 @@ from typing import Any
 
 from diag.report.diagnose.base import drop_note, strength_of, undecided, weaken
 from diag.report.diagnose.findings import Evidence, Finding
-from diag.report.queries import analysed, capture_op, tcp_info_series, two_way_connections
+from diag.report.queries import (
+    analysed,
+    capture_op,
+    connection_tcp_info,
+    tcp_info_series,
+    two_way_connections,
+)
 from diag.report.rundir import RunData
 from diag.report.series import PAIRWISE_OPS
 from diag.report.thresholds import (
     BIDIR_MIN_BYTES,
+    CWND_COLLAPSE_SEGMENTS,
     DUPLEX_OVERLAP_LOW,
     IDLE_FRACTION,
     IDLE_RESTART_S,
@@ -19,6 +26,7 @@ from diag.report.thresholds import (
     RETRANS_RATE,
     RWND_LIMITED_FRACTION,
     SNDBUF_LIMITED_FRACTION,
+    TURN_GAP_SHARE,
     TURN_TAKING_GAP,
     WINDOW_FULL_MIN_COUNT,
     WINDOW_FULL_RATE,
@@ -241,18 +249,28 @@ def find_sysctl(env: Any, fragment: str) -> Any:
 
 
 def idle_gaps(run: RunData) -> list[Finding]:
-    """Idle gaps in a direction; after an idle longer than the RTO Linux restarts from slow start."""
+    """Idle gaps in a direction; after an idle longer than the RTO Linux restarts from slow start.
+
+    On a connection that takes turns, a direction's gaps are the other direction's turns: they say nothing
+    of their own, and when TCP_INFO of that connection shows no cwnd collapse there was no idle restart
+    either, so such gaps are not counted (they are named in the statement)."""
     name = "idle_gaps"
-    limits = (IDLE_RESTART_S, IDLE_FRACTION)
+    limits = (IDLE_RESTART_S, IDLE_FRACTION, TURN_GAP_SHARE, CWND_COLLAPSE_SEGMENTS)
     thresholds = used(*limits)
     captures = analysed(run)
     if not captures:
         return undecided(name, "no capture analysis: cannot see idle gaps", *limits)
     ssai = find_sysctl(run.env, "slow_start_after_idle")
     hits: list[Evidence] = []
+    turns: list[str] = []
     restart = False
     for c in captures:
         for conn in c.connections:
+            two_way = (min(conn.payload_bytes) >= BIDIR_MIN_BYTES.value
+                       and isinstance(conn.duplex_overlap, (int, float))
+                       and conn.duplex_overlap < DUPLEX_OVERLAP_LOW.value)
+            series = connection_tcp_info(run, conn) if two_way else []
+            collapses = sum(s.cwnd_collapses(CWND_COLLAPSE_SEGMENTS.value) for s in series)
             for label, d in conn.labelled_directions():
                 if d.payload_bytes < BIDIR_MIN_BYTES.value:
                     continue  # an ACK-only direction idles by design
@@ -260,16 +278,34 @@ def idle_gaps(run: RunData) -> list[Finding]:
                 span = d.span_s
                 total, longest = gaps.total_s, gaps.max_s
                 fraction = total / span if span > 0 else 0.0
-                if longest >= IDLE_RESTART_S.value or fraction >= IDLE_FRACTION.value:
-                    restart |= longest >= IDLE_RESTART_S.value
-                    hits.append(Evidence(
-                        f"{c.label} {label}: {gaps.count} idle gaps, {total:.3g} s idle of {span:.3g} s "
-                        f"({fraction:.0%}), longest {longest:.3g} s{drop_note(c)}",
-                        {"count": gaps.count, "total_s": total, "max_s": longest, "fraction": fraction,
-                         "world_size": c.world_size},
-                        f"analysis/{c.tag}.json", "conn_throughput.png"))
+                if not (longest >= IDLE_RESTART_S.value or fraction >= IDLE_FRACTION.value):
+                    continue
+                # Time the connection was busy while this direction was not: the other direction's turns.
+                other_alone = max(0.0, conn.active_s - d.active_s)
+                turn_share = min(1.0, other_alone / total) if total > 0 else 0.0
+                is_turns = two_way and turn_share >= TURN_GAP_SHARE.value
+                if is_turns and series and not collapses:
+                    turns.append(f"{c.label} {label}: {total:.3g} s idle, {turn_share:.0%} of it while the other "
+                                 f"direction sent (overlap {conn.duplex_overlap:.0%}); TCP_INFO shows no cwnd "
+                                 f"collapse")
+                    continue
+                restart |= longest >= IDLE_RESTART_S.value
+                note = ""
+                if is_turns:
+                    note = (f"; {turn_share:.0%} of it while the other direction sent"
+                            + (f", and TCP_INFO shows cwnd collapsing {collapses} time(s)" if collapses
+                               else ", no TCP_INFO of this connection to tell whether cwnd collapsed"))
+                hits.append(Evidence(
+                    f"{c.label} {label}: {gaps.count} idle gaps, {total:.3g} s idle of {span:.3g} s "
+                    f"({fraction:.0%}), longest {longest:.3g} s{note}{drop_note(c)}",
+                    {"count": gaps.count, "total_s": total, "max_s": longest, "fraction": fraction,
+                     "world_size": c.world_size, "turn_share": turn_share, "cwnd_collapses": collapses},
+                    f"analysis/{c.tag}.json", "conn_throughput.png"))
+    turn_note = (f"; not counted: {len(turns)} direction(s) whose gaps are the other direction's turns on a "
+                 f"connection that takes turns (turn_taking), with no cwnd collapse in TCP_INFO, so no idle "
+                 f"restart: " + "; ".join(turns[:4])) if turns else ""
     if not hits:
-        return [Finding(name, "clear", "no direction idles long enough to matter", thresholds=thresholds)]
+        return [Finding(name, "clear", "no direction idles long enough to matter" + turn_note, thresholds=thresholds)]
     statement = f"connections sit idle between bursts ({len(hits)} directions)"
     if restart:
         statement += (f"; gaps longer than {IDLE_RESTART_S.value} s let Linux restart from slow start after idle"
@@ -278,7 +314,7 @@ def idle_gaps(run: RunData) -> list[Finding]:
         if str(ssai) == "0":
             statement += ", which is off here, so no cwnd reset"
     strength = "strong" if restart and str(ssai) != "0" else "moderate" if restart else "weak"
-    return [Finding(name, "fired", statement, strength, tuple(hits[:20]), thresholds)]
+    return [Finding(name, "fired", statement + turn_note, strength, tuple(hits[:20]), thresholds)]
 
 
 def capture_drops(run: RunData) -> list[Finding]:
