@@ -19,10 +19,50 @@ from typing import Any, TypeVar
 from diag.capture.schema import Analysis, Connection, Host, Phase
 from diag.errors import DiagError
 from diag.records import Record, RecordFile, load_records, transport_label
+from diag.typedjson import from_json
 
 T = TypeVar("T")
 # A capture's tag, when its analysis carries no phases, may still name the world size (".._n2_..").
 _TAG_WORLD_RE = re.compile(r"(?:^|[_\-.])n(\d+)(?:[_\-.]|$)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class CaptureMeta:
+    """captures/<tag>.capture.json as the capture tool writes it (the fields the report reads)."""
+
+    kernel_dropped: int | None = None
+    world_size: int | None = None
+    transport: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LinkInfo:
+    single_stream_Bps: float | None = None
+    bidir_Bps: list[float] = field(default_factory=list)
+    tool: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LabInfo:
+    name: str | None = None
+    rate_bps: float | None = None
+    hosts: int | None = None
+    addresses: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """run.json as diag reproduce writes it (the fields the report reads; the rest stays in ``extra``)."""
+
+    link: LinkInfo | None = None
+    lab: LabInfo | None = None
+    cpu_count: int | None = None
+    notes: list[str] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -30,14 +70,14 @@ class CaptureSet:
     """One capture: its metadata (capture.json), its analysis (analyze --json) and observer samples."""
 
     tag: str
-    meta: dict[str, Any] | None = None          # captures/<tag>.capture.json, as the capture tool wrote it
+    meta: CaptureMeta | None = None
     analysis: Analysis | None = None
     observe: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def world_size(self) -> int | None:
-        if isinstance((self.meta or {}).get("world_size"), int):
-            return int((self.meta or {})["world_size"])
+        if self.meta is not None and isinstance(self.meta.world_size, int):
+            return self.meta.world_size
         if self.analysis is not None and isinstance(self.analysis.world_size, int):
             return self.analysis.world_size
         # Phases that carried packets first: an analysis given a whole records file lists every phase.
@@ -55,8 +95,8 @@ class CaptureSet:
     @property
     def transport(self) -> str | None:
         """torch:gloo / raw:ring, from the phases the capture covers (most common one)."""
-        if isinstance((self.meta or {}).get("transport"), str):
-            return str((self.meta or {})["transport"])
+        if self.meta is not None and isinstance(self.meta.transport, str):
+            return self.meta.transport
         if self.analysis is not None and isinstance(self.analysis.transport, str):
             return self.analysis.transport
         kinds: Counter[str] = Counter()
@@ -89,7 +129,7 @@ class CaptureSet:
     def kernel_dropped(self) -> int | None:
         if self.analysis is not None and isinstance(self.analysis.capture.kernel_dropped, int):
             return self.analysis.capture.kernel_dropped
-        value = (self.meta or {}).get("kernel_dropped")
+        value = self.meta.kernel_dropped if self.meta is not None else None
         return value if isinstance(value, int) else None
 
     @property
@@ -147,24 +187,27 @@ class RunData:
         return {}
 
     @property
+    def info(self) -> RunInfo:
+        """run.json, typed (an empty RunInfo where there is none)."""
+        return self.remember("run_info", lambda: from_json(RunInfo, self.meta))
+
+    @property
     def link_Bps(self) -> float | None:
         """The measured single-stream link rate in bytes/s; else the lab's shaped rate; else None."""
-        link = self.meta.get("link") or {}
-        value = link.get("single_stream_Bps")
-        if isinstance(value, (int, float)) and value > 0:
-            return float(value)
-        lab = self.meta.get("lab") or {}
-        rate = lab.get("rate_bps")
+        measured = self.info.link.single_stream_Bps if self.info.link else None
+        if isinstance(measured, (int, float)) and measured > 0:
+            return float(measured)
+        rate = self.info.lab.rate_bps if self.info.lab else None
         if isinstance(rate, (int, float)) and rate > 0:
             return float(rate) / 8.0
         return None
 
     @property
     def link_source(self) -> str:
-        link = self.meta.get("link") or {}
-        if isinstance(link.get("single_stream_Bps"), (int, float)) and link["single_stream_Bps"] > 0:
+        measured = self.info.link.single_stream_Bps if self.info.link else None
+        if isinstance(measured, (int, float)) and measured > 0:
             return "measured single stream (run.json link.single_stream_Bps)"
-        if (self.meta.get("lab") or {}).get("rate_bps"):
+        if self.info.lab and self.info.lab.rate_bps:
             return "lab shaped rate (run.json lab.rate_bps)"
         return "none"
 
@@ -230,7 +273,9 @@ def load_run_dir(root: Path) -> RunData:
 
     for path in sorted((root / "captures").glob("*.capture.json")):
         # The capture tool names it after the pcap (<tag>.pcap.capture.json); the contract says <tag>.capture.json.
-        capture(_tag_of(path, [".pcap.capture.json", ".pcapng.capture.json", ".capture.json"])).meta = _read_json(path)
+        document = _read_json(path)
+        capture(_tag_of(path, [".pcap.capture.json", ".pcapng.capture.json", ".capture.json"])).meta = (
+            from_json(CaptureMeta, document) if document is not None else None)
     for path in sorted((root / "analysis").glob("*.json")):
         document = _read_json(path)
         try:

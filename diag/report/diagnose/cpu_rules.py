@@ -92,7 +92,7 @@ def cpu_bound(run: RunData) -> list[Finding]:
                         + (f" and the machine's CPUs are not saturated (< {CPU_SATURATED_PCT.value:.0f}% busy)"
                            if hosts and not carried else "")
                         + (f"; {busy_note}" if busy_note else "") + ": not CPU-bound", thresholds=thresholds)]
-    cpus = run.meta.get("cpu_count")
+    cpus = run.info.cpu_count
     saturated_ns = sorted({e.values["world_size"] for e in hits if e.values.get("kind") == "host"} - {None})
     pinned = [e for e in hits if e.values.get("kind") != "host"]
     parts = []
