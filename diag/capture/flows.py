@@ -28,11 +28,12 @@ DEFAULT_BIN_S = 0.01
 MAX_BINS = 20_000
 SEGMENT_SIZE_EDGES = [1, 65, 129, 257, 513, 1025, 1449, 1501, 2897, 4097, 8193, 16385, 32769, 65536, 1 << 20]
 DEFAULT_MSS = 1448
-# Duplex busy runs (run_gap_s): a stream's silence ends a run when longer than CADENCE_FACTOR times its
-# cadence (the CADENCE_QUANTILE-th percentile gap between bulk segments), never beyond MAX_RUN_GAP_S, and
-# only when CADENCE_MIN_GAPS bulk gaps give a cadence at all.
-CADENCE_QUANTILE = 90
+# Duplex busy runs (run_gap_s): a stream's silence ends a run when longer than CADENCE_FACTOR times the
+# CADENCE_QUANTILE-th percentile gap between its bulk segments and PACING_PACKETS times their median gap,
+# never beyond MAX_RUN_GAP_S, and only when CADENCE_MIN_GAPS bulk gaps give a cadence at all.
+CADENCE_QUANTILE = 95
 CADENCE_FACTOR = 3.0
+PACING_PACKETS = 16
 CADENCE_MIN_GAPS = 20
 MAX_RUN_GAP_S = 0.05
 
@@ -236,24 +237,27 @@ def _inside(ts_s: np.ndarray, intervals: tuple[np.ndarray, np.ndarray]) -> np.nd
 
 
 def run_gap_s(ts_s: np.ndarray, nbytes: np.ndarray, idle_gap_s: float) -> float:
-    """The silence that ends a busy run of this stream: idle_gap_s, or CADENCE_FACTOR times the stream's own
-    cadence when that is longer.
+    """The silence that ends a busy run of this stream: idle_gap_s, or longer where the stream's own cadence
+    says that a silence of that length is part of moving data.
 
-    A shaped sender is bursty: tbf lets a bucket of frames go at once and then waits for tokens, so at low
-    rates, or on a loaded host whose timers fire late, a stream that never stops moving data is silent for a
-    millisecond or more between bursts. The cadence is the CADENCE_QUANTILE-th percentile of the gaps between
-    consecutive bulk segments (larger than a control frame), so the bursts of a busy stream join into one run
-    while a pause of many bursts (a turn) still ends it. Control frames do not set the cadence: a trickle of
-    notices has no bulk gaps and keeps idle_gap_s."""
+    A shaped sender is bursty. tbf lets a bucket of frames go at once and then waits for tokens; and when a
+    sender pauses for a moment (a full window, a thread descheduled on a loaded host), the bucket refills and
+    the next frames leave as a burst: a stream that never stops moving data is silent for several packet
+    times now and then -- at 20 Mbit/s with an 8-frame bucket, ~5 ms. So a silence ends a run only when it is
+    longer than all of: idle_gap_s, CADENCE_FACTOR times the CADENCE_QUANTILE-th percentile gap (the
+    bursts' period, when bursts are short) and PACING_PACKETS times the median gap (the time to send that
+    many packets at the stream's usual pace), at most MAX_RUN_GAP_S. The gaps are those between consecutive
+    bulk segments (larger than a control frame): a trickle of notices has none and keeps idle_gap_s."""
     if ts_s.size < CADENCE_MIN_GAPS + 1:
         return idle_gap_s
     bulk = nbytes > CONTROL_MAX_BYTES
-    pairs = bulk[:-1] & bulk[1:]
-    gaps = np.diff(ts_s)[pairs]
+    gaps = np.diff(ts_s)[bulk[:-1] & bulk[1:]]
     if gaps.size < CADENCE_MIN_GAPS:
         return idle_gap_s
-    cadence = float(np.partition(gaps, int(gaps.size * CADENCE_QUANTILE / 100))[int(gaps.size * CADENCE_QUANTILE / 100)])
-    return min(max(idle_gap_s, CADENCE_FACTOR * cadence), MAX_RUN_GAP_S)
+    k50, k90 = (gaps.size - 1) // 2, int((gaps.size - 1) * CADENCE_QUANTILE / 100)
+    ranked = np.partition(gaps, [k50, k90])
+    gap = max(idle_gap_s, CADENCE_FACTOR * float(ranked[k90]), PACING_PACKETS * float(ranked[k50]))
+    return min(gap, MAX_RUN_GAP_S)
 
 
 def duplex_runs(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y: np.ndarray, idle_gap_s: float
@@ -651,7 +655,8 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
         "capture": {"kernel_dropped": dropped_total, "flagged": flagged, "packets": int(n),
                     "frames": int(sum(r.frames for r in results))},
         "parameters": {"bin_s": bin_s, "idle_gap_s": idle_gap_s, "cadence_factor": CADENCE_FACTOR,
-                       "cadence_quantile": CADENCE_QUANTILE, "max_run_gap_s": MAX_RUN_GAP_S,
+                       "cadence_quantile": CADENCE_QUANTILE, "pacing_packets": PACING_PACKETS,
+                       "max_run_gap_s": MAX_RUN_GAP_S,
                        "control_max_bytes": CONTROL_MAX_BYTES},
         "capture_point": sorted(observed),
         "connections": connections,
