@@ -208,7 +208,7 @@ def test_capture_point_marks_hosts_seen_one_way(tmp_path: Path) -> None:
 PEER = textwrap.dedent("""
     import socket, sys, threading, time
     role, host, port, mode, nbytes, block = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
-    PERIOD_S = 0.004
+    PERIOD_S = 0.003
     if role == "server":
         srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
@@ -228,10 +228,9 @@ PEER = textwrap.dedent("""
             got += len(d)
     if mode == "both":   # both directions at once on this one socket, each written in bursts of `block`
         t = threading.Thread(target=receive, args=(nbytes,)); t.start()
-        start = time.monotonic()
-        for k in range(nbytes // block):   # a burst every PERIOD_S, on a fixed schedule (late ones go at once)
-            time.sleep(max(0.0, start + k * PERIOD_S - time.monotonic()))
+        for k in range(nbytes // block):   # a burst, then PERIOD_S of silence from this side
             s.sendall(b"x" * block)
+            time.sleep(PERIOD_S)
         t.join()
     else:                # ping-pong: a block, then wait for the peer's block
         for k in range(nbytes // block):
@@ -262,9 +261,9 @@ def _shaped_exchange(pair, tmp_path: Path, mode: str, nbytes: int, block: int) -
 
 
 def test_shaped_link_two_way_overlaps_and_ping_pong_does_not(tmp_path: Path) -> None:
-    """tbf at 100 Mbit/s both ways. Both sides write 16 KiB every 4 ms on one socket for ~1 s: each burst
-    leaves in ~1.5 ms, then the direction is silent ~2.5 ms -- longer than the 2 ms idle gap, so the fixed gap
-    reads the two directions as mostly apart. They move data at once the whole time and must read as
+    """tbf at 100 Mbit/s both ways. Both sides write 16 KiB, then sleep 3 ms, on one socket for ~1 s: each
+    burst leaves in ~1.5 ms, then the direction is silent >= 3 ms -- longer than the 2 ms idle gap, so the
+    fixed gap reads the two directions as mostly apart (measured 0.03-0.26). They move data at once the whole time and must read as
     overlapping. A ping-pong of 256 KiB blocks on the same link must read as turns."""
     with netns_pair("tu") as pair:
         for ns, dev in ((pair.a, pair.dev_a), (pair.b, pair.dev_b)):

@@ -254,16 +254,18 @@ def run_gap_s(ts_s: np.ndarray, nbytes: np.ndarray, idle_gap_s: float) -> float:
     gaps = np.diff(ts_s)[bulk[:-1] & bulk[1:]]
     if gaps.size < CADENCE_MIN_GAPS:
         return idle_gap_s
-    k50, k90 = (gaps.size - 1) // 2, int((gaps.size - 1) * CADENCE_QUANTILE / 100)
-    ranked = np.partition(gaps, [k50, k90])
-    gap = max(idle_gap_s, CADENCE_FACTOR * float(ranked[k90]), PACING_PACKETS * float(ranked[k50]))
+    k_median, k_cadence = (gaps.size - 1) // 2, int((gaps.size - 1) * CADENCE_QUANTILE / 100)
+    ranked = np.partition(gaps, [k_median, k_cadence])
+    gap = max(idle_gap_s, CADENCE_FACTOR * float(ranked[k_cadence]), PACING_PACKETS * float(ranked[k_median]))
     return min(gap, MAX_RUN_GAP_S)
 
 
-def duplex_runs(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y: np.ndarray, idle_gap_s: float
-                ) -> tuple[dict[str, Any], tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
-                           tuple[float, float]]:
-    """duplex() plus each stream's busy runs and the gap that ends one (for the turn analysis)."""
+def duplex(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y: np.ndarray,
+           idle_gap_s: float) -> dict[str, Any]:
+    """Fraction of the busy time in which both streams carry data, and each one's rate overlapping vs alone.
+
+    A stream is busy from one data packet to the next while they are no more than run_gap_s() apart; the
+    result also holds each stream's busy time (x_active_s, y_active_s) and run gap (x_gap_s, y_gap_s)."""
     gap_x, gap_y = run_gap_s(ts_x, bytes_x, idle_gap_s), run_gap_s(ts_y, bytes_y, idle_gap_s)
     ix, iy = busy_intervals(ts_x, gap_x), busy_intervals(ts_y, gap_y)
     both, either = _coverage([ix, iy])
@@ -281,17 +283,11 @@ def duplex_runs(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y
         "y_overlap_Bps": over_y / both if both > 0 else 0.0,
         "x_alone_Bps": (float(bytes_x.sum()) - over_x) / alone_x_s if alone_x_s > 0 else 0.0,
         "y_alone_Bps": (float(bytes_y.sum()) - over_y) / alone_y_s if alone_y_s > 0 else 0.0,
+        "x_active_s": active_x,
+        "y_active_s": active_y,
         "x_gap_s": gap_x,
         "y_gap_s": gap_y,
-    }, (ix, iy), (gap_x, gap_y)
-
-
-def duplex(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y: np.ndarray,
-           idle_gap_s: float) -> dict[str, Any]:
-    """Fraction of the busy time in which both streams carry data, and each one's rate overlapping vs alone.
-
-    A stream is busy from one data packet to the next while they are no more than run_gap_s() apart."""
-    return duplex_runs(ts_x, bytes_x, ts_y, bytes_y, idle_gap_s)[0]
+    }
 
 
 # --- aggregation -----------------------------------------------------------------------------------
@@ -462,7 +458,8 @@ def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float
     }
     x_ts, x_b = _data_times(p, ab)
     y_ts, y_b = _data_times(p, ba)
-    dup, runs, gaps = duplex_runs(x_ts, x_b, y_ts, y_b, idle_gap_s)
+    dup = duplex(x_ts, x_b, y_ts, y_b, idle_gap_s)
+    gaps = (dup["x_gap_s"], dup["y_gap_s"])
     rtts = tuple(_median_s(dirs[name]["rtt_ms"]) for name in ("a->b", "b->a"))
     return {
         "stream": c,
@@ -475,7 +472,8 @@ def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float
         "overlap_Bps": {"a->b": dup["x_overlap_Bps"], "b->a": dup["y_overlap_Bps"]},
         "alone_Bps": {"a->b": dup["x_alone_Bps"], "b->a": dup["y_alone_Bps"]},
         "run_gap_s": {"a->b": gaps[0], "b->a": gaps[1]},
-        "turns": connection_turns((x_ts, y_ts), (x_b, y_b), runs, gaps, rtts, window),
+        "turns": connection_turns((x_ts, y_ts), (x_b, y_b), (dup["x_active_s"], dup["y_active_s"]),
+                                  dup["overlap_s"], dup["active_s"], gaps, rtts, window),
     }
 
 

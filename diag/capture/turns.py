@@ -42,25 +42,20 @@ MAX_LISTED_HANDOFFS = 16
 DIRECTIONS = ("a->b", "b->a")
 
 
-def _coverage(lists: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float]:
-    from diag.capture.flows import _coverage as coverage
-
-    return coverage(lists)
-
-
 def _median(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
 
 def connection_turns(ts: tuple[np.ndarray, np.ndarray], nbytes: tuple[np.ndarray, np.ndarray],
-                     runs: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
-                     gaps_s: tuple[float, float], rtt_s: tuple[float | None, float | None],
-                     window: tuple[float, float] | None = None) -> dict[str, Any]:
+                     busy_s: tuple[float, float], both_s: float, either_s: float, gaps_s: tuple[float, float],
+                     rtt_s: tuple[float | None, float | None], window: tuple[float, float] | None = None
+                     ) -> dict[str, Any]:
     """The turn analysis of one connection over one repetition (or the whole capture without a window).
 
-    ts/nbytes: each direction's data packets (seconds, payload bytes) in time order, a->b first; runs: each
-    direction's busy runs and gaps_s the silence that ends one (flows.duplex); rtt_s: each direction's data ->
-    ACK RTT at the capture point (None when unknown); window: the repetition's wall-clock window."""
+    ts/nbytes: each direction's data packets (seconds, payload bytes) in time order, a->b first; busy_s,
+    both_s, either_s: each direction's busy time, both at once, either (flows.duplex_runs); gaps_s: the
+    silence that ends a busy run of each direction; rtt_s: each direction's data -> ACK RTT at the capture
+    point (None when unknown); window: the repetition's wall-clock window."""
     bulk = [b > CONTROL_MAX_BYTES for b in nbytes]
     bulk_bytes = [float(b[m].sum()) for b, m in zip(nbytes, bulk, strict=True)]
     first = [float(t[m][0]) if m.any() else None for t, m in zip(ts, bulk, strict=True)]
@@ -69,8 +64,8 @@ def connection_turns(ts: tuple[np.ndarray, np.ndarray], nbytes: tuple[np.ndarray
     t_last = max(float(t[-1]) for t, p in zip(ts, present, strict=True) if p) if any(present) else 0.0
     start = window[0] if window else t_first
     span = max(t_last - t_first, 0.0)
-    both, either = _coverage(list(runs))
-    alone = [_coverage([r])[0] - both for r in runs]
+    both, either = both_s, either_s
+    alone = [busy - both for busy in busy_s]
     leader = None
     if first[0] is not None or first[1] is not None:
         leader = 0 if first[1] is None or (first[0] is not None and first[0] <= first[1]) else 1
