@@ -285,3 +285,19 @@ def test_shaped_link_two_way_overlaps_and_ping_pong_does_not(tmp_path: Path) -> 
     conn = max(pingpong["connections"], key=lambda c: c["active_s"])
     assert conn["duplex_overlap"] < 0.2, conn["duplex_overlap"]
     assert conn["turns"]["handoff_count"] == 3   # 4 blocks in turns
+
+
+def test_small_mss_flow_has_no_control_frames(tmp_path: Path) -> None:
+    """188-byte segments are the data of a flow with a tiny MSS, not notices: no control frames, and the
+    ping-pong of its blocks still reads as handoffs."""
+    flow = Flow()
+    t = 1000
+    for block in range(4):
+        side = "A" if block % 2 == 0 else "B"
+        for i in range(400):
+            flow.data(t + i * 20, side, 188)
+        t += 399 * 20 + 100
+    turns = _analyze(tmp_path, flow.frames())["connections"][0]["turns"]
+    assert turns["control_frames"]["a->b"]["count"] == 0 and turns["control_frames"]["b->a"]["count"] == 0
+    assert turns["bulk_bytes"] == {"a->b": 800 * 188, "b->a": 800 * 188}
+    assert turns["handoff_count"] == 3

@@ -25,8 +25,11 @@ from typing import Any
 
 import numpy as np
 
-# A data segment this small or smaller is a control frame: up to four 48-byte gloo preambles coalesced.
+# A data segment this small or smaller is a control frame: up to four 48-byte gloo preambles coalesced --
+# when it is also at most CONTROL_MAX_SHARE of the connection's largest segment (a flow whose MSS is tiny
+# has no control frames, only small data).
 CONTROL_MAX_BYTES = 192
+CONTROL_MAX_SHARE = 0.25
 GLOO_PREAMBLE_BYTES = 48
 # A handoff needs X to have sent at least this much alone while Y was silent (a burst, not a notice).
 BURST_MIN_BYTES = 64 * 1024
@@ -56,9 +59,12 @@ def connection_turns(ts: tuple[np.ndarray, np.ndarray], nbytes: tuple[np.ndarray
     both_s, either_s: each direction's busy time, both at once, either (flows.duplex_runs); gaps_s: the
     silence that ends a busy run of each direction; rtt_s: each direction's data -> ACK RTT at the capture
     point (None when unknown); window: the repetition's wall-clock window."""
-    bulk = [b > CONTROL_MAX_BYTES for b in nbytes]
-    bulk_bytes = [float(b[m].sum()) for b, m in zip(nbytes, bulk, strict=True)]
-    first = [float(t[m][0]) if m.any() else None for t, m in zip(ts, bulk, strict=True)]
+    largest = max((float(b.max()) for b in nbytes if b.size), default=0.0)
+    bulk = [(b > CONTROL_MAX_BYTES) | (b > CONTROL_MAX_SHARE * largest) for b in nbytes]
+    # sum(where=) and argmax: no compressed copy of every packet (a capture may hold millions)
+    bulk_bytes = [float(b.sum(where=m)) for b, m in zip(nbytes, bulk, strict=True)]
+    first_index = [int(np.argmax(m)) if m.size else 0 for m in bulk]
+    first = [float(t[i]) if m.size and m[i] else None for t, m, i in zip(ts, bulk, first_index, strict=True)]
     present = [t.size > 0 for t in ts]
     t_first = min(float(t[0]) for t, p in zip(ts, present, strict=True) if p) if any(present) else 0.0
     t_last = max(float(t[-1]) for t, p in zip(ts, present, strict=True) if p) if any(present) else 0.0
@@ -83,22 +89,22 @@ def connection_turns(ts: tuple[np.ndarray, np.ndarray], nbytes: tuple[np.ndarray
         "follower_only_fraction": alone[follow] / either if either > 0 else None,
         "bulk_bytes": {DIRECTIONS[d]: int(bulk_bytes[d]) for d in (0, 1)},
     }
+    bulk_ts = [t if m.all() else t[m] for t, m in zip(ts, bulk, strict=True)]
     events: list[dict[str, Any]] = []
     for x in (0, 1):
         y = 1 - x
-        events.extend(_handoffs(ts[x], nbytes[x], ts[y][bulk[y]], ts[y], gaps_s[x], gaps_s[y], rtt_s[x], span,
-                                start, DIRECTIONS[x]))
+        events.extend(_handoffs(ts[x], nbytes[x], bulk_ts[y], gaps_s[x], gaps_s[y], rtt_s[x], span, start,
+                                DIRECTIONS[x]))
     events.sort(key=lambda e: e["t"])
     out["handoff_count"] = len(events)
     out["handoffs"] = events[:MAX_LISTED_HANDOFFS]
-    out["control_frames"] = {DIRECTIONS[d]: _control_frames(ts[d], nbytes[d], ts[d][bulk[d]], ts[1 - d][bulk[1 - d]],
+    out["control_frames"] = {DIRECTIONS[d]: _control_frames(ts[d], nbytes[d], bulk[d], bulk_ts[d], bulk_ts[1 - d],
                                                             gaps_s[d]) for d in (0, 1)}
     out["turn_taking"] = bool(events)
     return out
 
 
-def _handoffs(tx: np.ndarray, bx: np.ndarray, ty_bulk: np.ndarray, ty_all: np.ndarray, gap_x: float,
-              gap_y: float, rtt_x: float | None, span: float, start: float, name_x: str) -> list[dict[str, Any]]:
+def _handoffs(tx: np.ndarray, bx: np.ndarray, ty_bulk: np.ndarray, gap_x: float, gap_y: float, rtt_x: float | None, span: float, start: float, name_x: str) -> list[dict[str, Any]]:
     """Starts of Y's bulk data that waited on a burst of X (see the module docstring), vectorized."""
     if ty_bulk.size == 0 or tx.size == 0:
         return []
@@ -137,24 +143,28 @@ def _handoffs(tx: np.ndarray, bx: np.ndarray, ty_bulk: np.ndarray, ty_all: np.nd
     return events
 
 
-def _control_frames(t: np.ndarray, b: np.ndarray, own_bulk: np.ndarray, peer_bulk: np.ndarray,
+def _control_frames(t: np.ndarray, b: np.ndarray, bulk: np.ndarray, own_bulk: np.ndarray, peer_bulk: np.ndarray,
                     own_gap: float) -> dict[str, Any]:
     """Standalone small data segments: how many, how many sit right after the sender's own burst, and how
-    long until the peer's next bulk data."""
-    small = (b > 0) & (b <= CONTROL_MAX_BYTES)
+    long until the peer's next bulk data. (b holds data packets only, so not bulk = a control frame.)"""
+    count = int(bulk.size - np.count_nonzero(bulk))
+    if count == 0:
+        return {"count": 0, "preamble_multiples": 0, "after_own_burst": 0, "peer_data_next_ms": None}
+    small = ~bulk
     times = t[small]
-    out: dict[str, Any] = {"count": int(times.size),
+    out: dict[str, Any] = {"count": count,
                            "preamble_multiples": int(np.count_nonzero(b[small] % GLOO_PREAMBLE_BYTES == 0))}
-    if times.size == 0:
-        return {**out, "after_own_burst": 0, "peer_data_next_ms": None}
-    k = np.searchsorted(own_bulk, times, side="left") - 1
-    after_own = (k >= 0) & (times - own_bulk[np.maximum(k, 0)] <= own_gap) if own_bulk.size else np.zeros(
-        times.size, dtype=bool)
-    m = np.searchsorted(peer_bulk, times, side="right")
-    has_next = m < peer_bulk.size
-    peer_next = peer_bulk[np.minimum(m, max(peer_bulk.size - 1, 0))] - times if peer_bulk.size else times * 0
-    return {**out, "after_own_burst": int(np.count_nonzero(after_own)),
-            "peer_data_next_ms": float(np.median(peer_next[has_next]) * 1e3) if has_next.any() else None}
+    after_own = 0
+    if own_bulk.size:
+        k = np.searchsorted(own_bulk, times, side="left") - 1
+        after_own = int(np.count_nonzero((k >= 0) & (times - own_bulk[np.maximum(k, 0)] <= own_gap)))
+    peer_next_ms = None
+    if peer_bulk.size:
+        m = np.searchsorted(peer_bulk, times, side="right")
+        has_next = m < peer_bulk.size
+        if has_next.any():
+            peer_next_ms = float(np.median(peer_bulk[m[has_next]] - times[has_next]) * 1e3)
+    return {**out, "after_own_burst": after_own, "peer_data_next_ms": peer_next_ms}
 
 
 def summarize(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
