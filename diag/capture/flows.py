@@ -251,9 +251,11 @@ def run_gap_s(ts_s: np.ndarray, nbytes: np.ndarray, idle_gap_s: float) -> float:
     if ts_s.size < CADENCE_MIN_GAPS + 1:
         return idle_gap_s
     bulk = nbytes > CONTROL_MAX_BYTES
-    gaps = np.diff(ts_s)[bulk[:-1] & bulk[1:]]
-    if gaps.size < CADENCE_MIN_GAPS:
+    pairs = bulk[:-1] & bulk[1:]
+    npairs = int(np.count_nonzero(pairs))
+    if npairs < CADENCE_MIN_GAPS:
         return idle_gap_s
+    gaps = np.diff(ts_s) if npairs == pairs.size else np.diff(ts_s)[pairs]
     k_median, k_cadence = (gaps.size - 1) // 2, int((gaps.size - 1) * CADENCE_QUANTILE / 100)
     ranked = np.partition(gaps, [k_median, k_cadence])
     gap = max(idle_gap_s, CADENCE_FACTOR * float(ranked[k_cadence]), PACING_PACKETS * float(ranked[k_median]))
@@ -495,16 +497,16 @@ def capture_point(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]])
     host seen only through its traffic with that one (a ring neighbour at N>=3) may send and receive much
     more elsewhere, and its transmit-vs-receive overlap here says nothing about its NIC. With only two
     addresses in the capture both qualify: the capture cannot tell one end of the link from the other."""
-    if cols["src"].size == 0:
+    src, dst = cols["src"], cols["dst"]
+    if src.size == 0:
         return set()
-    names = sorted({address for address, _port in endpoints})
-    address_id = {address: i for i, address in enumerate(names)}
-    endpoint_address = np.array([address_id[address] for address, _port in endpoints], dtype=np.int32)
-    src_addr = endpoint_address[cols["src"]]
-    dst_addr = endpoint_address[cols["dst"]]
-    touching = np.bincount(src_addr, minlength=len(names)) + np.bincount(dst_addr, minlength=len(names))
-    touching -= np.bincount(src_addr[src_addr == dst_addr], minlength=len(names))
-    return {names[i] for i in np.flatnonzero(touching == cols["src"].size).tolist()}
+    # Only the first packet's two addresses can be in every packet: one table lookup per packet for each.
+    seen = set()
+    for address in {endpoints[int(src[0])][0], endpoints[int(dst[0])][0]}:
+        has = np.array([a == address for a, _port in endpoints], dtype=bool)
+        if bool(np.all(has[src] | has[dst])):
+            seen.add(address)
+    return seen
 
 
 def _hosts(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]], rows: np.ndarray,
