@@ -56,7 +56,7 @@ def connection_turns(ts: tuple[np.ndarray, np.ndarray], nbytes: tuple[np.ndarray
     """The turn analysis of one connection over one repetition (or the whole capture without a window).
 
     ts/nbytes: each direction's data packets (seconds, payload bytes) in time order, a->b first; busy_s,
-    both_s, either_s: each direction's busy time, both at once, either (flows.duplex_runs); gaps_s: the
+    both_s, either_s: each direction's busy time, both at once, either (flows.duplex); gaps_s: the
     silence that ends a busy run of each direction; rtt_s: each direction's data -> ACK RTT at the capture
     point (None when unknown); window: the repetition's wall-clock window."""
     largest = max((float(b.max()) for b in nbytes if b.size), default=0.0)
@@ -104,7 +104,8 @@ def connection_turns(ts: tuple[np.ndarray, np.ndarray], nbytes: tuple[np.ndarray
     return out
 
 
-def _handoffs(tx: np.ndarray, bx: np.ndarray, ty_bulk: np.ndarray, gap_x: float, gap_y: float, rtt_x: float | None, span: float, start: float, name_x: str) -> list[dict[str, Any]]:
+def _handoffs(tx: np.ndarray, bx: np.ndarray, ty_bulk: np.ndarray, gap_x: float, gap_y: float,
+              rtt_x: float | None, span: float, start: float, name_x: str) -> list[dict[str, Any]]:
     """Starts of Y's bulk data that waited on a burst of X (see the module docstring), vectorized."""
     if ty_bulk.size == 0 or tx.size == 0:
         return []
