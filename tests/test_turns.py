@@ -149,6 +149,21 @@ def test_ping_pong_handoffs_each_way(tmp_path: Path) -> None:
     assert conn["duplex_overlap"] == 0.0
 
 
+@pytest.mark.parametrize(("reaction_us", "handoffs"), [(5_000, 1), (2_000, 1), (40_000, 0)])
+def test_slow_reaction_after_a_long_wait(tmp_path: Path, reaction_us: int, handoffs: int) -> None:
+    """A follower that waited for the leader's whole 400 ms message reacts 2 or 5 ms late (a loaded host):
+    still a handoff (2% of its silence); 40 ms late it is not tied to the leader's packet any more."""
+    flow = Flow()
+    for i in range(4000):
+        flow.data(1000 + i * 100, "A", MSS)
+    start = 1000 + 3999 * 100 + reaction_us
+    for i in range(4000):
+        flow.data(start + i * 100, "B", MSS)
+    turns = _analyze(tmp_path, flow.frames())["connections"][0]["turns"]
+    assert turns["handoff_count"] == handoffs
+    assert turns["both_s"] == 0.0
+
+
 def _bursty(start_us: int, period_us: int, bursts: int, per_burst: int = 8, spacing_us: int = 10) -> list[int]:
     """tbf-like: a bucket of per_burst frames at veth speed, then a wait for tokens."""
     return [start_us + k * period_us + i * spacing_us for k in range(bursts) for i in range(per_burst)]

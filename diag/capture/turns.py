@@ -36,9 +36,12 @@ BURST_MIN_BYTES = 64 * 1024
 # ... and Y's silence to be at least this fraction of the repetition's span (not a scheduling hiccup).
 TURN_MIN_SILENCE_FRACTION = 0.05
 # Y reacts to X's trigger within this many RTTs of X's direction (X's data -> Y's ACK at the capture point),
-# and never less than HANDOFF_FLOOR_S (a loaded host takes a millisecond to wake a thread).
+# never less than HANDOFF_FLOOR_S (a loaded host takes a millisecond to wake a thread) nor than
+# HANDOFF_SILENCE_SHARE of Y's silence (a follower that waited 700 ms and starts 3 ms after X's last packet,
+# as gloo's send-first exchange does on a loaded 2-core host, waited on X).
 HANDOFF_MAX_RTT = 4.0
 HANDOFF_FLOOR_S = 0.002
+HANDOFF_SILENCE_SHARE = 0.02
 # Handoff events listed per connection (their count is always complete).
 MAX_LISTED_HANDOFFS = 16
 
@@ -121,7 +124,8 @@ def _handoffs(tx: np.ndarray, bx: np.ndarray, ty_bulk: np.ndarray, gap_x: float,
     safe = np.maximum(trigger, 0)
     sent_during = cum[safe] - np.where(before >= 0, cum[np.maximum(before, 0)], 0.0)
     delay = starts - tx[safe]
-    limit = max(HANDOFF_MAX_RTT * rtt_x, HANDOFF_FLOOR_S) if rtt_x else HANDOFF_FLOOR_S
+    limit = np.maximum(max(HANDOFF_MAX_RTT * (rtt_x or 0.0), HANDOFF_FLOOR_S),
+                       HANDOFF_SILENCE_SHARE * silence[candidate])
     keep = (trigger >= 0) & (sent_during >= BURST_MIN_BYTES) & (delay <= limit)
     after = np.searchsorted(tx, starts, side="right")
     continues = (after < tx.size) & (tx[np.minimum(after, tx.size - 1)] - starts <= gap_x)
