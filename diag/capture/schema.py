@@ -8,7 +8,9 @@ kept in ``extra`` and written back unchanged.
 
 Schema history (``ANALYSIS_SCHEMA``, the ``schema`` key of the document):
   1: files, capture, parameters, connections, hosts, phases, warnings (the first released shape; a file
-     without a ``schema`` key is read as 1).
+     without a ``schema`` key is read as 1). Keys added since, within version 1 (older files lack them and
+     read as their defaults): capture_point, turn_summary; per connection run_gap_s and turns; per host
+     nic_observed and seen_traffic_overlap (duplex_overlap null where the NIC is not seen).
 """
 
 from __future__ import annotations
@@ -104,6 +106,27 @@ class Direction:
 
 
 @dataclass(frozen=True)
+class Turns:
+    """Turn-taking on one connection (diag/capture/turns.py): who sends alone, when both send, handoffs."""
+
+    span_s: float = 0.0
+    active_s: float = 0.0
+    idle_s: float = 0.0
+    one_way_s: dict[str, float] = field(default_factory=dict)
+    both_s: float = 0.0
+    leader: str | None = None
+    leader_only_fraction: float | None = None
+    both_fraction: float | None = None
+    follower_only_fraction: float | None = None
+    bulk_bytes: dict[str, int] = field(default_factory=dict)
+    handoff_count: int = 0
+    handoffs: list[dict[str, Any]] = field(default_factory=list)
+    control_frames: dict[str, dict[str, Any]] = field(default_factory=dict)
+    turn_taking: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Connection:
     a: str = "?"
     b: str = "?"
@@ -114,6 +137,8 @@ class Connection:
     overlap_s: float = 0.0
     overlap_Bps: dict[str, float] = field(default_factory=dict)
     alone_Bps: dict[str, float] = field(default_factory=dict)
+    run_gap_s: dict[str, float] = field(default_factory=dict)
+    turns: Turns | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def direction(self, key: str) -> Direction:
@@ -145,6 +170,33 @@ class Host:
     rx_Bps_alone: float = 0.0
     active_s: float = 0.0
     overlap_s: float = 0.0
+    # False: the capture does not see this host's NIC (only its traffic with the captured host), so its
+    # duplex_overlap is None and seen_traffic_overlap is the overlap of that traffic alone.
+    nic_observed: bool | None = None
+    seen_traffic_overlap: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TurnSummary:
+    """The turn analysis of one run (backend, algo, op, N, size) over its repetitions (medians)."""
+
+    backend: str | None = None
+    algo: str | None = None
+    op: str | None = None
+    world_size: int | None = None
+    size_bytes: int | None = None
+    repetitions: int = 0
+    connections: int = 0
+    two_way_connections: int = 0
+    turn_taking_repetitions: int = 0
+    handoffs_per_repetition: float | None = None
+    leader_only_fraction: float | None = None
+    both_fraction: float | None = None
+    follower_only_fraction: float | None = None
+    handoff_delay_ms: float | None = None
+    handoff_delay_rtt: float | None = None
+    trigger_offset_fraction: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -187,9 +239,11 @@ class Analysis:
     files: list[dict[str, Any]] = field(default_factory=list)
     capture: CaptureSummary = field(default_factory=CaptureSummary)
     parameters: dict[str, Any] = field(default_factory=dict)
+    capture_point: list[str] = field(default_factory=list)   # addresses whose NIC the capture sees
     connections: list[Connection] = field(default_factory=list)
     hosts: list[Host] = field(default_factory=list)
     phases: list[Phase] = field(default_factory=list)
+    turn_summary: list[TurnSummary] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     # Not written by the analyzer; a file made by another tool may say what it captured.
     world_size: int | None = None

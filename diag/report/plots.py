@@ -244,7 +244,8 @@ def duplex(run: RunData) -> FigureSpec | Skipped:
                                      ("hosts' NICs (mean)", hosts)]), y_max=1.05)
     return FigureSpec("duplex_overlap.png", title,
                       "Fraction of active time in which both directions move data at once, for connections that "
-                      "carry both directions and for each host's NIC (1.0 = full duplex used). A short bar at one "
+                      "carry both directions and for each host's NIC that the capture sees (1.0 = full duplex used; "
+                      "hosts seen only through their traffic with the captured host are left out). A short bar at one "
                       "N, long at the others, says the traffic pattern at that N wastes half the link. A missing "
                       "connection bar: no connection carried both directions (a ring at N>=3 sends one way per "
                       "connection).", [panel], columns=1, panel_size=(10.0, 3.8))
