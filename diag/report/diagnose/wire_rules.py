@@ -190,8 +190,8 @@ def window_limited(run: RunData) -> list[Finding]:
                                      {key: spent, "busy_s": busy, "fraction": spent / busy}, "TCP_INFO samples",
                                      "window.png"))
     if not hits:
-        return [Finding(name, "clear", "no zero or full windows on the wire and no connection window- or "
-                        "buffer-limited beyond the thresholds", thresholds=thresholds)]
+        return [Finding(name, "clear", "no zero windows and no direction often window-full on the wire, and no "
+                        "connection window- or buffer-limited beyond the thresholds", thresholds=thresholds)]
     zero = sum(e.values.get("zero_windows", 0) for e in hits)
     strength = ("strong" if zero or any(e.values.get("fraction", 0) >= 2 * RWND_LIMITED_FRACTION.value
                                         for e in hits) else "moderate")
