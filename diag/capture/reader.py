@@ -44,6 +44,8 @@ DECODE_WIDTH = 40
 TCP_WIDTH = 32
 # The vectorized record finder assumes the records of one chunk span less than this (else: walked).
 CHUNK_SPAN_S = 1 << 16
+# The vectorized record finder gives up (and walks) when more than 1 byte in this many is a candidate.
+MAX_CANDIDATE_SHARE = 8
 # Zero bytes kept after a chunk's data so fixed-width rows of the last records never need a padded copy.
 GATHER_PAD = 128
 # Bytes needed to decide the link layer (Ethernet with two VLAN tags, SLL2).
@@ -309,6 +311,11 @@ class _PcapWalker:
         top_at = 0 if self.endian == ">" else 3
         cand = np.flatnonzero(arr[top_at:n - 15 + top_at] == buf[top_at])
         if cand.size == 0 or cand[0] != 0:
+            return None
+        # A record takes at least 16 bytes, so more candidates than n / MAX_CANDIDATE_SHARE means the byte is
+        # everywhere (zeros, a clock near 1970): the candidate matrices would take ~50 bytes per byte of
+        # the chunk (a 64 MB pcap of zeros peaked at 1.2 GB). Walk such a chunk instead.
+        if cand.size > n // MAX_CANDIDATE_SHARE:
             return None
         head = self._headers(arr, cand)
         caplen, orig = head[:, 2], head[:, 3]
