@@ -60,10 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
-    from diag.lifeline import Terminated, terminate_as_exception
+    from diag.lifeline import Terminated, restore_handlers, terminate_as_exception
 
     # SIGTERM/SIGHUP unwind like Ctrl-C, so launchers, ranks, captures and labs are stopped on the way out.
-    terminate_as_exception()
+    previous_handlers = terminate_as_exception()
     try:
         return int(args._module.run(args) or 0)
     except DiagError as exc:
@@ -77,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    finally:
+        restore_handlers(previous_handlers)
 
 
 if __name__ == "__main__":

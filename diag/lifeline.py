@@ -17,6 +17,8 @@ import ctypes
 import os
 import signal
 import sys
+import threading
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 
@@ -33,10 +35,18 @@ def raise_terminated(signum: int, _frame: object) -> None:
     raise Terminated(signum)
 
 
-def terminate_as_exception(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> None:
-    """Turn SIGTERM/SIGHUP into :class:`Terminated` in this process (call from the main thread)."""
-    for sig in signals:
-        signal.signal(sig, raise_terminated)
+def terminate_as_exception(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> dict[int, Any]:
+    """Turn SIGTERM/SIGHUP into :class:`Terminated` in this process (main thread only; elsewhere a no-op).
+
+    Returns the previous handlers, for :func:`restore_handlers`."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, raise_terminated) for sig in signals}
+
+
+def restore_handlers(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 def set_parent_death_signal(sig: int) -> bool:

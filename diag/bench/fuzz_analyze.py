@@ -94,7 +94,7 @@ def conversation(ipv6: bool = False) -> list[tuple[float, bytes]]:
     return [(1_700_000_000.0 + 0.001 * i, bytes(p)) for i, p in enumerate(packets)]
 
 
-def _link(linktype: int, packet: bytes, ipv6: bool) -> bytes:
+def link_frame(linktype: int, packet: bytes, ipv6: bool) -> bytes:
     ethertype = 0x86DD if ipv6 else 0x0800
     if linktype == 1:
         return b"\x02\x00\x00\x00\x00\x02\x02\x00\x00\x00\x00\x01" + struct.pack(">H", ethertype) + packet
@@ -112,7 +112,7 @@ def pcap_seed(name: str, linktype: int, endian: str, nanos: bool, ipv6: bool) ->
     out = bytearray(struct.pack(endian + "IHHiIII", magic, 2, 4, 0, 0, 262144, linktype))
     units, fields = [], [(16, 4, endian), (20, 4, endian)]
     for t, packet in conversation(ipv6):
-        frame = _link(linktype, packet, ipv6)
+        frame = link_frame(linktype, packet, ipv6)
         sec, frac = int(t), round((t % 1) * (1e9 if nanos else 1e6))
         units.append((len(out), 16 + len(frame)))
         fields += [(len(out), 4, endian), (len(out) + 4, 4, endian), (len(out) + 8, 4, endian),
@@ -121,13 +121,13 @@ def pcap_seed(name: str, linktype: int, endian: str, nanos: bool, ipv6: bool) ->
     return Seed(name, bytes(out), units, fields)
 
 
-def _block(endian: str, block_type: int, body: bytes) -> bytes:
+def pcapng_block(endian: str, block_type: int, body: bytes) -> bytes:
     body += b"\x00" * (-len(body) % 4)
     length = 12 + len(body)
     return struct.pack(endian + "II", block_type, length) + body + struct.pack(endian + "I", length)
 
 
-def _option(endian: str, code: int, value: bytes) -> bytes:
+def pcapng_option(endian: str, code: int, value: bytes) -> bytes:
     return struct.pack(endian + "HH", code, len(value)) + value + b"\x00" * (-len(value) % 4)
 
 
@@ -145,27 +145,27 @@ def pcapng_seed(name: str) -> Seed:
         out.extend(block)
 
     for section, endian in enumerate(("<", ">")):
-        shb = struct.pack(endian + "IHHq", 0x1A2B3C4D, 1, 0, -1) + _option(endian, 4, b"diag fuzz") + b"\0" * 4
-        add(endian, _block(endian, 0x0A0D0D0A, shb))
+        shb = struct.pack(endian + "IHHq", 0x1A2B3C4D, 1, 0, -1) + pcapng_option(endian, 4, b"diag fuzz") + b"\0" * 4
+        add(endian, pcapng_block(endian, 0x0A0D0D0A, shb))
         interfaces = [(1, b"\x06"), (101, b"\x09"), (113, b"\x86"), (276, b"\x03")]
         for linktype, resolution in interfaces:
-            idb = struct.pack(endian + "HHI", linktype, 0, 262144) + _option(endian, 9, resolution) + b"\0" * 4
-            add(endian, _block(endian, 1, idb), (8,))
+            idb = struct.pack(endian + "HHI", linktype, 0, 262144) + pcapng_option(endian, 9, resolution) + b"\0" * 4
+            add(endian, pcapng_block(endian, 1, idb), (8,))
         for i, (t, packet) in enumerate(conversation(ipv6=bool(section))):
             iface = i % len(interfaces)
             linktype, resolution = interfaces[iface]
-            frame = _link(linktype, packet, bool(section))
+            frame = link_frame(linktype, packet, bool(section))
             exponent = resolution[0] & 0x7F
             ticks = int(t * (2 ** exponent if resolution[0] & 0x80 else 10 ** exponent))
             if i == 5:    # an obsolete packet block
-                body = struct.pack(endian + "HHIIII", 0, 0, ticks >> 32, ticks & 0xFFFFFFFF, len(frame), len(frame))
-                add(endian, _block(endian, 2, body + frame), (20, 24))
+                body = struct.pack(endian + "HHIIII", iface, 0, ticks >> 32, ticks & 0xFFFFFFFF, len(frame), len(frame))
+                add(endian, pcapng_block(endian, 2, body + frame), (20, 24))
             else:
                 body = struct.pack(endian + "IIIII", iface, ticks >> 32, ticks & 0xFFFFFFFF, len(frame), len(frame))
-                add(endian, _block(endian, 6, body + frame), (8, 12, 16, 20, 24))
-        frame = _link(1, conversation(ipv6=bool(section))[3][1], bool(section))
-        add(endian, _block(endian, 3, struct.pack(endian + "I", len(frame)) + frame), (8,))  # simple packet
-        add(endian, _block(endian, 0x00000BAD, struct.pack(endian + "I", 32473) + b"custom"))
+                add(endian, pcapng_block(endian, 6, body + frame), (8, 12, 16, 20, 24))
+        frame = link_frame(1, conversation(ipv6=bool(section))[3][1], bool(section))
+        add(endian, pcapng_block(endian, 3, struct.pack(endian + "I", len(frame)) + frame), (8,))  # simple packet
+        add(endian, pcapng_block(endian, 0x00000BAD, struct.pack(endian + "I", 32473) + b"custom"))
     return Seed(name, bytes(out), units, fields)
 
 
