@@ -300,8 +300,12 @@ def _supervise(procs: list[subprocess.Popen[bytes]], state_dir: Path, watchdog_s
 def _failure_message(kind: str, world_size: int, state_dir: Path, logs: list[Path], job: Job,
                      watchdog_s: float) -> str:
     states = _read_states(state_dir)
-    log_text = "\n".join(p.read_text(errors="replace") for p in logs if p.exists())
-    root_rank, root_code = _root_cause(log_text)
+    # One launcher per host, each with its own root cause: a rank killed by a signal explains the others'
+    # connection errors, so it wins over them.
+    causes = [_root_cause(p.read_text(errors="replace")) for p in logs if p.exists()]
+    causes = [c for c in causes if c[0] is not None]
+    killed = [c for c in causes if c[1] is not None and c[1] < 0]
+    root_rank, root_code = (killed or causes or [(None, None)])[0]
     reported = {r: s.get("error") for r, s in states.items() if s.get("status") == "failed"}
     if root_rank is None:
         unfinished = [r for r in range(world_size) if states.get(r, {}).get("status") not in ("done", "failed")]
