@@ -11,8 +11,9 @@ Three checks, each printed as one JSON line, on a lab brought up under NAME and 
 - ``killed_runner``: a captured sweep; the runner (``diag sweep``) is SIGKILLed mid-row. No launcher, rank or
   tcpdump of the run may remain, and after ``diag lab down --name NAME`` no namespace of the lab either
   (qdiscs live in them; the root namespace's qdiscs must be as before).
-- ``big_row``: one 200 MB all_gather row (N=2, 1 warm-up, 2 timed iterations, about 10 s each at 200mbit)
-  must complete, with the collective timeout and watchdog at their defaults.
+- ``big_row``: one 200 MB all_gather row (N=2, 1 warm-up, --big-iters timed iterations, about 10 s each at
+  200mbit) must complete, with the collective timeout and watchdog at their defaults (with 7 iterations the
+  row outlasts the 90 s watchdog, which only per-iteration heartbeats satisfy).
 
 Exit code 1 if any check failed.
 """
@@ -150,12 +151,12 @@ def killed_runner(name: str, work: Path) -> dict[str, Any]:
             "rows_kept": rows_on_disk(out)}
 
 
-def big_row(name: str, size: str, work: Path) -> dict[str, Any]:
+def big_row(name: str, size: str, iters: int, work: Path) -> dict[str, Any]:
     from diag.records import load_records
 
     out = work / "big.jsonl"
     started = time.monotonic()
-    proc = diag("sweep", "--lab", name, "--nproc", "2", "--sizes", size, "--dtype", "uint8", "--iters", "2",
+    proc = diag("sweep", "--lab", name, "--nproc", "2", "--sizes", size, "--dtype", "uint8", "--iters", str(iters),
                 "--warmup", "1", "--out", str(out), "--run-dir", str(work / "big.d"), "--quiet", timeout=900)
     took = time.monotonic() - started
     rows = load_records(out).records if out.exists() else []
@@ -175,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=10.0, help="collective timeout of the killed-rank sweeps")
     parser.add_argument("--backends", default="gloo,raw")
     parser.add_argument("--big", default="200M", help="size of the big row (default 200M)")
+    parser.add_argument("--big-iters", type=int, default=2,
+                        help="timed iterations of the big row (default 2; 7 outlast the default 90 s watchdog)")
     parser.add_argument("--skip", default="", help="comma list of checks to skip: killed_rank,killed_runner,big_row")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         try:
             if "big_row" not in skip:
-                results.append(big_row(args.name, args.big, work))
+                results.append(big_row(args.name, args.big, args.big_iters, work))
                 print(json.dumps(results[-1]), flush=True)
             if "killed_rank" not in skip:
                 for backend in filter(None, args.backends.split(",")):
