@@ -38,6 +38,8 @@ TERMINATE_GRACE_S = 5.0
 WATCHDOG_SLACK_S = 30.0
 WATCHDOG_SLACK_ENV = "DIAG_WATCHDOG_SLACK_S"   # tests and slow clusters change the slack
 HEARTBEAT_S = 1.0
+# Until every rank has reported once, the watchdog allows this much more than its interval (slow starts).
+STARTUP_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -143,9 +145,17 @@ def _read_states(state_dir: Path) -> dict[int, dict[str, Any]]:
     return states
 
 
-def _latest_progress_ns(state_dir: Path) -> int:
+def _latest_progress_ns(state_dir: Path, world_size: int, launched_ns: int) -> int:
+    """When a rank last reported progress; 0 while the watchdog should not judge yet.
+
+    Until every rank has reported once, ranks are starting (importing torch, meeting at the rendezvous,
+    which the collective timeout bounds): the watchdog then counts from the launch, with STARTUP_GRACE_S
+    more, so a slow start on a loaded machine is not a hang."""
+    paths = list(state_dir.glob("rank*.json"))
+    if len(paths) < world_size:
+        return launched_ns + int(STARTUP_GRACE_S * 1e9)
     latest = 0
-    for path in state_dir.glob("rank*.json"):
+    for path in paths:
         try:
             latest = max(latest, path.stat().st_mtime_ns)
         except OSError:
@@ -256,7 +266,7 @@ def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence
         for hook in started_hooks:
             if hasattr(hook, "launched"):
                 hook.launched(context)  # hooks that need the processes (observers)
-        failure = _supervise(procs, state_dir, watchdog_s, job_path)
+        failure = _supervise(procs, state_dir, watchdog_s, job_path, world_size)
     except BaseException:
         # Ctrl-C, SIGTERM/SIGHUP (diag.lifeline.Terminated), or a hook that raised: never leave ranks behind.
         _stop_all(procs, state_dir, job_path)
@@ -273,8 +283,9 @@ def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence
 
 
 def _supervise(procs: list[subprocess.Popen[bytes]], state_dir: Path, watchdog_s: float,
-               job_path: Path) -> str | None:
+               job_path: Path, world_size: int) -> str | None:
     """Wait for all launchers; returns None on success or a short failure kind."""
+    launched_ns = time.time_ns()
     first_failure_at: float | None = None
     failure: str | None = None
     while True:
@@ -286,7 +297,7 @@ def _supervise(procs: list[subprocess.Popen[bytes]], state_dir: Path, watchdog_s
         if first_failure_at is not None and time.monotonic() - first_failure_at > FAILURE_GRACE_S:
             _stop_all(procs, state_dir, job_path)
             break
-        latest = _latest_progress_ns(state_dir)
+        latest = _latest_progress_ns(state_dir, world_size, launched_ns)
         if failure is None and latest and time.time_ns() - latest > watchdog_s * 1e9:
             failure = "hung"
             _stop_all(procs, state_dir, job_path)
