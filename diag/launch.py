@@ -146,7 +146,7 @@ def _read_states(state_dir: Path) -> dict[int, dict[str, Any]]:
 
 
 def _latest_progress_ns(state_dir: Path, world_size: int, launched_ns: int) -> int:
-    """When a rank last reported progress; 0 while the watchdog should not judge yet.
+    """When a rank last reported progress (the newest state-file change).
 
     Until every rank has reported once, ranks are starting (importing torch, meeting at the rendezvous,
     which the collective timeout bounds): the watchdog then counts from the launch, with STARTUP_GRACE_S
