@@ -152,3 +152,10 @@ def test_sweep_out_is_a_directory(tmp_path: Path) -> None:
     assert len(load_records(records).records) == 1
     assert_usage_error(run_diag("reproduce", "--out", str(records)), "--out", "not a directory")
     assert os.path.getsize(records) > 0
+
+
+def test_capture_duration_must_be_finite(tmp_path: Path) -> None:
+    for value in ("nan", "inf", "-2"):
+        proc = run_diag("capture", "-i", "lo", "-w", str(tmp_path / "c.pcap"), "--duration", value)
+        assert_usage_error(proc, "--duration")
+        assert not (tmp_path / "c.pcap").exists()  # no capture was started
