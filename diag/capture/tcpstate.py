@@ -152,6 +152,7 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     """cols: reader columns in time order. wscale[conn, dir]: shift of dir's advertised window, -1 unknown.
 
     first_rtt_ns[conn]: handshake RTT (tshark's ts_first_rtt) or 0 when the handshake was not captured.
+    The checks follow the order of Wireshark 4.0's tcp_analyze_sequence_number (docs/analyzer.md).
     Intermediate arrays are deleted as soon as they are used: at millions of packets each is tens of MB.
     """
     n = conn.size
@@ -187,18 +188,35 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     o_ts = ts[order]
     seq_rel = unwrap(o_seq32, starts, first)
     end_rel = seq_rel + o_plen + o_synfin
-    advances = (o_plen > 0) | o_synfin
     empty = -(_GROUP_SPAN)
-    nextseq_before = running_max_exclusive(np.where(advances, end_rel, empty), g, starts, empty)
+
+    # tshark's nextseq: the highest seq + len (+1 for SYN/FIN) of *every* earlier packet of the direction,
+    # pure ACKs included (a pure ACK beyond the data seen moves it: the capture missed that data), except
+    # zero-window probes. A probe is recognised by nextseq itself, so the rare candidates (1 byte while
+    # the reverse direction's last window was 0) are settled one by one.
+    zwp = np.zeros(n, dtype=bool)  # time order
+    one_byte = plen == 1
+    has_rev = r = None
+    if one_byte.any():
+        has_rev, r = reverse.result()
+        zwp_candidate = one_byte & has_rev & (win[r] == 0)
+        if zwp_candidate.any():
+            o_zwp = _zero_window_probes(zwp_candidate[order], g, starts, seq_rel, end_rel, empty)
+            zwp[order] = o_zwp
+            end_rel = np.where(o_zwp, empty, end_rel)
+        del zwp_candidate
+    del one_byte
+    nextseq_before = running_max_exclusive(end_rel, g, starts, empty)
     has_nextseq = nextseq_before > empty
-    # Time at which the current nextseq was set (a strictly new maximum).
-    sets_max = advances & (end_rel > nextseq_before)
+    # Time at which the current nextseq was set (the first packet, or a strictly new maximum).
+    sets_max = end_rel > nextseq_before
     setter = last_index_where(sets_max, starts, first)
-    del sets_max, advances
+    del sets_max
     setter_before = previous_in_group(setter, starts, -1)
     del setter
     nextseq_time = np.where(setter_before >= 0, o_ts[np.maximum(setter_before, 0)], 0)
     del setter_before, o_ts
+    end_rel = seq_rel + o_plen + o_synfin  # the packet's own end again (probes included)
 
     # Sequence space first covered by this packet's data: a segment that jumps over a hole the capture
     # missed claims the hole too (it was sent), so the sum over a direction is highest end - first seq.
@@ -213,14 +231,27 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     o_win = win[order]
     prev_win = previous_in_group(o_win, starts, -1)
     prev_ack = previous_in_group(o_ack32, starts, -1)
-    # nextseq in 32-bit space: tshark compares absolute sequence numbers with '=='.
-    seq_eq_next = has_nextseq & (seq_rel == nextseq_before)
     o_sfr = syn_fin_rst[order]
-    dup_ack = ((o_plen == 0) & (o_win != 0) & (o_win == prev_win) & seq_eq_next
-               & (o_ack32 == prev_ack) & ~o_sfr)
-    del o_win, prev_win, seq_eq_next, o_sfr, o_plen, o_synfin
+    o_zwp = zwp[order]
+    plain = ~o_sfr & ~o_zwp  # a zero-window probe skips every check up to the duplicate ACK
+    seq_eq_next = has_nextseq & (seq_rel == nextseq_before)
+    keep_alive = plain & (o_plen <= 1) & has_nextseq & (seq_rel == nextseq_before - 1)
+    dup_ack = (plain & (o_plen == 0) & (o_win != 0) & (o_win == prev_win) & seq_eq_next
+               & (o_ack32 == prev_ack))
+    del o_win, prev_win, seq_eq_next, o_sfr, o_zwp, plain
+    if keep_alive.any():
+        # An ACK of a keep-alive repeats the previous ACK like a duplicate but is not one.
+        if r is None:
+            has_rev, r = reverse.result()
+        t_keep_alive = keep_alive[inverse]
+        after_keep_alive = (has_rev & t_keep_alive[r])[order]
+        dup_ack &= ~after_keep_alive
+        del after_keep_alive
+    else:
+        t_keep_alive = np.zeros(n, dtype=bool)
+    del keep_alive
     # tshark's dupacknum: duplicate ACKs since this direction's ACK number last changed. (A window update
-    # in between does not reset it - measured against tshark 4.0.)
+    # in between does not reset it.)
     ack_changes = starts | (o_ack32 != prev_ack)
     del prev_ack
     dup_total = np.cumsum(dup_ack)
@@ -239,45 +270,56 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     new_bytes = to_time(new_bytes)
     del seq_rel, end_rel, nextseq_before, has_nextseq, nextseq_time, dup_ack, dupacknum
 
-    has_rev, r = reverse.result()
+    if r is None:
+        has_rev, r = reverse.result()
+    assert has_rev is not None
 
     ack_rel = ack_rel_future.result()  # in the reverse direction's seq_rel space
     del o_seq32, o_ack32, g, starts, first, inverse
 
     rev_ack_rel = ack_rel[r]                  # reverse's lastack, in *this* direction's seq_rel space
-    rev_ack32 = ack32[r]
+    rev_ack32 = ack32[r].astype(np.int64)     # tshark keeps the ACK field even without the ACK flag
     rev_ack_valid = has_rev & has_ack[r]
     rev_time = ts[r]
     rev_dupacknum = t_dupacknum[r]
     rev_win = win[r]
+    rev_is_syn = (flags[r] & SYN) != 0
     del r, t_dupacknum
 
-    data_or_sf = (plen > 0) | synfin
-    candidate = data_or_sf & t_has_next & (t_seq_rel < t_next)
-    fast = (candidate & has_rev & (rev_dupacknum >= 2) & (rev_ack32 == seq32)
-            & ((ts - rev_time) < FAST_RETRANSMISSION_WINDOW_NS))
-    del rev_dupacknum, rev_time
+    data_or_sf = ((plen > 0) | synfin) & ~t_keep_alive  # a keep-alive is never a retransmission
+    # seq below nextseq - except a segment of more than one byte starting one byte below it (after a
+    # zero-window probe it carries new data).
+    not_advanced = (data_or_sf & t_has_next & (t_seq_rel < t_next)
+                    & ~((plen > 1) & (t_seq_rel == t_next - 1)))
+    # Spurious comes first: data the reverse direction already ACKed, wherever nextseq is.
+    end32 = (seq32 + plen) & _LOW32
+    spurious = (data_or_sf & (plen > 0) & has_rev & (rev_ack32 != 0)
+                & ((((end32 - rev_ack32 + _HALF) & _LOW32) - _HALF) <= 0))
+    since_rev = ts - rev_time
+    fast = (not_advanced & ~spurious & has_rev & (rev_dupacknum >= 2) & (rev_ack32 == seq32)
+            & (since_rev >= 0) & (since_rev < FAST_RETRANSMISSION_WINDOW_NS))
+    del rev_dupacknum, rev_time, since_rev
     conn_first_rtt = first_rtt_ns[conn]
     ooo_threshold = np.where(conn_first_rtt > 0, conn_first_rtt, DEFAULT_OOO_THRESHOLD_NS)
     del conn_first_rtt
-    ooo = (candidate & ~fast & ((ts - t_next_time) < ooo_threshold)
-           & (t_next != t_seq_rel + plen))
-    del ooo_threshold, t_next_time
-    spurious = (candidate & ~fast & ~ooo & (plen > 0) & rev_ack_valid & (rev_ack32 != 0)
-                & (t_seq_rel + plen <= rev_ack_rel))
-    retrans = candidate & ~ooo  # tshark also marks fast and spurious ones as retransmissions
-    lost = data_or_sf & t_has_next & (t_seq_rel > t_next)
-    del candidate, data_or_sf
+    since_next = ts - t_next_time
+    ooo = (not_advanced & ~spurious & ~fast & (since_next >= 0) & (since_next < ooo_threshold)
+           & (t_next != t_end_rel))
+    del ooo_threshold, t_next_time, since_next
+    retrans = (not_advanced & ~ooo) | spurious  # tshark marks fast and spurious ones as retransmissions too
+    lost = t_has_next & (t_seq_rel > t_next) & ((flags & RST) == 0) & ~zwp
+    del not_advanced, data_or_sf
 
-    zero_window = (win == 0) & ~syn_fin_rst
+    zero_window = (win == 0) & ~syn_fin_rst & ~zwp
     # group = conn * 2 + direction indexes the (connection, direction) rows of wscale flattened.
     flat_wscale = np.ascontiguousarray(wscale).ravel()
     shift_fwd = flat_wscale[group]
     shift_rev = flat_wscale[group ^ 1]
-    rev_window_bytes = np.where(shift_rev >= 0, rev_win << np.maximum(shift_rev, 0), rev_win)
-    window_full = ((plen > 0) & ~syn_fin_rst & rev_ack_valid & (shift_rev >= 0)
-                   & (((seq32 + plen) & _LOW32) == ((rev_ack32 + rev_window_bytes) & _LOW32)))
-    del rev_window_bytes, shift_rev, rev_win, rev_ack32
+    # The reverse side's window is unscaled while its last packet is its SYN (tshark's is_first_ack).
+    rev_shift = np.where(rev_is_syn, 0, np.maximum(shift_rev, 0))
+    window_full = ((plen > 0) & ~syn_fin_rst & ~zwp & has_rev & (shift_rev >= 0)
+                   & (end32 == ((rev_ack32 + (rev_win << rev_shift)) & _LOW32)))
+    del rev_shift, shift_rev, rev_win, rev_ack32, rev_is_syn, end32
     window_bytes = np.where(shift_fwd >= 0, win << np.maximum(shift_fwd, 0), win)
     window_bytes = np.where((flags & SYN) != 0, win, window_bytes)  # the SYN's own window is never scaled
     window_bytes = window_bytes.astype(np.int32)  # <= 65535 << 14 fits; half the memory of int64
@@ -292,6 +334,28 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     helper.shutdown()
     return PacketState(conn, direction, t_seq_rel, t_end_rel, new_bytes, retrans, fast, spurious,
                        ooo, lost, t_dupack, zero_window, window_full, in_flight, window_bytes, ack_rtt, ts_rtt)
+
+
+def _zero_window_probes(candidate: np.ndarray, g: np.ndarray, starts: np.ndarray, seq_rel: np.ndarray,
+                        end_rel: np.ndarray, empty: int) -> np.ndarray:
+    """Which candidates (direction-major rows) are zero-window probes: seq == nextseq at that point.
+
+    A probe does not move nextseq, so each candidate's verdict depends on the earlier ones: nextseq is
+    taken without any candidate, then the candidates (rare: a 1-byte segment into a zero window) are
+    walked in order, each adding its end only when it is not a probe.
+    """
+    without = running_max_exclusive(np.where(candidate, empty, end_rel), g, starts, empty)
+    probe = np.zeros(candidate.size, dtype=bool)
+    accepted: dict[int, int] = {}  # group -> highest end of the candidates that were not probes
+    rows = np.flatnonzero(candidate)
+    for row, grp, before, seq, end in zip(rows.tolist(), g[rows].tolist(), without[rows].tolist(),
+                                          seq_rel[rows].tolist(), end_rel[rows].tolist(), strict=True):
+        nextseq = max(before, accepted.get(grp, empty))
+        if nextseq > empty and seq == nextseq:
+            probe[row] = True
+        else:
+            accepted[grp] = max(accepted.get(grp, empty), end)
+    return probe
 
 
 def _ack_rel(g: np.ndarray, starts: np.ndarray, first: np.ndarray, o_seq32: np.ndarray, o_ack32: np.ndarray,
