@@ -24,6 +24,7 @@ TSHARK_FLAGS = {
     "window_full": "tcp.analysis.window_full",
     "spurious_retransmissions": "tcp.analysis.spurious_retransmission",
     "out_of_order": "tcp.analysis.out_of_order",
+    "lost_segments": "tcp.analysis.lost_segment",
 }
 TRAFFIC_TIMEOUT_S = 30.0
 
