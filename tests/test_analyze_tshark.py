@@ -287,6 +287,25 @@ def _mid_stream_rules_pcap(path: Path) -> Path:
     ])
 
 
+def _acked_unseen_rules_pcap(path: Path) -> Path:
+    """a ACKs b's data that the capture never saw (as after kernel drops): tshark sets b's duplicate-ACK
+    counter to -1 in an unsigned field, so it reads as >= 2 until b's next duplicate ACK or ACK change."""
+    a, b = 5000, 90000
+    return _scapy_pcap(path, [
+        (0, "a", "A", a, b, 500, 1000),                # 1
+        (10, "a", "A", a + 2000, b, 500, 1000),        # 2  lost segment: a's [1000, 2000) missing
+        (10, "b", "A", b, a + 1000, 500, 1000),        # 3
+        (10, "b", "A", b + 1000, a + 1000, 500, 0),    # 4  dup #1
+        (4000, "a", "A", a + 3000, b + 2000, 500, 0),  # 5  ACKs b's 2000, beyond all of b captured: reset
+        (10, "a", "A", a + 1000, b + 2000, 500, 1000),  # 6  fast retransmission on one duplicate: the reset
+        (10, "b", "A", b + 1500, a + 1000, 500, 0),    # 7  lost segment; b's contiguous data still ends at 1000
+        (10, "b", "A", b + 1500, a + 1000, 500, 0),    # 8  dup, counted 1 after the reset
+        (10, "a", "A", a + 1000, b + 2000, 500, 1000),  # 9  beyond b's nextseq, but b's contiguous end lagged:
+                                                        #    it catches up (no reset); 1 dup: not fast
+        (10, "a", "A", a + 1000, b + 2000, 500, 1000),  # 10 now the ACK resets again: fast
+    ])
+
+
 # Known answers (frame numbers), worked out from Wireshark 4.0's rules by hand (comments above).
 SCAPY_EXPECTED = {
     "duplex": {"retransmission": [11, 12, 13], "fast_retransmission": [11], "spurious_retransmission": [13],
@@ -295,8 +314,12 @@ SCAPY_EXPECTED = {
     "mid_stream": {"retransmission": [8], "fast_retransmission": [8], "spurious_retransmission": [],
                    "out_of_order": [], "lost_segment": [3], "dup_ack": [5, 7], "zero_window": [13, 15],
                    "window_full": []},
+    "acked_unseen": {"retransmission": [6, 9, 10], "fast_retransmission": [6, 10], "spurious_retransmission": [],
+                     "out_of_order": [], "lost_segment": [2, 7], "dup_ack": [4, 8], "zero_window": [],
+                     "window_full": []},
 }
-SCAPY_BUILDERS = {"duplex": _duplex_rules_pcap, "mid_stream": _mid_stream_rules_pcap}
+SCAPY_BUILDERS = {"duplex": _duplex_rules_pcap, "mid_stream": _mid_stream_rules_pcap,
+                  "acked_unseen": _acked_unseen_rules_pcap}
 
 
 @pytest.mark.parametrize("name", sorted(SCAPY_BUILDERS))

@@ -25,6 +25,7 @@ _WRAP = 1 << 32
 _HALF = 1 << 31
 _LOW32 = _WRAP - 1  # x & _LOW32 == x % _WRAP for int64, without a division
 _GROUP_SPAN = 1 << 44  # > any unwrapped sequence span we track per direction (16 TiB)
+_NEVER = 1 << 62  # a row index beyond every row: "no such packet"
 
 
 @dataclass
@@ -254,11 +255,8 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     # in between does not reset it.)
     ack_changes = starts | (o_ack32 != prev_ack)
     del prev_ack
-    dup_total = np.cumsum(dup_ack)
-    run_base_at = np.where(ack_changes, dup_total - dup_ack, 0)
-    base_index = last_index_where(ack_changes, starts, first)
-    dupacknum = dup_total - run_base_at[np.maximum(base_index, 0)]
-    del ack_changes, dup_total, run_base_at, base_index
+    dupacknum = _run_counts(dup_ack, ack_changes, starts, first)
+    del ack_changes
 
     # Back to time order for the cross-direction lookups.
     def to_time(a: np.ndarray, inverse: np.ndarray = inverse) -> np.ndarray:
@@ -282,6 +280,12 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     rev_ack_valid = has_rev & has_ack[r]
     rev_time = ts[r]
     rev_dupacknum = t_dupacknum[r]
+    # An ACK beyond everything captured of the other direction resets that direction's counter (rare:
+    # the capture missed packets the peer received).
+    resets = _ack_beyond_capture(conn, direction, group, order, has_ack, ack_rel, has_rev, r,
+                                 t_seq_rel, t_next, np.where(zwp, empty, t_end_rel), empty)
+    if resets.size:
+        rev_dupacknum = _reset_rev_counts(resets, group, order, ack32, t_dupack, r)
     rev_win = win[r]
     rev_is_syn = (flags[r] & SYN) != 0
     del r, t_dupacknum
@@ -334,6 +338,133 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     helper.shutdown()
     return PacketState(conn, direction, t_seq_rel, t_end_rel, new_bytes, retrans, fast, spurious,
                        ooo, lost, t_dupack, zero_window, window_full, in_flight, window_bytes, ack_rtt, ts_rtt)
+
+
+def _run_counts(hits: np.ndarray, run_starts: np.ndarray, starts: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Direction-major: hits counted since the latest run start at or before each row (the row included)."""
+    total = np.cumsum(hits)
+    base_at = np.where(run_starts, total - hits, 0)
+    base_index = last_index_where(run_starts, starts, first)
+    return total - base_at[np.maximum(base_index, 0)]
+
+
+def _ack_beyond_capture(conn: np.ndarray, direction: np.ndarray, group: np.ndarray, order: np.ndarray,
+                        has_ack: np.ndarray, ack_rel: np.ndarray, has_rev: np.ndarray, r: np.ndarray,
+                        seq_rel: np.ndarray, nextseq_before: np.ndarray, end_rel: np.ndarray, empty: int
+                        ) -> np.ndarray:
+    """Time-order rows at which tshark sets the reverse direction's duplicate-ACK counter to -1.
+
+    tshark's "ACKed unseen segment" check: a packet whose ACK lies beyond the reverse direction's
+    maxseqtobeacked (the end of its contiguous data, which jumps to nextseq whenever a packet starts
+    exactly at it) either catches maxseqtobeacked up to nextseq, when it lagged behind, or - when it was
+    already there, i.e. the ACK covers data beyond everything captured - resets that direction's counter.
+    Only the second changes a verdict we report (the fast-retransmission test, see _reset_rev_counts). It
+    needs the ACK beyond nextseq, which the first vectorized test finds; only then are the rare lagging
+    stretches of maxseqtobeacked walked, one per hole in the captured data.
+    end_rel: each packet's seq + len (+1 for SYN/FIN), `empty` for zero-window probes (which move nothing).
+    """
+    nextseq_after = np.maximum(nextseq_before, end_rel)
+    beyond = has_ack & has_rev & (ack_rel > nextseq_after[r]) & (nextseq_after[r] > empty)
+    if not beyond.any():
+        return np.zeros(0, dtype=np.int64)
+    g = group[order]
+    bounds = np.searchsorted(g, np.arange(int(g[-1]) + 2)) if g.size else np.zeros(1, dtype=np.int64)
+    resets: list[np.ndarray] = []
+    for acking in np.unique(group[beyond]).tolist():
+        acked = acking ^ 1  # the direction whose data the ACKs cover: its maxseqtobeacked is walked
+        x_rows = order[bounds[acked]:bounds[acked + 1]].astype(np.int64)
+        y_rows = order[bounds[acking]:bounds[acking + 1]].astype(np.int64)
+        y_beyond = y_rows[beyond[y_rows]]
+        moves = end_rel[x_rows] > empty  # zero-window probes never touch maxseqtobeacked
+        x_seq = seq_rel[x_rows]
+        x_next = nextseq_before[x_rows]
+        # A lag starts where a packet raises nextseq without starting at it; maxseqtobeacked stays at the
+        # old nextseq until a packet starts exactly there or an ACK passes it.
+        lag_start = moves & (x_next > empty) & (nextseq_after[x_rows] > x_next) & (x_seq != x_next)
+        starts_at, levels = x_rows[lag_start], x_next[lag_start]
+        resync_order = np.lexsort((x_rows[moves], x_seq[moves]))
+        resync_seq, resync_row = x_seq[moves][resync_order], x_rows[moves][resync_order]
+        y_acks = y_rows[has_ack[y_rows]]
+        y_ack_values = ack_rel[y_acks]
+        caught_up_by_ack: list[int] = []
+        position = -1
+        while True:
+            k = int(np.searchsorted(starts_at, position, side="right"))
+            if k >= starts_at.size:
+                break
+            row, level = int(starts_at[k]), int(levels[k])
+            # the first later packet of this direction starting exactly at the level ...
+            j = int(np.searchsorted(resync_seq, level, side="left"))
+            j += int(np.searchsorted(resync_row[j:np.searchsorted(resync_seq, level, side="right")], row,
+                                     side="right"))
+            by_packet = int(resync_row[j]) if j < resync_seq.size and resync_seq[j] == level else _NEVER
+            # ... or the first later ACK beyond it, whichever comes first
+            by_ack = _first_above(y_acks, y_ack_values, row, by_packet, level)
+            if by_ack >= 0:
+                caught_up_by_ack.append(by_ack)
+                position = by_ack
+            else:
+                position = by_packet
+            if position == _NEVER:
+                break
+        resets.append(np.setdiff1d(y_beyond, np.array(caught_up_by_ack, dtype=np.int64)))
+    return np.sort(np.concatenate(resets))
+
+
+def _first_above(rows: np.ndarray, values: np.ndarray, after: int, before: int, level: int) -> int:
+    """First of rows in (after, before) whose value exceeds level, else -1; scanned in growing windows
+    so the work is bounded by the distance to the hit."""
+    lo = int(np.searchsorted(rows, after, side="right"))
+    hi = int(np.searchsorted(rows, before, side="left"))
+    step = 64
+    while lo < hi:
+        stop = min(hi, lo + step)
+        hit = np.flatnonzero(values[lo:stop] > level)
+        if hit.size:
+            return int(rows[lo + hit[0]])
+        lo, step = stop, step * 4
+    return -1
+
+
+def _reset_rev_counts(resets: np.ndarray, group: np.ndarray, order: np.ndarray, ack32: np.ndarray,
+                      dup_ack: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """The reverse direction's duplicate-ACK counter at each packet, with tshark's resets applied.
+
+    resets: time-order rows of the acking direction; each sets the counter of its reverse direction to
+    -1, which tshark keeps in an unsigned 32-bit field: it reads 4294967295 (>= 2, so a retransmission
+    may be "fast") until that direction's next duplicate ACK (counted as 1) or ACK change (0).
+    """
+    n = group.size
+    g = group[order]
+    starts = group_starts(g)
+    first = group_first(starts)
+    o_ack32 = ack32[order]
+    ack_changes = starts.copy()
+    ack_changes[1:] |= o_ack32[1:] != o_ack32[:-1]
+    del o_ack32
+    reset_mark = np.zeros(n, dtype=bool)
+    bounds = np.searchsorted(g, np.arange(int(g[-1]) + 2))
+    pending = np.zeros(n, dtype=bool)
+    for q in resets.tolist():
+        acking = int(group[q])
+        counted = acking ^ 1
+        lo, hi = int(bounds[counted]), int(bounds[counted + 1])
+        k = lo + int(np.searchsorted(order[lo:hi], q, side="right"))  # the counted direction's next packet
+        if k < hi:
+            reset_mark[k] = True
+        next_time = int(order[k]) if k < hi else n
+        span = order[int(bounds[acking]):int(bounds[acking + 1])]
+        pending[span[np.searchsorted(span, q, side="left"):np.searchsorted(span, next_time, side="left")]] = True
+    run_starts = ack_changes | reset_mark
+    counts = _run_counts(dup_ack[order], run_starts, starts, first)
+    run_start = last_index_where(run_starts, starts, first)
+    unsigned_minus_one = (counts == 0) & reset_mark[run_start] & ~ack_changes[run_start]
+    counts[unsigned_minus_one] = _LOW32
+    in_time = np.empty(n, dtype=np.int64)
+    in_time[order] = counts
+    rev_counts = in_time[r]
+    rev_counts[pending] = _LOW32
+    return rev_counts
 
 
 def _zero_window_probes(candidate: np.ndarray, g: np.ndarray, starts: np.ndarray, seq_rel: np.ndarray,
