@@ -196,6 +196,7 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     # zero-window probes. A probe is recognised by nextseq itself, so the rare candidates (1 byte while
     # the reverse direction's last window was 0) are settled one by one.
     zwp = np.zeros(n, dtype=bool)  # time order
+    moves_next = end_rel  # what each packet offers to nextseq: its end, `empty` for a probe
     one_byte = plen == 1
     has_rev = r = None
     if one_byte.any():
@@ -204,20 +205,19 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
         if zwp_candidate.any():
             o_zwp = _zero_window_probes(zwp_candidate[order], g, starts, seq_rel, end_rel, empty)
             zwp[order] = o_zwp
-            end_rel = np.where(o_zwp, empty, end_rel)
+            moves_next = np.where(o_zwp, empty, end_rel)
         del zwp_candidate
     del one_byte
-    nextseq_before = running_max_exclusive(end_rel, g, starts, empty)
+    nextseq_before = running_max_exclusive(moves_next, g, starts, empty)
     has_nextseq = nextseq_before > empty
     # Time at which the current nextseq was set (the first packet, or a strictly new maximum).
-    sets_max = end_rel > nextseq_before
+    sets_max = moves_next > nextseq_before
     setter = last_index_where(sets_max, starts, first)
     del sets_max
     setter_before = previous_in_group(setter, starts, -1)
     del setter
     nextseq_time = np.where(setter_before >= 0, o_ts[np.maximum(setter_before, 0)], 0)
     del setter_before, o_ts
-    end_rel = seq_rel + o_plen + o_synfin  # the packet's own end again (probes included)
 
     # Sequence space first covered by this packet's data: a segment that jumps over a hole the capture
     # missed claims the hole too (it was sent), so the sum over a direction is highest end - first seq.
@@ -240,6 +240,7 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     dup_ack = (plain & (o_plen == 0) & (o_win != 0) & (o_win == prev_win) & seq_eq_next
                & (o_ack32 == prev_ack))
     del o_win, prev_win, seq_eq_next, o_sfr, o_zwp, plain
+    t_keep_alive = None
     if keep_alive.any():
         # An ACK of a keep-alive repeats the previous ACK like a duplicate but is not one.
         if r is None:
@@ -248,8 +249,6 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
         after_keep_alive = (has_rev & t_keep_alive[r])[order]
         dup_ack &= ~after_keep_alive
         del after_keep_alive
-    else:
-        t_keep_alive = np.zeros(n, dtype=bool)
     del keep_alive
     # tshark's dupacknum: duplicate ACKs since this direction's ACK number last changed. (A window update
     # in between does not reset it.)
@@ -265,8 +264,9 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     t_seq_rel, t_end_rel, t_next = to_time(seq_rel), to_time(end_rel), to_time(nextseq_before)
     t_has_next = t_next > empty
     t_next_time, t_dupack, t_dupacknum = to_time(nextseq_time), to_time(dup_ack), to_time(dupacknum)
+    t_moves_next = t_end_rel if moves_next is end_rel else to_time(moves_next)
     new_bytes = to_time(new_bytes)
-    del seq_rel, end_rel, nextseq_before, has_nextseq, nextseq_time, dup_ack, dupacknum
+    del seq_rel, end_rel, moves_next, nextseq_before, has_nextseq, nextseq_time, dup_ack, dupacknum
 
     if r is None:
         has_rev, r = reverse.result()
@@ -282,15 +282,18 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     rev_dupacknum = t_dupacknum[r]
     # An ACK beyond everything captured of the other direction resets that direction's counter (rare:
     # the capture missed packets the peer received).
-    resets = _ack_beyond_capture(conn, direction, group, order, has_ack, ack_rel, has_rev, r,
-                                 t_seq_rel, t_next, np.where(zwp, empty, t_end_rel), empty)
+    resets = _ack_beyond_capture(group, order, has_ack, ack_rel, has_rev, r, t_seq_rel, t_next, t_moves_next, empty)
+    del t_moves_next
     if resets.size:
         rev_dupacknum = _reset_rev_counts(resets, group, order, ack32, t_dupack, r)
     rev_win = win[r]
     rev_is_syn = (flags[r] & SYN) != 0
     del r, t_dupacknum
 
-    data_or_sf = ((plen > 0) | synfin) & ~t_keep_alive  # a keep-alive is never a retransmission
+    data_or_sf = (plen > 0) | synfin
+    if t_keep_alive is not None:
+        data_or_sf &= ~t_keep_alive  # a keep-alive is never a retransmission
+        del t_keep_alive
     # seq below nextseq - except a segment of more than one byte starting one byte below it (after a
     # zero-window probe it carries new data).
     not_advanced = (data_or_sf & t_has_next & (t_seq_rel < t_next)
@@ -348,10 +351,9 @@ def _run_counts(hits: np.ndarray, run_starts: np.ndarray, starts: np.ndarray, fi
     return total - base_at[np.maximum(base_index, 0)]
 
 
-def _ack_beyond_capture(conn: np.ndarray, direction: np.ndarray, group: np.ndarray, order: np.ndarray,
-                        has_ack: np.ndarray, ack_rel: np.ndarray, has_rev: np.ndarray, r: np.ndarray,
-                        seq_rel: np.ndarray, nextseq_before: np.ndarray, end_rel: np.ndarray, empty: int
-                        ) -> np.ndarray:
+def _ack_beyond_capture(group: np.ndarray, order: np.ndarray, has_ack: np.ndarray, ack_rel: np.ndarray,
+                        has_rev: np.ndarray, r: np.ndarray, seq_rel: np.ndarray, nextseq_before: np.ndarray,
+                        end_rel: np.ndarray, empty: int) -> np.ndarray:
     """Time-order rows at which tshark sets the reverse direction's duplicate-ACK counter to -1.
 
     tshark's "ACKed unseen segment" check: a packet whose ACK lies beyond the reverse direction's
@@ -364,7 +366,12 @@ def _ack_beyond_capture(conn: np.ndarray, direction: np.ndarray, group: np.ndarr
     end_rel: each packet's seq + len (+1 for SYN/FIN), `empty` for zero-window probes (which move nothing).
     """
     nextseq_after = np.maximum(nextseq_before, end_rel)
-    beyond = has_ack & has_rev & (ack_rel > nextseq_after[r]) & (nextseq_after[r] > empty)
+    acked_next = nextseq_after[r]
+    beyond = ack_rel > acked_next
+    beyond &= has_ack
+    beyond &= has_rev
+    beyond &= acked_next > empty
+    del acked_next
     if not beyond.any():
         return np.zeros(0, dtype=np.int64)
     g = group[order]
