@@ -9,7 +9,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -395,7 +395,7 @@ print('received', got, flush=True)
 
 
 def duplex_transfer(path: RoutedPath, port: int, nbytes: int, reverse_bytes: int | None = None,
-                    after_connect=None) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+                    after_connect: Callable[[], None] | None = None) -> tuple[int, int]:
     """Bulk both ways at once on ONE connection a <-> b (each side sends while it receives).
 
     after_connect(): called once the connection is up and data is flowing (e.g. to start a capture
