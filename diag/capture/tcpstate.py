@@ -195,7 +195,7 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     # pure ACKs included (a pure ACK beyond the data seen moves it: the capture missed that data), except
     # zero-window probes. A probe is recognised by nextseq itself, so the rare candidates (1 byte while
     # the reverse direction's last window was 0) are settled one by one.
-    zwp = np.zeros(n, dtype=bool)  # time order
+    zwp: np.ndarray | None = None  # time order; None: no probe at all (the usual case)
     moves_next = end_rel  # what each packet offers to nextseq: its end, `empty` for a probe
     one_byte = plen == 1
     has_rev = r = None
@@ -204,8 +204,11 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
         zwp_candidate = one_byte & has_rev & (win[r] == 0)
         if zwp_candidate.any():
             o_zwp = _zero_window_probes(zwp_candidate[order], g, starts, seq_rel, end_rel, empty)
-            zwp[order] = o_zwp
-            moves_next = np.where(o_zwp, empty, end_rel)
+            if o_zwp.any():
+                zwp = np.empty(n, dtype=bool)
+                zwp[order] = o_zwp
+                moves_next = np.where(o_zwp, empty, end_rel)
+            del o_zwp
         del zwp_candidate
     del one_byte
     nextseq_before = running_max_exclusive(moves_next, g, starts, empty)
@@ -232,14 +235,14 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     o_win = win[order]
     prev_win = previous_in_group(o_win, starts, -1)
     prev_ack = previous_in_group(o_ack32, starts, -1)
-    o_sfr = syn_fin_rst[order]
-    o_zwp = zwp[order]
-    plain = ~o_sfr & ~o_zwp  # a zero-window probe skips every check up to the duplicate ACK
+    plain = ~syn_fin_rst[order]
+    if zwp is not None:
+        plain &= ~zwp[order]  # a zero-window probe skips every check up to the duplicate ACK
     seq_eq_next = has_nextseq & (seq_rel == nextseq_before)
     keep_alive = plain & (o_plen <= 1) & has_nextseq & (seq_rel == nextseq_before - 1)
     dup_ack = (plain & (o_plen == 0) & (o_win != 0) & (o_win == prev_win) & seq_eq_next
                & (o_ack32 == prev_ack))
-    del o_win, prev_win, seq_eq_next, o_sfr, o_zwp, plain
+    del o_win, prev_win, seq_eq_next, plain
     t_keep_alive = None
     if keep_alive.any():
         # An ACK of a keep-alive repeats the previous ACK like a duplicate but is not one.
@@ -314,19 +317,24 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
            & (t_next != t_end_rel))
     del ooo_threshold, t_next_time, since_next
     retrans = (not_advanced & ~ooo) | spurious  # tshark marks fast and spurious ones as retransmissions too
-    lost = t_has_next & (t_seq_rel > t_next) & ((flags & RST) == 0) & ~zwp
+    lost = t_has_next & (t_seq_rel > t_next) & ((flags & RST) == 0)
     del not_advanced, data_or_sf
 
-    zero_window = (win == 0) & ~syn_fin_rst & ~zwp
+    zero_window = (win == 0) & ~syn_fin_rst
+    checked = ~syn_fin_rst
+    if zwp is not None:  # a probe skips the lost-segment, zero-window and window-full checks
+        lost &= ~zwp
+        zero_window &= ~zwp
+        checked &= ~zwp
     # group = conn * 2 + direction indexes the (connection, direction) rows of wscale flattened.
     flat_wscale = np.ascontiguousarray(wscale).ravel()
     shift_fwd = flat_wscale[group]
     shift_rev = flat_wscale[group ^ 1]
     # The reverse side's window is unscaled while its last packet is its SYN (tshark's is_first_ack).
     rev_shift = np.where(rev_is_syn, 0, np.maximum(shift_rev, 0))
-    window_full = ((plen > 0) & ~syn_fin_rst & ~zwp & has_rev & (shift_rev >= 0)
+    window_full = ((plen > 0) & checked & has_rev & (shift_rev >= 0)
                    & (end32 == ((rev_ack32 + (rev_win << rev_shift)) & _LOW32)))
-    del rev_shift, shift_rev, rev_win, rev_ack32, rev_is_syn, end32
+    del rev_shift, shift_rev, rev_win, rev_ack32, rev_is_syn, end32, checked
     window_bytes = np.where(shift_fwd >= 0, win << np.maximum(shift_fwd, 0), win)
     window_bytes = np.where((flags & SYN) != 0, win, window_bytes)  # the SYN's own window is never scaled
     window_bytes = window_bytes.astype(np.int32)  # <= 65535 << 14 fits; half the memory of int64
@@ -367,13 +375,13 @@ def _ack_beyond_capture(group: np.ndarray, order: np.ndarray, has_ack: np.ndarra
     """
     nextseq_after = np.maximum(nextseq_before, end_rel)
     acked_next = nextseq_after[r]
-    beyond = ack_rel > acked_next
-    beyond &= has_ack
-    beyond &= has_rev
-    beyond &= acked_next > empty
+    rows = np.flatnonzero(ack_rel > acked_next)  # few; the other conditions are checked on them only
+    rows = rows[has_ack[rows] & has_rev[rows] & (acked_next[rows] > empty)]
     del acked_next
-    if not beyond.any():
+    if not rows.size:
         return np.zeros(0, dtype=np.int64)
+    beyond = np.zeros(group.size, dtype=bool)
+    beyond[rows] = True
     g = group[order]
     bounds = np.searchsorted(g, np.arange(int(g[-1]) + 2)) if g.size else np.zeros(1, dtype=np.int64)
     resets: list[np.ndarray] = []
