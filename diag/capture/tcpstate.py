@@ -238,8 +238,10 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     plain = ~syn_fin_rst[order]
     if zwp is not None:
         plain &= ~zwp[order]  # a zero-window probe skips every check up to the duplicate ACK
-    seq_eq_next = has_nextseq & (seq_rel == nextseq_before)
-    keep_alive = plain & (o_plen <= 1) & has_nextseq & (seq_rel == nextseq_before - 1)
+    below_next = nextseq_before - seq_rel  # 0: at nextseq; 1: one byte below it
+    seq_eq_next = has_nextseq & (below_next == 0)
+    keep_alive = plain & (o_plen <= 1) & has_nextseq & (below_next == 1)
+    del below_next
     dup_ack = (plain & (o_plen == 0) & (o_win != 0) & (o_win == prev_win) & seq_eq_next
                & (o_ack32 == prev_ack))
     del o_win, prev_win, seq_eq_next, plain
@@ -299,8 +301,8 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
         del t_keep_alive
     # seq below nextseq - except a segment of more than one byte starting one byte below it (after a
     # zero-window probe it carries new data).
-    not_advanced = (data_or_sf & t_has_next & (t_seq_rel < t_next)
-                    & ~((plen > 1) & (t_seq_rel == t_next - 1)))
+    below_next = t_next - t_seq_rel
+    not_advanced = data_or_sf & t_has_next & ((below_next > 1) | ((below_next == 1) & (plen <= 1)))
     # Spurious comes first: data the reverse direction already ACKed, wherever nextseq is.
     end32 = (seq32 + plen) & _LOW32
     spurious = (data_or_sf & (plen > 0) & has_rev & (rev_ack32 != 0)
@@ -317,7 +319,8 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
            & (t_next != t_end_rel))
     del ooo_threshold, t_next_time, since_next
     retrans = (not_advanced & ~ooo) | spurious  # tshark marks fast and spurious ones as retransmissions too
-    lost = t_has_next & (t_seq_rel > t_next) & ((flags & RST) == 0)
+    lost = t_has_next & (below_next < 0) & ((flags & RST) == 0)
+    del below_next
     del not_advanced, data_or_sf
 
     zero_window = (win == 0) & ~syn_fin_rst
