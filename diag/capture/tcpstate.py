@@ -1,11 +1,14 @@
-"""Per-packet TCP analysis flags, vectorized: tshark's tcp.analysis state machine without a Python loop.
+"""Per-packet TCP analysis flags, vectorized: tshark's tcp.analysis state machine without a per-packet loop.
 
-tshark walks packets one by one and keeps, per direction, ``nextseq`` (highest sequence end seen),
-``lastack``/``window`` (of the last packet sent) and a duplicate-ACK counter. Each of those is a prefix
-quantity (a running maximum, the previous row, a run length), so over packets sorted by (direction, file
-order) they are numpy accumulations with a group offset. The reverse direction's state at a packet is the
-state after the last reverse packet before it in file order. The rules themselves are quoted in
-docs/analyzer.md next to the places where this implementation deliberately differs.
+Wireshark 4.0's tcp_analyze_sequence_number walks packets one by one and keeps, per direction,
+``nextseq`` (highest seq + len of any packet seen, pure ACKs included), ``lastack``/``window`` (of the
+last packet sent) and a duplicate-ACK counter. Each of those is a prefix quantity (a running maximum, the
+previous row, a run length), so over packets sorted by (direction, file order) they are numpy
+accumulations with a group offset. The reverse direction's state at a packet is the state after the last
+reverse packet before it in file order. Two rules feed back on their own state - a zero-window probe does
+not move nextseq, and an ACK beyond the captured data resets the peer's counter depending on where its
+contiguous data ends - and are settled by short loops over their rare candidates only. The rules, in
+tshark's order, are described in docs/analyzer.md.
 """
 
 from __future__ import annotations
