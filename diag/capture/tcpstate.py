@@ -464,18 +464,21 @@ def _reset_rev_counts(resets: np.ndarray, group: np.ndarray, order: np.ndarray, 
     ack_changes[1:] |= o_ack32[1:] != o_ack32[:-1]
     del o_ack32
     reset_mark = np.zeros(n, dtype=bool)
-    bounds = np.searchsorted(g, np.arange(int(g[-1]) + 2))
     pending = np.zeros(n, dtype=bool)
-    for q in resets.tolist():
-        acking = int(group[q])
+    bounds = np.searchsorted(g, np.arange(int(g[-1]) + 2))
+    for acking in np.unique(group[resets]).tolist():
+        qs = resets[group[resets] == acking]
         counted = acking ^ 1
         lo, hi = int(bounds[counted]), int(bounds[counted + 1])
-        k = lo + int(np.searchsorted(order[lo:hi], q, side="right"))  # the counted direction's next packet
-        if k < hi:
-            reset_mark[k] = True
-        next_time = int(order[k]) if k < hi else n
+        k = lo + np.searchsorted(order[lo:hi], qs, side="right")  # the counted direction's next packet
+        reset_mark[k[k < hi]] = True
+        next_time = np.where(k < hi, order[np.minimum(k, hi - 1)], n)
+        # The acking direction's packets from each reset up to that next packet read the reset value.
         span = order[int(bounds[acking]):int(bounds[acking + 1])]
-        pending[span[np.searchsorted(span, q, side="left"):np.searchsorted(span, next_time, side="left")]] = True
+        depth = np.zeros(span.size + 1, dtype=np.int64)
+        np.add.at(depth, np.searchsorted(span, qs, side="left"), 1)
+        np.add.at(depth, np.searchsorted(span, next_time, side="left"), -1)
+        pending[span[np.cumsum(depth[:-1]) > 0]] = True
     run_starts = ack_changes | reset_mark
     counts = _run_counts(dup_ack[order], run_starts, starts, first)
     run_start = last_index_where(run_starts, starts, first)
