@@ -1,7 +1,8 @@
 """Agreement with tshark on real traffic captured by tcpdump: loopback, a lossy tbf bottleneck in a namespace
 pair (retransmissions, duplicate ACKs), a slow reader with a small receive buffer (zero windows), one
-connection carrying bulk both ways through a lossy router captured on one end's link, and a capture started
-mid-stream; plus scapy-built captures for the rules that decide those cases, with exact known answers.
+connection carrying bulk both ways through a lossy router captured on one end's link (also with packets the
+kernel dropped from the capture), and a capture started mid-stream; plus scapy-built captures for the rules
+that decide those cases, with exact known answers.
 
 Per direction: packets and payload bytes exactly; every tshark verdict in STATE_FLAGS exactly, frame by frame
 (docs/analyzer.md: Wireshark 4.0's tcp_analyze_sequence_number, check by check).
@@ -150,10 +151,12 @@ def test_out_of_order_threshold_is_measured_from_the_clients_syn(tmp_path: Path)
 # --- one connection, bulk both ways, through a lossy router; and a capture that starts mid-stream --------
 
 
-def _capture_duplex(pcap: Path, tag: str, nbytes: int, reverse_bytes: int, mid_stream: bool) -> tuple[str, int]:
-    """Bulk both ways on one connection a <-> b through r's 50mbit tbf queues, captured on a's link.
+def _capture_duplex(pcap: Path, tag: str, nbytes: int, reverse_bytes: int, mid_stream: bool,
+                    rate: str = "50mbit", capture_buffer_kib: int | None = None) -> tuple[str, int]:
+    """Bulk both ways on one connection a <-> b through r's tbf queues, captured on a's link.
 
     mid_stream: tcpdump starts 0.3 s after the connection is up (no SYN in the capture).
+    capture_buffer_kib: a tiny capture buffer makes the kernel drop packets from the capture.
     Returns (a's address, packets the kernel dropped from the capture). Agreement with tshark holds with
     drops too (tshark sees the same holes); only exact byte counts need a complete capture.
     """
@@ -161,13 +164,13 @@ def _capture_duplex(pcap: Path, tag: str, nbytes: int, reverse_bytes: int, mid_s
     handles = []
 
     def start() -> None:
-        handles.append(start_capture(pcap, path.dev_a, "tcp", 128, netns=path.a))
+        handles.append(start_capture(pcap, path.dev_a, "tcp", 128, netns=path.a, buffer_kib=capture_buffer_kib))
 
     def start_later() -> None:
         time.sleep(0.3)
         start()
 
-    with routed_path(tag) as path:
+    with routed_path(tag, rate=rate) as path:
         try:
             if not mid_stream:
                 start()
@@ -214,6 +217,17 @@ def test_capture_started_mid_stream(tmp_path: Path) -> None:
     assert from_a["window"]["scale"] is None and from_b["window"]["scale"] is None
     assert from_b["dup_acks"] > 0
     assert from_a["retransmissions"] + from_a["out_of_order"] > 0
+
+
+@pytest.mark.slow
+def test_duplex_capture_missing_packets_the_peers_received(tmp_path: Path) -> None:
+    """A capture the kernel dropped packets from: ACKs of data never captured ("ACKed unseen segment"),
+    holes in both directions; tshark's verdicts still agree frame by frame (it sees the same holes)."""
+    pcap = tmp_path / "dropped.pcap"
+    _, dropped = _capture_duplex(pcap, "dp", 8_000_000, 8_000_000, mid_stream=False, rate="400mbit",
+                                 capture_buffer_kib=8)
+    result = assert_agrees_with_tshark(pcap)
+    assert result["capture"]["flagged"] == (dropped > 0)
 
 
 # --- scapy-built captures: the rules that decide the two cases above, with exact answers ---------------
