@@ -127,6 +127,10 @@ def _status(args: argparse.Namespace) -> int:
         hint = f" (labs present: {', '.join(others)}; use --name)" if others else ""
         raise DiagError(f"{exc}{hint}") from exc
     require_privilege("diag lab status")
+    if args.measure:
+        from diag import validate
+
+        validate.seconds(args.seconds, "--seconds", maximum=3600)
     report = status_report(lab, args.measure, args.tool, tuple(args.between), args.seconds)
     print(json.dumps(report, indent=1) if args.json else format_status(lab, report, args.tool))
     return 0
