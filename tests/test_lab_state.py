@@ -9,11 +9,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from lab_helpers import lab_netns, requires_root, run_diag, unique_lab_name
+from lab_helpers import lab_netns, requires_root, unique_lab_name
 
 from diag.errors import DiagError
 from diag.lab import state as lab_state
 from diag.lab.config import host_netns, switch_netns
+from tests.common import run_diag
 
 NOBODY = 65534
 

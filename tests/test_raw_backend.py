@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.raw_helpers import free_port
+from tests.common import free_port
 
 SCRIPT = Path(__file__).parent / "raw_scripts" / "dist_ops.py"
 REPO = Path(__file__).resolve().parent.parent

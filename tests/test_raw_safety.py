@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from diag.transports.raw import wire
-from tests.raw_helpers import assert_all_ok, check_all_gather, free_port, make_transport, run_ranks
+from tests.common import free_port
+from tests.raw_helpers import assert_all_ok, check_all_gather, make_transport, run_ranks
 
 
 class _Collect(logging.Handler):
