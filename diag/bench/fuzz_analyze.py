@@ -280,11 +280,12 @@ def peak_rss_mb() -> float:
 def analyze_once(path: Path) -> None:
     """What `diag analyze FILE` and `diag analyze --json FILE` do, short of printing."""
     from diag.capture.flows import analyze
-    from diag.cli.analyze import format_table
+    from diag.capture.schema import Analysis
+    from diag.capture.table import format_table
 
     result, _packets = analyze([path])
     json.dumps(result)
-    format_table(result)
+    format_table(Analysis.from_json(result))
 
 
 @dataclass
