@@ -21,7 +21,7 @@ _SETTINGS = frozenset({"algo", "chunk_bytes", "sockbuf", "iface", "tcpinfo_inter
 # Knobs that change the mechanism and so split rows into separate series: these first (the order labels
 # have always had), then any other RawKnobs field, so a knob added to the raw transport splits series
 # and shows in labels without a change here.
-_LABEL_ORDER = ("emulate", "conn", "order", "handshake", "io", "chunks", "nodelay", "streams")
+_LABEL_ORDER = ("emulate", "conn", "order", "handshake", "notice", "skew_us", "io", "chunks", "nodelay", "streams")
 MECHANISM_KNOBS: tuple[str, ...] = (*_LABEL_ORDER, *(
     f.name for f in dataclasses.fields(RawKnobs) if f.name not in _SETTINGS and f.name not in _LABEL_ORDER))
 # Values the raw transport uses when a knob is not given (RawKnobs' defaults, the one source): a raw row
