@@ -46,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--factor", type=float, default=DEFAULT_FACTOR, help="size multiplier (default 2)")
     what.add_argument("--dtype", default="float32", help="tensor dtype (default float32; uint8 for odd sizes)")
     what.add_argument("--device", default=None, help="cpu or cuda (default: cpu for gloo/raw, cuda for nccl)")
-    what.add_argument("--order", default="recv-first", choices=["recv-first", "send-first"],
-                      help="exchange (and raw --handshake notify): which call each rank posts first")
+    what.add_argument("--order", default=None, choices=["recv-first", "send-first"],
+                      help="exchange and the raw transport: which call each rank posts first (default "
+                           "recv-first; --emulate gloo: send-first, as gloo's all_gather)")
 
     how = parser.add_argument_group("how to measure")
     how.add_argument("--warmup", type=int, default=5, help="untimed iterations per size (default 5)")
@@ -76,7 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     raw.add_argument("--conn", choices=["shared", "split"],
                      help="one connection per peer pair for both directions (shared, as gloo) or one per "
                           "direction (split, as NCCL's net transport)")
-    raw.add_argument("--handshake", choices=["none", "notify"], help="in-band ready-to-receive before each chunk")
+    raw.add_argument("--handshake", choices=["none", "notify"],
+                     help="notify: gloo's protocol, a send writes data only after the receiver's RECV_READY")
+    raw.add_argument("--notice", choices=["in-band", "own-conn"],
+                     help="with notify: ready notices on the data connection (in-band, gloo) or on a "
+                          "connection of their own per pair")
+    raw.add_argument("--skew-us", type=int, help="every rank but 0 starts each operation this many microseconds "
+                                                  "later (default 0)")
     raw.add_argument("--io", choices=["duplex", "alternate"], help="concurrent send/recv or one thread alternating")
     raw.add_argument("--chunks", type=int, help="chunks per block (gloo uses 2; default: 1 MiB pieces)")
     raw.add_argument("--chunk-bytes", help="piece size when --chunks is not given (default 1M)")
@@ -122,7 +129,7 @@ def build_spec(args: argparse.Namespace):
         backend=args.backend, ops=ops, sizes=tuple(sizes), world_sizes=tuple(args.nproc or ()),
         algo=args.algo if args.backend == "raw" else "default", warmup=args.warmup, iters=args.iters,
         gap_s=args.gap_ms / 1000.0, timeout_s=args.timeout, dtype=args.dtype, device=device,
-        order=args.order, check=not args.no_check, seed=args.seed, knobs=knobs,
+        order=args.order or "recv-first", check=not args.no_check, seed=args.seed, knobs=knobs,
     )
 
 
