@@ -7,6 +7,9 @@
         ceiling for N shaped links at once), ratios; the lab is always torn down
   python docs/raw-tcp-bench.py loopback [--nproc 2,3,4] [--sizes 8M,16M]   raw ring vs gloo, same run
   python docs/raw-tcp-bench.py knobs                     what each knob does to N=2 (own lab, as `lab`)
+  python docs/raw-tcp-bench.py model                     the gloo protocol model against gloo (issue 10):
+        lab up (4 hosts, 200mbit), link goodput, then at equal D = (N-1) x per-rank size: gloo and
+        `--emulate gloo` for N = 2, 3, 4, and at N=2 each knob that switches one piece of the model
 
 `--lab NAME` uses an existing lab instead of creating one (then it is left up). Every busbw comes from
 `diag sweep` records (median iteration). The load average is printed with each row: other work on the
@@ -45,6 +48,13 @@ KNOB_VARIANTS: list[tuple[str, list[str]]] = [
     ("--emulate gloo", ["--emulate", "gloo"]),
 ]
 IPERF_PORT = 5301
+# One piece of the gloo model switched at a time (docs/raw-tcp.md, "The gloo protocol model").
+MODEL_KNOBS: list[tuple[str, list[str]]] = [
+    ("--order recv-first (receive posted before send)", ["--order", "recv-first"]),
+    ("--notice own-conn (notices on their own socket)", ["--notice", "own-conn"]),
+    ("--conn split (one socket per direction)", ["--conn", "split"]),
+    ("--skew-us 2000 (rank 1 starts 2 ms late)", ["--skew-us", "2000"]),
+]
 
 
 def load() -> str:
@@ -161,11 +171,47 @@ def knobs(options: argparse.Namespace, work: Path) -> None:
                   flush=True)
 
 
+def model(options: argparse.Namespace, work: Path) -> None:
+    from diag.lab import measure_link
+
+    volumes = (options.sizes or "16M,32M").split(",")
+    nprocs = [int(x) for x in (options.nproc or "2,3,4").split(",")]
+    with bench_lab(options) as lab:
+        link = measure_link(lab, 0, 1, seconds=2.0).single_stream_Bps
+        print(f"lab {lab.name}: {len(lab.hosts)} hosts; single-stream goodput h0->h1 {mbs(link)} MB/s; load {load()}")
+        print(f"{'N':>2} {'D':>4} {'gloo':>6} {'/link':>6} {'model':>6} {'/link':>6} {'model/gloo':>10}  load "
+              "(MB/s = busbw of the median iteration; model = --emulate gloo)")
+        from diag.units import parse_size
+
+        for volume in volumes:
+            for n in nprocs:
+                if n > 2 and volume != volumes[0]:
+                    continue
+                size = str(parse_size(volume) // (n - 1))
+                common = ["--lab", lab.name, "--nproc", str(n), "--sizes", size, "--iters", str(options.iters),
+                          "--warmup", "2", "--dtype", "uint8"]
+                gloo = next(iter(sweep(work, f"gloo{n}-{volume}", ["--backend", "gloo", *common]).values()))
+                emulated = next(iter(sweep(work, f"model{n}-{volume}",
+                                           ["--backend", "raw", "--emulate", "gloo", *common]).values()))
+                print(f"{n:>2} {volume:>4} {mbs(gloo):>6} {gloo / link:>6.2f} {mbs(emulated):>6} "
+                      f"{emulated / link:>6.2f} {emulated / gloo:>10.2f}  {load()}", flush=True)
+        size = volumes[0]
+        common = ["--lab", lab.name, "--nproc", "2", "--sizes", size, "--iters", str(options.iters), "--warmup", "2",
+                  "--dtype", "uint8", "--backend", "raw", "--emulate", "gloo"]
+        print(f"N=2, D={size}: --emulate gloo with one piece switched       MB/s  /link  load")
+        for index, (label, extra) in enumerate(MODEL_KNOBS):
+            value = next(iter(sweep(work, f"modelknob{index}", [*common, *extra]).values()))
+            print(f"  {label:<52} {mbs(value):>6} {value / link:>6.2f}  {load()}", flush=True)
+        print(f"single-stream goodput h0->h1 at the end: {mbs(measure_link(lab, 0, 1, seconds=2.0).single_stream_Bps)} "
+              f"MB/s; load {load()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=("lab", "loopback", "knobs"))
+    parser.add_argument("mode", choices=("lab", "loopback", "knobs", "model"))
     parser.add_argument("--nproc", default=None, help="world sizes (lab: 2,3,4,5,6; loopback: 2,3,4)")
-    parser.add_argument("--sizes", default=None, help="per-rank sizes (lab/knobs: 16M; loopback: 8M,16M)")
+    parser.add_argument("--sizes", default=None, help="per-rank sizes (lab/knobs: 16M; loopback: 8M,16M); "
+                                                      "model: volumes D (16M,32M)")
     parser.add_argument("--iters", type=int, default=5, help="timed iterations per row (default 5)")
     parser.add_argument("--rate", default="200mbit", help="rate of the lab this script creates (default 200mbit)")
     parser.add_argument("--lab", default=None, help="use this existing lab instead of creating one")
@@ -173,7 +219,8 @@ def main() -> None:
     if options.mode == "lab":
         options.nproc = options.nproc or "2,3,4,5,6"
     with tempfile.TemporaryDirectory(prefix="diag-raw-bench-") as scratch:
-        {"loopback": loopback, "knobs": knobs, "lab": lab_comparison}[options.mode](options, Path(scratch))
+        modes = {"loopback": loopback, "knobs": knobs, "lab": lab_comparison, "model": model}
+        modes[options.mode](options, Path(scratch))
 
 
 if __name__ == "__main__":

@@ -35,10 +35,11 @@ def _int_list(text: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("what to run")
-    what.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "raw"],
-                      help="torch.distributed backend, or 'raw' for diag's own TCP collectives (default gloo)")
+    what.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "raw", "diag_tcp"],
+                      help="torch.distributed backend, 'raw' for diag's own TCP collectives, or 'diag_tcp' for "
+                           "those as a torch.distributed backend, ranks started through diag.exec (default gloo)")
     what.add_argument("--op", default="all_gather",
-                      help="comma list: all_gather, send_recv, ping_pong, exchange, all_reduce, "
+                      help="comma list: all_gather, all_gather_p2p, send_recv, ping_pong, exchange, all_reduce, "
                            "reduce_scatter, broadcast, all_to_all (default all_gather)")
     what.add_argument("--sizes", help="explicit per-rank sizes, e.g. 1,512K,12589824,200M (K/M/G binary)")
     what.add_argument("--min", default=DEFAULT_MIN, help=f"smallest size (default {DEFAULT_MIN})")
@@ -118,7 +119,7 @@ def build_spec(args: argparse.Namespace):
         if op not in OPS:
             raise DiagError(f"unknown op {op!r}: choose from {', '.join(OPS)}")
     knobs: dict[str, object] = {}
-    if args.backend == "raw":
+    if args.backend in ("raw", "diag_tcp"):
         from diag.transports.raw.knobs import knobs_from_args
 
         knobs = knobs_from_args(args)

@@ -238,6 +238,19 @@ class RawTransport:
                                        self.settings.streams)
         self._run([sends + recvs if order == "send-first" else recvs + sends], f"exchange with rank {peer}")
 
+    def batch_p2p(self, recvs: list[tuple[torch.Tensor, int]], sends: list[tuple[torch.Tensor, int]],
+                  order: str) -> None:
+        ops: dict[str, list[Any]] = {"recv": [], "send": []}
+        for kind, name, pairs in ((RECV, "recv", recvs), (SEND, "send", sends)):
+            for tensor, peer in pairs:
+                self._check_peer(peer)
+                view = tensor_bytes(tensor)
+                self._last_size_bytes = len(view)
+                ops[name] += schedules.transfer_ops(kind, peer, view, self.settings.chunks_for(len(view)),
+                                                    self.settings.streams)
+        stage = ops["recv"] + ops["send"] if order == "recv-first" else ops["send"] + ops["recv"]
+        self._run([stage], "batch_isend_irecv")
+
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         self._check_peer(root, allow_self=True)
         view = tensor_bytes(tensor)
