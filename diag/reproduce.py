@@ -201,6 +201,8 @@ def _run_sweeps(plan: Plan, run_dir: Path, lab: Any, capture: str | None, meta: 
         steps.append((f"raw-ring {knob_name} N=2",
                       _sweep_step(spec, 2, run_dir, f"raw-ring-{knob_name}-all_gather", lab, capture, make_job,
                                   run_worlds)))
+    steps.append(("advise: workarounds for gloo all_gather N=2",
+                  _advise_step(run_dir, lab, per_rank_size(plan.knob_volume, 2), plan, say)))
     for index, (title, action) in enumerate(steps, 1):
         say(f"[{index}/{len(steps)}] {title}")
         step_started = time.monotonic()
@@ -223,6 +225,18 @@ def _sweep_step(spec: SweepSpec, world_size: int, run_dir: Path, name: str, lab:
         job = make_job(spec, out, argv=["reproduce"], quiet=False)
         run_worlds(spec, job, out, run_dir, world_sizes=[world_size], lab=lab, capture=capture,
                    observe=lab is not None, tag_prefix=f"{name}--")
+    return action
+
+
+def _advise_step(run_dir: Path, lab: Any, size: int, plan: Plan, say: Callable[[str], None]) -> Callable[[], None]:
+    """diag advise on the same lab: RUN_DIR/advise/{records.jsonl,advise.json} (docs/raw-tcp.md)."""
+    def action() -> None:
+        from diag.advise import run_advise
+
+        result = run_advise(run_dir / "advise", lab=lab, world_size=2, sizes=(size,), warmup=plan.warmup,
+                            iters=max(plan.iters, 3), say=say)
+        if result["failures"]:
+            raise DiagError("; ".join(f"{f['workaround']}: {f['error']}" for f in result["failures"]))
     return action
 
 

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_advise_measures_each_workaround_against_gloo_and_prints_the_code(tmp_path: Path) -> None:
     out = tmp_path / "advise"
     done = subprocess.run([sys.executable, "-m", "diag", "advise", "--sizes", "4K,256K", "--warmup", "1",

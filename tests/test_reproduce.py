@@ -40,6 +40,12 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
     exchange_orders = {r.knobs.get("order") for r in records["gloo-exchange-send-first"].records}
     assert exchange_orders == {"send-first"}
 
+    # diag advise ran on the same lab: each workaround against plain gloo, data checked
+    advice = json.loads((run_dir / "advise" / "advise.json").read_text())
+    assert advice["complete"] and not advice["failures"] and advice["lab"] == meta["lab"]["name"]
+    assert all(row["nwrong"] == 0 and row["p_value"] is not None
+               for workaround in advice["workarounds"] for row in workaround["rows"])
+
     captures = sorted((run_dir / "captures").glob("*.pcap"))
     analyses = sorted((run_dir / "analysis").glob("*.json"))
     assert captures and len(analyses) == len(captures)
