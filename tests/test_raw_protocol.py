@@ -196,6 +196,8 @@ def test_a_notice_off_the_data_stream_overtakes_the_data(conn_mode: str, notice:
 MODEL_KNOBS = [{"emulate": "gloo", "conn": conn, "notice": notice, "order": order, "skew_us": skew}
                for conn, notice, order, skew in itertools.product(("shared", "split"), ("in-band", "own-conn"),
                                                                   ("send-first", "recv-first"), (0, 300))]
+MODEL_KNOBS += [{"emulate": "gloo", "conn": "shared", "notice": "own-conn", "order": "send-first", "skew_us": 0,
+                 **extra} for extra in ({"streams": 2}, {"io": "alternate"}, {"streams": 2, "algo": "pairwise"})]
 
 
 def _model_body(rank: int, world_size: int) -> list[Any]:
@@ -208,7 +210,7 @@ def _model_body(rank: int, world_size: int) -> list[Any]:
                 if wrong:
                     failures.append((knobs, nbytes, wrong))
             assert transport.knobs()["connections_per_peer"] == (
-                (1 if knobs["conn"] == "shared" else 2) + (knobs["notice"] == "own-conn"))
+                (1 if knobs["conn"] == "shared" else 2) * knobs.get("streams", 1) + (knobs["notice"] == "own-conn"))
             transport.barrier()
         finally:
             transport.close()

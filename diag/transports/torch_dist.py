@@ -141,6 +141,11 @@ class TorchTransport:
 
     def batch_p2p(self, recvs: list[tuple[torch.Tensor, int]], sends: list[tuple[torch.Tensor, int]],
                   order: str) -> None:
+        if self.backend == "diag_tcp":
+            # its isend/irecv finish before they return: two ranks that both post a receive first would
+            # wait for each other until the timeout
+            raise UnsupportedOperation("diag_tcp runs point-to-point calls one at a time, so batch_isend_irecv "
+                                       "cannot overlap them; use all_gather on diag_tcp")
         receives = [dist.P2POp(dist.irecv, tensor, peer) for tensor, peer in recvs]
         posts = [dist.P2POp(dist.isend, tensor, peer) for tensor, peer in sends]
         for work in dist.batch_isend_irecv(receives + posts if order == "recv-first" else posts + receives):
