@@ -39,6 +39,8 @@ class Plan:
     warmup: int
     iters: int
     knob_sets: tuple[tuple[str, dict[str, Any]], ...] = ()
+    # transports of the exchange in both orders; raw TCP beside gloo shows whether the order effect is gloo's
+    exchange_transports: tuple[str, ...] = ("gloo", "raw-split")
 
 
 # N=2 raw experiments, one suspected mechanism each (docs/raw-tcp.md): one shared connection, and a
@@ -185,9 +187,8 @@ def _run_sweeps(plan: Plan, run_dir: Path, lab: Any, capture: str | None, meta: 
             sized = spec.replace(sizes=tuple(sorted({per_rank_size(v, n) for v in plan.volumes})))
             steps.append((f"{name} all_gather N={n}", _sweep_step(sized, n, run_dir, f"{name}-all_gather",
                                                                lab, capture, make_job, run_worlds)))
-    exchange_transports = [("gloo", base)]
-    if len(plan.knob_sets) > len(KNOBS_QUICK):
-        exchange_transports.append(("raw-split", base.replace(backend="raw", algo="ring")))
+    exchange_specs = {"gloo": base, "raw-split": base.replace(backend="raw", algo="ring")}
+    exchange_transports = [(name, exchange_specs[name]) for name in plan.exchange_transports]
     for order in ("recv-first", "send-first"):
         for name, spec in exchange_transports:
             # more samples here: the order effect is judged by a two-sample test on these rows alone

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,7 @@ TSHARK_FLAGS = {
     "window_full": "tcp.analysis.window_full",
     "spurious_retransmissions": "tcp.analysis.spurious_retransmission",
     "out_of_order": "tcp.analysis.out_of_order",
+    "lost_segments": "tcp.analysis.lost_segment",
 }
 TRAFFIC_TIMEOUT_S = 30.0
 
@@ -296,3 +297,129 @@ def write_pcap(path: Path, frames: list[tuple[float, bytes]], linktype: int, sna
             f.write(struct.pack(endian + "IIII", sec, frac, caplen, len(data)))
             f.write(data[:caplen])
     return path
+
+
+# --- a routed path with a shaped bottleneck in the middle ---------------------------------------------
+
+
+@dataclass
+class RoutedPath:
+    """Three namespaces a - r - b: r forwards between two veth links and holds the bottleneck queues.
+
+    A capture on a's link (dev_a) sees a's packets before r's queue toward b (their losses are visible:
+    the original and its retransmission are both captured) and b's packets after r's queue toward a
+    (their losses are holes the capture never saw).
+    """
+
+    a: str
+    r: str
+    b: str
+    dev_a: str
+    dev_ra: str
+    dev_rb: str
+    dev_b: str
+    addr_a: str
+    addr_b: str
+
+
+@contextlib.contextmanager
+def routed_path(tag: str, rate: str = "50mbit", limit_bytes: int = 30_000, burst: str = "8kb",
+                offloads_off: bool = True) -> Iterator[RoutedPath]:
+    """a - r - b with a tbf of `rate` on both of r's egress links (a small queue: it drops), torn down after.
+
+    TSO/GSO/GRO are turned off on every link (ethtool) so the capture sees wire-sized segments.
+    """
+    need_root()
+    need_tools("ip", "tc")
+    pid = os.getpid() % 100000
+    net = f"10.{100 + pid % 100}.{(pid // 100) % 250}"
+    path = RoutedPath(a=f"rpa{tag}{pid}", r=f"rpr{tag}{pid}", b=f"rpb{tag}{pid}",
+                      dev_a=f"ra{pid}{tag[:2]}", dev_ra=f"rra{pid}{tag[:2]}", dev_rb=f"rrb{pid}{tag[:2]}",
+                      dev_b=f"rb{pid}{tag[:2]}", addr_a=f"{net}.1", addr_b=f"{net}.6")
+    try:
+        for ns in (path.a, path.r, path.b):
+            _ip("netns", "add", ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("link", "add", path.dev_a, "netns", path.a, "type", "veth", "peer", "name", path.dev_ra, "netns", path.r)
+        _ip("link", "add", path.dev_b, "netns", path.b, "type", "veth", "peer", "name", path.dev_rb, "netns", path.r)
+        for ns, dev, addr in ((path.a, path.dev_a, f"{net}.1/30"), (path.r, path.dev_ra, f"{net}.2/30"),
+                              (path.r, path.dev_rb, f"{net}.5/30"), (path.b, path.dev_b, f"{net}.6/30")):
+            _ip("-n", ns, "addr", "add", addr, "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+        _ip("-n", path.a, "route", "add", "default", "via", f"{net}.2")
+        _ip("-n", path.b, "route", "add", "default", "via", f"{net}.5")
+        subprocess.run(["ip", "netns", "exec", path.r, "sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True,
+                       capture_output=True, timeout=20)
+        if offloads_off and shutil.which("ethtool"):
+            for ns, dev in ((path.a, path.dev_a), (path.r, path.dev_ra), (path.r, path.dev_rb), (path.b, path.dev_b)):
+                subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso", "off",
+                                "gro", "off"], capture_output=True, timeout=20)
+        for dev in (path.dev_ra, path.dev_rb):
+            tc(path.r, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst,
+               "limit", str(limit_bytes))
+        yield path
+    finally:
+        for ns in (path.a, path.r, path.b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+
+
+DUPLEX_PEER = """
+import socket, sys, threading, time
+role, host, port, nbytes, limit_s = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+if role == 'server':
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port)); s.listen(1); s.settimeout(limit_s)
+    print('ready', flush=True)
+    c, _ = s.accept()
+else:
+    c = socket.create_connection((host, port), timeout=limit_s)
+    print('connected', flush=True)
+c.settimeout(limit_s)
+deadline = time.monotonic() + limit_s
+def send():
+    chunk = b'd' * 65536
+    left = nbytes
+    while left > 0 and time.monotonic() < deadline:
+        left -= c.send(chunk[:min(left, len(chunk))])
+    c.shutdown(socket.SHUT_WR)
+sender = threading.Thread(target=send); sender.start()
+got = 0
+while time.monotonic() < deadline:
+    d = c.recv(1 << 20)
+    if not d: break
+    got += len(d)
+sender.join(limit_s)
+c.close()
+print('received', got, flush=True)
+"""
+
+
+def duplex_transfer(path: RoutedPath, port: int, nbytes: int, reverse_bytes: int | None = None,
+                    after_connect: Callable[[], None] | None = None) -> tuple[int, int]:
+    """Bulk both ways at once on ONE connection a <-> b (each side sends while it receives).
+
+    after_connect(): called once the connection is up and data is flowing (e.g. to start a capture
+    mid-stream). Returns (bytes b received, bytes a received).
+    """
+    limit = str(TRAFFIC_TIMEOUT_S)
+    reverse = nbytes if reverse_bytes is None else reverse_bytes
+    server = subprocess.Popen(["ip", "netns", "exec", path.b, "python3", "-c", DUPLEX_PEER, "server", path.addr_b,
+                               str(port), str(reverse), limit], stdout=subprocess.PIPE, text=True)
+    client = None
+    try:
+        assert server.stdout is not None
+        assert server.stdout.readline().strip() == "ready", "duplex server did not start"
+        client = subprocess.Popen(["ip", "netns", "exec", path.a, "python3", "-c", DUPLEX_PEER, "client",
+                                   path.addr_b, str(port), str(nbytes), limit], stdout=subprocess.PIPE, text=True)
+        assert client.stdout is not None
+        assert client.stdout.readline().strip() == "connected", "duplex client did not connect"
+        if after_connect is not None:
+            after_connect()
+        client_out, _ = client.communicate(timeout=TRAFFIC_TIMEOUT_S * 2)
+        server_out, _ = server.communicate(timeout=TRAFFIC_TIMEOUT_S)
+        return int(server_out.split()[-1]), int(client_out.split()[-1])
+    finally:
+        for proc in (client, server):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -39,6 +39,9 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
     assert all(r.nwrong == 0 for recs in records.values() for r in recs.records)
     exchange_orders = {r.knobs.get("order") for r in records["gloo-exchange-send-first"].records}
     assert exchange_orders == {"send-first"}
+    # --quick runs raw TCP's exchange in both orders too, so an order effect can be pinned on gloo alone
+    for order in ("recv-first", "send-first"):
+        assert {r.knobs.get("order") for r in records[f"raw-split-exchange-{order}"].records} == {order}
 
     # diag advise ran on the same lab: each workaround against plain gloo, data checked
     advice = json.loads((run_dir / "advise" / "advise.json").read_text())

@@ -18,6 +18,7 @@ import numpy as np
 
 from diag.capture.reader import ACK, FIN, RST, SYN, ReadResult, read_capture
 from diag.capture.tcpstate import PacketState, analyze_packets
+from diag.capture.turns import CONTROL_MAX_BYTES, connection_turns, summarize
 
 ANALYSIS_SCHEMA = 1
 # A direction is busy between two of its data packets closer than this; a longer silence is an idle gap.
@@ -27,6 +28,14 @@ DEFAULT_BIN_S = 0.01
 MAX_BINS = 20_000
 SEGMENT_SIZE_EDGES = [1, 65, 129, 257, 513, 1025, 1449, 1501, 2897, 4097, 8193, 16385, 32769, 65536, 1 << 20]
 DEFAULT_MSS = 1448
+# Duplex busy runs (run_gap_s): a stream's silence ends a run when longer than CADENCE_FACTOR times the
+# CADENCE_QUANTILE-th percentile gap between its bulk segments and PACING_PACKETS times their median gap,
+# never beyond MAX_RUN_GAP_S, and only when CADENCE_MIN_GAPS bulk gaps give a cadence at all.
+CADENCE_QUANTILE = 95
+CADENCE_FACTOR = 3.0
+PACING_PACKETS = 16
+CADENCE_MIN_GAPS = 20
+MAX_RUN_GAP_S = 0.05
 
 
 @dataclass
@@ -227,10 +236,40 @@ def _inside(ts_s: np.ndarray, intervals: tuple[np.ndarray, np.ndarray]) -> np.nd
     return (j >= 0) & (ts_s <= ends[np.maximum(j, 0)])
 
 
+def run_gap_s(ts_s: np.ndarray, nbytes: np.ndarray, idle_gap_s: float) -> float:
+    """The silence that ends a busy run of this stream: idle_gap_s, or longer where the stream's own cadence
+    says that a silence of that length is part of moving data.
+
+    A shaped sender is bursty. tbf lets a bucket of frames go at once and then waits for tokens; and when a
+    sender pauses for a moment (a full window, a thread descheduled on a loaded host), the bucket refills and
+    the next frames leave as a burst: a stream that never stops moving data is silent for several packet
+    times now and then -- at 20 Mbit/s with an 8-frame bucket, ~5 ms. So a silence ends a run only when it is
+    longer than all of: idle_gap_s, CADENCE_FACTOR times the CADENCE_QUANTILE-th percentile gap (the
+    bursts' period, when bursts are short) and PACING_PACKETS times the median gap (the time to send that
+    many packets at the stream's usual pace), at most MAX_RUN_GAP_S. The gaps are those between consecutive
+    bulk segments (larger than a control frame): a trickle of notices has none and keeps idle_gap_s."""
+    if ts_s.size < CADENCE_MIN_GAPS + 1:
+        return idle_gap_s
+    bulk = nbytes > CONTROL_MAX_BYTES
+    pairs = bulk[:-1] & bulk[1:]
+    npairs = int(np.count_nonzero(pairs))
+    if npairs < CADENCE_MIN_GAPS:
+        return idle_gap_s
+    gaps = np.diff(ts_s) if npairs == pairs.size else np.diff(ts_s)[pairs]
+    k_median, k_cadence = (gaps.size - 1) // 2, int((gaps.size - 1) * CADENCE_QUANTILE / 100)
+    ranked = np.partition(gaps, [k_median, k_cadence])
+    gap = max(idle_gap_s, CADENCE_FACTOR * float(ranked[k_cadence]), PACING_PACKETS * float(ranked[k_median]))
+    return min(gap, MAX_RUN_GAP_S)
+
+
 def duplex(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y: np.ndarray,
            idle_gap_s: float) -> dict[str, Any]:
-    """Fraction of the busy time in which both streams carry data, and each one's rate overlapping vs alone."""
-    ix, iy = busy_intervals(ts_x, idle_gap_s), busy_intervals(ts_y, idle_gap_s)
+    """Fraction of the busy time in which both streams carry data, and each one's rate overlapping vs alone.
+
+    A stream is busy from one data packet to the next while they are no more than run_gap_s() apart; the
+    result also holds each stream's busy time (x_active_s, y_active_s) and run gap (x_gap_s, y_gap_s)."""
+    gap_x, gap_y = run_gap_s(ts_x, bytes_x, idle_gap_s), run_gap_s(ts_y, bytes_y, idle_gap_s)
+    ix, iy = busy_intervals(ts_x, gap_x), busy_intervals(ts_y, gap_y)
     both, either = _coverage([ix, iy])
     active_x, _ = _coverage([ix])
     active_y, _ = _coverage([iy])
@@ -246,6 +285,10 @@ def duplex(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y: np.
         "y_overlap_Bps": over_y / both if both > 0 else 0.0,
         "x_alone_Bps": (float(bytes_x.sum()) - over_x) / alone_x_s if alone_x_s > 0 else 0.0,
         "y_alone_Bps": (float(bytes_y.sum()) - over_y) / alone_y_s if alone_y_s > 0 else 0.0,
+        "x_active_s": active_x,
+        "y_active_s": active_y,
+        "x_gap_s": gap_x,
+        "y_gap_s": gap_y,
     }
 
 
@@ -373,9 +416,13 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
 
 
 def aggregate(p: Packets, rows: np.ndarray, bin_s: float, idle_gap_s: float,
-              with_series: bool = True, hosts: list[dict[str, Any]] | None = None
+              with_series: bool = True, hosts: list[dict[str, Any]] | None = None,
+              window: tuple[float, float] | None = None, observed: set[str] | None = None
               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Connections and hosts over the packet rows given (time order); ``hosts`` if already computed."""
+    """Connections and hosts over the packet rows given (time order); ``hosts`` if already computed.
+
+    ``window``: the repetition's wall-clock window (seconds) when the rows are one phase; ``observed``: the
+    addresses whose NIC the capture sees (capture_point(); None: judged from these rows)."""
     st = p.state
     if rows.size == 0:
         return [], []
@@ -391,15 +438,16 @@ def aggregate(p: Packets, rows: np.ndarray, bin_s: float, idle_gap_s: float,
     # Hosts need only the columns: they run on a second core while the connections are computed here
     # (numpy releases the GIL in the bulk work, so two threads nearly halve the wall time on two cores).
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-hosts") as pool:
-        hosts_future = pool.submit(_hosts, p.cols, p.endpoints, rows, idle_gap_s) if hosts is None else None
+        hosts_future = (pool.submit(_hosts, p.cols, p.endpoints, rows, idle_gap_s, observed)
+                        if hosts is None else None)
         for c in sorted({k // 2 for k in groups}):
             connections.append(_connection(p, c, groups.get(2 * c, empty), groups.get(2 * c + 1, empty),
-                                           bin_s, idle_gap_s, with_series))
+                                           bin_s, idle_gap_s, with_series, window))
         return connections, hosts if hosts_future is None else hosts_future.result()
 
 
 def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float, idle_gap_s: float,
-                with_series: bool) -> dict[str, Any]:
+                with_series: bool, window: tuple[float, float] | None = None) -> dict[str, Any]:
     cols = p.cols
     # min/max of the int64 nanoseconds, then seconds: no float copy of every timestamp
     t0 = float(min(cols["ts_ns"][ab].min(initial=np.iinfo(np.int64).max),
@@ -413,6 +461,8 @@ def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float
     x_ts, x_b = _data_times(p, ab)
     y_ts, y_b = _data_times(p, ba)
     dup = duplex(x_ts, x_b, y_ts, y_b, idle_gap_s)
+    gaps = (dup["x_gap_s"], dup["y_gap_s"])
+    rtts = tuple(_median_s(dirs[name]["rtt_ms"]) for name in ("a->b", "b->a"))
     return {
         "stream": c,
         "a": _endpoint(p.endpoints, int(p.conn_a[c])),
@@ -423,7 +473,15 @@ def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float
         "overlap_s": dup["overlap_s"],
         "overlap_Bps": {"a->b": dup["x_overlap_Bps"], "b->a": dup["y_overlap_Bps"]},
         "alone_Bps": {"a->b": dup["x_alone_Bps"], "b->a": dup["y_alone_Bps"]},
+        "run_gap_s": {"a->b": gaps[0], "b->a": gaps[1]},
+        "turns": connection_turns((x_ts, y_ts), (x_b, y_b), (dup["x_active_s"], dup["y_active_s"]),
+                                  dup["overlap_s"], dup["active_s"], gaps, rtts, window),
     }
+
+
+def _median_s(stats_ms: dict[str, Any]) -> float | None:
+    median = stats_ms.get("median")
+    return median / 1e3 if median else None
 
 
 def _data_times(p: Packets, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -432,12 +490,35 @@ def _data_times(p: Packets, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return p.cols["ts_ns"][data] / 1e9, p.cols["plen"][data].astype(np.float64)
 
 
+def capture_point(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]]) -> set[str]:
+    """Addresses whose NIC the capture sees: those that send or receive every TCP packet captured.
+
+    A capture on one host's interface holds only that host's traffic, so its address is in every packet; a
+    host seen only through its traffic with that one (a ring neighbour at N>=3) may send and receive much
+    more elsewhere, and its transmit-vs-receive overlap here says nothing about its NIC. With only two
+    addresses in the capture both qualify: the capture cannot tell one end of the link from the other."""
+    src, dst = cols["src"], cols["dst"]
+    if src.size == 0:
+        return set()
+    # Only the first packet's two addresses can be in every packet: one table lookup per packet for each.
+    seen = set()
+    for address in {endpoints[int(src[0])][0], endpoints[int(dst[0])][0]}:
+        has = np.array([a == address for a, _port in endpoints], dtype=bool)
+        if bool(np.all(has[src] | has[dst])):
+            seen.add(address)
+    return seen
+
+
 def _hosts(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]], rows: np.ndarray,
-           idle_gap_s: float) -> list[dict[str, Any]]:
+           idle_gap_s: float, observed: set[str] | None = None) -> list[dict[str, Any]]:
     """Per address: its transmit vs receive over all its connections (rows are in time order).
 
-    Needs only the reader's columns, so analyze() runs it beside the TCP state machine."""
+    Needs only the reader's columns, so analyze() runs it beside the TCP state machine. ``observed``: the
+    addresses whose NIC the capture sees (capture_point); None: judged from these rows."""
     data = rows[cols["plen"][rows] > 0]
+    if observed is None:
+        whole = rows.size == cols["src"].size
+        observed = capture_point(cols if whole else {"src": cols["src"][rows], "dst": cols["dst"][rows]}, endpoints)
     # Integer address ids per endpoint, so the per-packet work is integer compares, not string objects.
     names = sorted({address for address, _port in endpoints})
     address_id = {address: i for i, address in enumerate(names)}
@@ -452,11 +533,15 @@ def _hosts(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]], rows: 
     for index in present.tolist():
         tx, rx = src_addr == index, dst_addr == index
         dup = duplex(ts_s[tx], plen[tx], ts_s[rx], plen[rx], idle_gap_s)
+        seen = names[index] in observed
         hosts.append({
             "address": names[index],
             "tx_bytes": int(plen[tx].sum()),
             "rx_bytes": int(plen[rx].sum()),
-            "duplex_overlap": dup["duplex_overlap"],
+            # null where the capture does not see this host's NIC: the traffic seen is only part of it
+            "duplex_overlap": dup["duplex_overlap"] if seen else None,
+            "nic_observed": seen,
+            "seen_traffic_overlap": dup["duplex_overlap"],
             "tx_Bps_overlap": dup["x_overlap_Bps"],
             "rx_Bps_overlap": dup["y_overlap_Bps"],
             "tx_Bps_alone": dup["x_alone_Bps"],
@@ -525,6 +610,7 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
         hosts_future = pool.submit(_hosts, cols, endpoints, rows, idle_gap_s)
         packets = build_packets(cols, endpoints, results)
         hosts = hosts_future.result()
+    observed = {host["address"] for host in hosts if host["nic_observed"]}
     warnings: list[str] = []
     files = []
     dropped_total: int | None = None
@@ -557,7 +643,8 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
             hi = np.searchsorted(ts_sorted, phase["t_end_ns"], side="right")
             sub = np.sort(order[lo:hi])
             attributed += int(sub.size)
-            conns, hs = aggregate(packets, sub, bin_s, idle_gap_s, with_series)
+            window = (phase["t_start_ns"] / 1e9, phase["t_end_ns"] / 1e9)
+            conns, hs = aggregate(packets, sub, bin_s, idle_gap_s, with_series, window=window, observed=observed)
             phases_out.append({"phase": phase, "packets": int(sub.size), "connections": conns, "hosts": hs})
         if phases and attributed == 0 and n:
             warnings.append("no packet falls inside any record's iteration window: were the records and the "
@@ -567,9 +654,14 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
         "files": files,
         "capture": {"kernel_dropped": dropped_total, "flagged": flagged, "packets": int(n),
                     "frames": int(sum(r.frames for r in results))},
-        "parameters": {"bin_s": bin_s, "idle_gap_s": idle_gap_s},
+        "parameters": {"bin_s": bin_s, "idle_gap_s": idle_gap_s, "cadence_factor": CADENCE_FACTOR,
+                       "cadence_quantile": CADENCE_QUANTILE, "pacing_packets": PACING_PACKETS,
+                       "max_run_gap_s": MAX_RUN_GAP_S,
+                       "control_max_bytes": CONTROL_MAX_BYTES},
+        "capture_point": sorted(observed),
         "connections": connections,
         "hosts": hosts,
         "phases": phases_out,
+        "turn_summary": summarize(phases_out),
         "warnings": warnings,
     }, packets

@@ -1,11 +1,14 @@
-"""Per-packet TCP analysis flags, vectorized: tshark's tcp.analysis state machine without a Python loop.
+"""Per-packet TCP analysis flags, vectorized: tshark's tcp.analysis state machine without a per-packet loop.
 
-tshark walks packets one by one and keeps, per direction, ``nextseq`` (highest sequence end seen),
-``lastack``/``window`` (of the last packet sent) and a duplicate-ACK counter. Each of those is a prefix
-quantity (a running maximum, the previous row, a run length), so over packets sorted by (direction, file
-order) they are numpy accumulations with a group offset. The reverse direction's state at a packet is the
-state after the last reverse packet before it in file order. The rules themselves are quoted in
-docs/analyzer.md next to the places where this implementation deliberately differs.
+Wireshark 4.0's tcp_analyze_sequence_number walks packets one by one and keeps, per direction,
+``nextseq`` (highest seq + len of any packet seen, pure ACKs included), ``lastack``/``window`` (of the
+last packet sent) and a duplicate-ACK counter. Each of those is a prefix quantity (a running maximum, the
+previous row, a run length), so over packets sorted by (direction, file order) they are numpy
+accumulations with a group offset. The reverse direction's state at a packet is the state after the last
+reverse packet before it in file order. Two rules feed back on their own state - a zero-window probe does
+not move nextseq, and an ACK beyond the captured data resets the peer's counter depending on where its
+contiguous data ends - and are settled by short loops over their rare candidates only. The rules, in
+tshark's order, are described in docs/analyzer.md.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ _WRAP = 1 << 32
 _HALF = 1 << 31
 _LOW32 = _WRAP - 1  # x & _LOW32 == x % _WRAP for int64, without a division
 _GROUP_SPAN = 1 << 44  # > any unwrapped sequence span we track per direction (16 TiB)
+_NEVER = 1 << 62  # a row index beyond every row: "no such packet"
 
 
 @dataclass
@@ -152,6 +156,7 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     """cols: reader columns in time order. wscale[conn, dir]: shift of dir's advertised window, -1 unknown.
 
     first_rtt_ns[conn]: handshake RTT (tshark's ts_first_rtt) or 0 when the handshake was not captured.
+    The checks follow the order of Wireshark 4.0's tcp_analyze_sequence_number (docs/analyzer.md).
     Intermediate arrays are deleted as soon as they are used: at millions of packets each is tens of MB.
     """
     n = conn.size
@@ -187,14 +192,34 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     o_ts = ts[order]
     seq_rel = unwrap(o_seq32, starts, first)
     end_rel = seq_rel + o_plen + o_synfin
-    advances = (o_plen > 0) | o_synfin
     empty = -(_GROUP_SPAN)
-    nextseq_before = running_max_exclusive(np.where(advances, end_rel, empty), g, starts, empty)
+
+    # tshark's nextseq: the highest seq + len (+1 for SYN/FIN) of *every* earlier packet of the direction,
+    # pure ACKs included (a pure ACK beyond the data seen moves it: the capture missed that data), except
+    # zero-window probes. A probe is recognised by nextseq itself, so the rare candidates (1 byte while
+    # the reverse direction's last window was 0) are settled one by one.
+    zwp: np.ndarray | None = None  # time order; None: no probe at all (the usual case)
+    moves_next = end_rel  # what each packet offers to nextseq: its end, `empty` for a probe
+    one_byte = plen == 1
+    has_rev = r = None
+    if one_byte.any():
+        has_rev, r = reverse.result()
+        zwp_candidate = one_byte & has_rev & (win[r] == 0)
+        if zwp_candidate.any():
+            o_zwp = _zero_window_probes(zwp_candidate[order], g, starts, seq_rel, end_rel, empty)
+            if o_zwp.any():
+                zwp = np.empty(n, dtype=bool)
+                zwp[order] = o_zwp
+                moves_next = np.where(o_zwp, empty, end_rel)
+            del o_zwp
+        del zwp_candidate
+    del one_byte
+    nextseq_before = running_max_exclusive(moves_next, g, starts, empty)
     has_nextseq = nextseq_before > empty
-    # Time at which the current nextseq was set (a strictly new maximum).
-    sets_max = advances & (end_rel > nextseq_before)
+    # Time at which the current nextseq was set (the first packet, or a strictly new maximum).
+    sets_max = moves_next > nextseq_before
     setter = last_index_where(sets_max, starts, first)
-    del sets_max, advances
+    del sets_max
     setter_before = previous_in_group(setter, starts, -1)
     del setter
     nextseq_time = np.where(setter_before >= 0, o_ts[np.maximum(setter_before, 0)], 0)
@@ -213,21 +238,32 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     o_win = win[order]
     prev_win = previous_in_group(o_win, starts, -1)
     prev_ack = previous_in_group(o_ack32, starts, -1)
-    # nextseq in 32-bit space: tshark compares absolute sequence numbers with '=='.
-    seq_eq_next = has_nextseq & (seq_rel == nextseq_before)
-    o_sfr = syn_fin_rst[order]
-    dup_ack = ((o_plen == 0) & (o_win != 0) & (o_win == prev_win) & seq_eq_next
-               & (o_ack32 == prev_ack) & ~o_sfr)
-    del o_win, prev_win, seq_eq_next, o_sfr, o_plen, o_synfin
+    plain = ~syn_fin_rst[order]
+    if zwp is not None:
+        plain &= ~zwp[order]  # a zero-window probe skips every check up to the duplicate ACK
+    below_next = nextseq_before - seq_rel  # 0: at nextseq; 1: one byte below it
+    seq_eq_next = has_nextseq & (below_next == 0)
+    keep_alive = plain & (o_plen <= 1) & has_nextseq & (below_next == 1)
+    del below_next
+    dup_ack = (plain & (o_plen == 0) & (o_win != 0) & (o_win == prev_win) & seq_eq_next
+               & (o_ack32 == prev_ack))
+    del o_win, prev_win, seq_eq_next, plain
+    t_keep_alive = None
+    if keep_alive.any():
+        # An ACK of a keep-alive repeats the previous ACK like a duplicate but is not one.
+        if r is None:
+            has_rev, r = reverse.result()
+        t_keep_alive = keep_alive[inverse]
+        after_keep_alive = (has_rev & t_keep_alive[r])[order]
+        dup_ack &= ~after_keep_alive
+        del after_keep_alive
+    del keep_alive
     # tshark's dupacknum: duplicate ACKs since this direction's ACK number last changed. (A window update
-    # in between does not reset it - measured against tshark 4.0.)
+    # in between does not reset it.)
     ack_changes = starts | (o_ack32 != prev_ack)
     del prev_ack
-    dup_total = np.cumsum(dup_ack)
-    run_base_at = np.where(ack_changes, dup_total - dup_ack, 0)
-    base_index = last_index_where(ack_changes, starts, first)
-    dupacknum = dup_total - run_base_at[np.maximum(base_index, 0)]
-    del ack_changes, dup_total, run_base_at, base_index
+    dupacknum = _run_counts(dup_ack, ack_changes, starts, first)
+    del ack_changes
 
     # Back to time order for the cross-direction lookups.
     def to_time(a: np.ndarray, inverse: np.ndarray = inverse) -> np.ndarray:
@@ -236,48 +272,75 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     t_seq_rel, t_end_rel, t_next = to_time(seq_rel), to_time(end_rel), to_time(nextseq_before)
     t_has_next = t_next > empty
     t_next_time, t_dupack, t_dupacknum = to_time(nextseq_time), to_time(dup_ack), to_time(dupacknum)
+    t_moves_next = t_end_rel if moves_next is end_rel else to_time(moves_next)
     new_bytes = to_time(new_bytes)
-    del seq_rel, end_rel, nextseq_before, has_nextseq, nextseq_time, dup_ack, dupacknum
+    del seq_rel, end_rel, moves_next, nextseq_before, has_nextseq, nextseq_time, dup_ack, dupacknum
 
-    has_rev, r = reverse.result()
+    if r is None:
+        has_rev, r = reverse.result()
+    assert has_rev is not None
 
     ack_rel = ack_rel_future.result()  # in the reverse direction's seq_rel space
     del o_seq32, o_ack32, g, starts, first, inverse
 
     rev_ack_rel = ack_rel[r]                  # reverse's lastack, in *this* direction's seq_rel space
-    rev_ack32 = ack32[r]
+    rev_ack32 = ack32[r].astype(np.int64)     # tshark keeps the ACK field even without the ACK flag
     rev_ack_valid = has_rev & has_ack[r]
     rev_time = ts[r]
     rev_dupacknum = t_dupacknum[r]
+    # An ACK beyond everything captured of the other direction resets that direction's counter (rare:
+    # the capture missed packets the peer received).
+    resets = _ack_beyond_capture(group, order, has_ack, ack_rel, has_rev, r, t_seq_rel, t_next, t_moves_next, empty)
+    del t_moves_next
+    if resets.size:
+        rev_dupacknum = _reset_rev_counts(resets, group, order, ack32, t_dupack, r)
     rev_win = win[r]
+    rev_is_syn = (flags[r] & SYN) != 0
     del r, t_dupacknum
 
     data_or_sf = (plen > 0) | synfin
-    candidate = data_or_sf & t_has_next & (t_seq_rel < t_next)
-    fast = (candidate & has_rev & (rev_dupacknum >= 2) & (rev_ack32 == seq32)
-            & ((ts - rev_time) < FAST_RETRANSMISSION_WINDOW_NS))
-    del rev_dupacknum, rev_time
+    if t_keep_alive is not None:
+        data_or_sf &= ~t_keep_alive  # a keep-alive is never a retransmission
+        del t_keep_alive
+    # seq below nextseq - except a segment of more than one byte starting one byte below it (after a
+    # zero-window probe it carries new data).
+    below_next = t_next - t_seq_rel
+    not_advanced = data_or_sf & t_has_next & ((below_next > 1) | ((below_next == 1) & (plen <= 1)))
+    # Spurious comes first: data the reverse direction already ACKed, wherever nextseq is.
+    end32 = (seq32 + plen) & _LOW32
+    spurious = (data_or_sf & (plen > 0) & has_rev & (rev_ack32 != 0)
+                & ((((end32 - rev_ack32 + _HALF) & _LOW32) - _HALF) <= 0))
+    since_rev = ts - rev_time
+    fast = (not_advanced & ~spurious & has_rev & (rev_dupacknum >= 2) & (rev_ack32 == seq32)
+            & (since_rev >= 0) & (since_rev < FAST_RETRANSMISSION_WINDOW_NS))
+    del rev_dupacknum, rev_time, since_rev
     conn_first_rtt = first_rtt_ns[conn]
     ooo_threshold = np.where(conn_first_rtt > 0, conn_first_rtt, DEFAULT_OOO_THRESHOLD_NS)
     del conn_first_rtt
-    ooo = (candidate & ~fast & ((ts - t_next_time) < ooo_threshold)
-           & (t_next != t_seq_rel + plen))
-    del ooo_threshold, t_next_time
-    spurious = (candidate & ~fast & ~ooo & (plen > 0) & rev_ack_valid & (rev_ack32 != 0)
-                & (t_seq_rel + plen <= rev_ack_rel))
-    retrans = candidate & ~ooo  # tshark also marks fast and spurious ones as retransmissions
-    lost = data_or_sf & t_has_next & (t_seq_rel > t_next)
-    del candidate, data_or_sf
+    since_next = ts - t_next_time
+    ooo = (not_advanced & ~spurious & ~fast & (since_next >= 0) & (since_next < ooo_threshold)
+           & (t_next != t_end_rel))
+    del ooo_threshold, t_next_time, since_next
+    retrans = (not_advanced & ~ooo) | spurious  # tshark marks fast and spurious ones as retransmissions too
+    lost = t_has_next & (below_next < 0) & ((flags & RST) == 0)
+    del below_next
+    del not_advanced, data_or_sf
 
     zero_window = (win == 0) & ~syn_fin_rst
+    checked = ~syn_fin_rst
+    if zwp is not None:  # a probe skips the lost-segment, zero-window and window-full checks
+        lost &= ~zwp
+        zero_window &= ~zwp
+        checked &= ~zwp
     # group = conn * 2 + direction indexes the (connection, direction) rows of wscale flattened.
     flat_wscale = np.ascontiguousarray(wscale).ravel()
     shift_fwd = flat_wscale[group]
     shift_rev = flat_wscale[group ^ 1]
-    rev_window_bytes = np.where(shift_rev >= 0, rev_win << np.maximum(shift_rev, 0), rev_win)
-    window_full = ((plen > 0) & ~syn_fin_rst & rev_ack_valid & (shift_rev >= 0)
-                   & (((seq32 + plen) & _LOW32) == ((rev_ack32 + rev_window_bytes) & _LOW32)))
-    del rev_window_bytes, shift_rev, rev_win, rev_ack32
+    # The reverse side's window is unscaled while its last packet is its SYN (tshark's is_first_ack).
+    rev_shift = np.where(rev_is_syn, 0, np.maximum(shift_rev, 0))
+    window_full = ((plen > 0) & checked & has_rev & (shift_rev >= 0)
+                   & (end32 == ((rev_ack32 + (rev_win << rev_shift)) & _LOW32)))
+    del rev_shift, shift_rev, rev_win, rev_ack32, rev_is_syn, end32, checked
     window_bytes = np.where(shift_fwd >= 0, win << np.maximum(shift_fwd, 0), win)
     window_bytes = np.where((flags & SYN) != 0, win, window_bytes)  # the SYN's own window is never scaled
     window_bytes = window_bytes.astype(np.int32)  # <= 65535 << 14 fits; half the memory of int64
@@ -292,6 +355,162 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     helper.shutdown()
     return PacketState(conn, direction, t_seq_rel, t_end_rel, new_bytes, retrans, fast, spurious,
                        ooo, lost, t_dupack, zero_window, window_full, in_flight, window_bytes, ack_rtt, ts_rtt)
+
+
+def _run_counts(hits: np.ndarray, run_starts: np.ndarray, starts: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Direction-major: hits counted since the latest run start at or before each row (the row included)."""
+    total = np.cumsum(hits)
+    base_at = np.where(run_starts, total - hits, 0)
+    base_index = last_index_where(run_starts, starts, first)
+    return total - base_at[np.maximum(base_index, 0)]
+
+
+def _ack_beyond_capture(group: np.ndarray, order: np.ndarray, has_ack: np.ndarray, ack_rel: np.ndarray,
+                        has_rev: np.ndarray, r: np.ndarray, seq_rel: np.ndarray, nextseq_before: np.ndarray,
+                        end_rel: np.ndarray, empty: int) -> np.ndarray:
+    """Time-order rows at which tshark sets the reverse direction's duplicate-ACK counter to -1.
+
+    tshark's "ACKed unseen segment" check: a packet whose ACK lies beyond the reverse direction's
+    maxseqtobeacked (the end of its contiguous data, which jumps to nextseq whenever a packet starts
+    exactly at it) either catches maxseqtobeacked up to nextseq, when it lagged behind, or - when it was
+    already there, i.e. the ACK covers data beyond everything captured - resets that direction's counter.
+    Only the second changes a verdict we report (the fast-retransmission test, see _reset_rev_counts). It
+    needs the ACK beyond nextseq, which the first vectorized test finds; only then are the rare lagging
+    stretches of maxseqtobeacked walked, one per hole in the captured data.
+    end_rel: each packet's seq + len (+1 for SYN/FIN), `empty` for zero-window probes (which move nothing).
+    """
+    nextseq_after = np.maximum(nextseq_before, end_rel)
+    acked_next = nextseq_after[r]
+    rows = np.flatnonzero(ack_rel > acked_next)  # few; the other conditions are checked on them only
+    rows = rows[has_ack[rows] & has_rev[rows] & (acked_next[rows] > empty)]
+    del acked_next
+    if not rows.size:
+        return np.zeros(0, dtype=np.int64)
+    beyond = np.zeros(group.size, dtype=bool)
+    beyond[rows] = True
+    g = group[order]
+    bounds = np.searchsorted(g, np.arange(int(g[-1]) + 2)) if g.size else np.zeros(1, dtype=np.int64)
+    resets: list[np.ndarray] = []
+    for acking in np.unique(group[beyond]).tolist():
+        acked = acking ^ 1  # the direction whose data the ACKs cover: its maxseqtobeacked is walked
+        x_rows = order[bounds[acked]:bounds[acked + 1]].astype(np.int64)
+        y_rows = order[bounds[acking]:bounds[acking + 1]].astype(np.int64)
+        y_beyond = y_rows[beyond[y_rows]]
+        moves = end_rel[x_rows] > empty  # zero-window probes never touch maxseqtobeacked
+        x_seq = seq_rel[x_rows]
+        x_next = nextseq_before[x_rows]
+        # A lag starts where a packet raises nextseq without starting at it; maxseqtobeacked stays at the
+        # old nextseq until a packet starts exactly there or an ACK passes it.
+        lag_start = moves & (x_next > empty) & (nextseq_after[x_rows] > x_next) & (x_seq != x_next)
+        starts_at, levels = x_rows[lag_start], x_next[lag_start]
+        resync_order = np.lexsort((x_rows[moves], x_seq[moves]))
+        resync_seq, resync_row = x_seq[moves][resync_order], x_rows[moves][resync_order]
+        y_acks = y_rows[has_ack[y_rows]]
+        y_ack_values = ack_rel[y_acks]
+        caught_up_by_ack: list[int] = []
+        position = -1
+        while True:
+            k = int(np.searchsorted(starts_at, position, side="right"))
+            if k >= starts_at.size:
+                break
+            row, level = int(starts_at[k]), int(levels[k])
+            # the first later packet of this direction starting exactly at the level ...
+            j = int(np.searchsorted(resync_seq, level, side="left"))
+            j += int(np.searchsorted(resync_row[j:np.searchsorted(resync_seq, level, side="right")], row,
+                                     side="right"))
+            by_packet = int(resync_row[j]) if j < resync_seq.size and resync_seq[j] == level else _NEVER
+            # ... or the first later ACK beyond it, whichever comes first
+            by_ack = _first_above(y_acks, y_ack_values, row, by_packet, level)
+            if by_ack >= 0:
+                caught_up_by_ack.append(by_ack)
+                position = by_ack
+            else:
+                position = by_packet
+            if position == _NEVER:
+                break
+        resets.append(np.setdiff1d(y_beyond, np.array(caught_up_by_ack, dtype=np.int64)))
+    return np.sort(np.concatenate(resets))
+
+
+def _first_above(rows: np.ndarray, values: np.ndarray, after: int, before: int, level: int) -> int:
+    """First of rows in (after, before) whose value exceeds level, else -1; scanned in growing windows
+    so the work is bounded by the distance to the hit."""
+    lo = int(np.searchsorted(rows, after, side="right"))
+    hi = int(np.searchsorted(rows, before, side="left"))
+    step = 64
+    while lo < hi:
+        stop = min(hi, lo + step)
+        hit = np.flatnonzero(values[lo:stop] > level)
+        if hit.size:
+            return int(rows[lo + hit[0]])
+        lo, step = stop, step * 4
+    return -1
+
+
+def _reset_rev_counts(resets: np.ndarray, group: np.ndarray, order: np.ndarray, ack32: np.ndarray,
+                      dup_ack: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """The reverse direction's duplicate-ACK counter at each packet, with tshark's resets applied.
+
+    resets: time-order rows of the acking direction; each sets the counter of its reverse direction to
+    -1, which tshark keeps in an unsigned 32-bit field: it reads 4294967295 (>= 2, so a retransmission
+    may be "fast") until that direction's next duplicate ACK (counted as 1) or ACK change (0).
+    """
+    n = group.size
+    g = group[order]
+    starts = group_starts(g)
+    first = group_first(starts)
+    o_ack32 = ack32[order]
+    ack_changes = starts.copy()
+    ack_changes[1:] |= o_ack32[1:] != o_ack32[:-1]
+    del o_ack32
+    reset_mark = np.zeros(n, dtype=bool)
+    pending = np.zeros(n, dtype=bool)
+    bounds = np.searchsorted(g, np.arange(int(g[-1]) + 2))
+    for acking in np.unique(group[resets]).tolist():
+        qs = resets[group[resets] == acking]
+        counted = acking ^ 1
+        lo, hi = int(bounds[counted]), int(bounds[counted + 1])
+        k = lo + np.searchsorted(order[lo:hi], qs, side="right")  # the counted direction's next packet
+        reset_mark[k[k < hi]] = True
+        next_time = np.where(k < hi, order[np.minimum(k, hi - 1)], n)
+        # The acking direction's packets from each reset up to that next packet read the reset value.
+        span = order[int(bounds[acking]):int(bounds[acking + 1])]
+        depth = np.zeros(span.size + 1, dtype=np.int64)
+        np.add.at(depth, np.searchsorted(span, qs, side="left"), 1)
+        np.add.at(depth, np.searchsorted(span, next_time, side="left"), -1)
+        pending[span[np.cumsum(depth[:-1]) > 0]] = True
+    run_starts = ack_changes | reset_mark
+    counts = _run_counts(dup_ack[order], run_starts, starts, first)
+    run_start = last_index_where(run_starts, starts, first)
+    unsigned_minus_one = (counts == 0) & reset_mark[run_start] & ~ack_changes[run_start]
+    counts[unsigned_minus_one] = _LOW32
+    in_time = np.empty(n, dtype=np.int64)
+    in_time[order] = counts
+    rev_counts = in_time[r]
+    rev_counts[pending] = _LOW32
+    return rev_counts
+
+
+def _zero_window_probes(candidate: np.ndarray, g: np.ndarray, starts: np.ndarray, seq_rel: np.ndarray,
+                        end_rel: np.ndarray, empty: int) -> np.ndarray:
+    """Which candidates (direction-major rows) are zero-window probes: seq == nextseq at that point.
+
+    A probe does not move nextseq, so each candidate's verdict depends on the earlier ones: nextseq is
+    taken without any candidate, then the candidates (rare: a 1-byte segment into a zero window) are
+    walked in order, each adding its end only when it is not a probe.
+    """
+    without = running_max_exclusive(np.where(candidate, empty, end_rel), g, starts, empty)
+    probe = np.zeros(candidate.size, dtype=bool)
+    accepted: dict[int, int] = {}  # group -> highest end of the candidates that were not probes
+    rows = np.flatnonzero(candidate)
+    for row, grp, before, seq, end in zip(rows.tolist(), g[rows].tolist(), without[rows].tolist(),
+                                          seq_rel[rows].tolist(), end_rel[rows].tolist(), strict=True):
+        nextseq = max(before, accepted.get(grp, empty))
+        if nextseq > empty and seq == nextseq:
+            probe[row] = True
+        else:
+            accepted[grp] = max(accepted.get(grp, empty), end)
+    return probe
 
 
 def _ack_rel(g: np.ndarray, starts: np.ndarray, first: np.ndarray, o_seq32: np.ndarray, o_ack32: np.ndarray,

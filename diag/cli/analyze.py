@@ -98,6 +98,10 @@ def _ms(stats: dict[str, Any]) -> str:
     return f"{stats['median']:.3g}" if stats.get("median") is not None else "-"
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
 def format_table(result: dict[str, Any]) -> str:
     from diag.units import human_bytes
 
@@ -125,18 +129,36 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"{'host':<40} {'tx':>10} {'rx':>10} {'overlap':>8} {'tx while rx':>12} {'rx while tx':>12}")
         for h in result["hosts"]:
+            overlap = f"{h['duplex_overlap']:>8.0%}" if h["duplex_overlap"] is not None else f"{'not seen':>8}"
             lines.append(f"{h['address']:<40} {human_bytes(h['tx_bytes']):>10} {human_bytes(h['rx_bytes']):>10} "
-                         f"{h['duplex_overlap']:>8.0%} {_rate(h['tx_Bps_overlap']):>12} {_rate(h['rx_Bps_overlap']):>12}")
+                         f"{overlap} {_rate(h['tx_Bps_overlap']):>12} {_rate(h['rx_Bps_overlap']):>12}")
+        unseen = [h["address"] for h in result["hosts"] if h["duplex_overlap"] is None]
+        if unseen:
+            lines.append(f"not seen: the capture does not see the NIC of {', '.join(unseen)} (only its traffic with "
+                         f"{', '.join(result.get('capture_point') or []) or 'other hosts'}), so it has no host overlap")
     if result["phases"]:
         lines.append("")
-        lines.append(f"{'phase':<44} {'pkts':>8} {'conn overlap':>13} {'host overlap (per host)':<30}")
+        lines.append(f"{'phase':<44} {'pkts':>8} {'conn overlap':>13} {'turns':>6} {'host overlap (per host)':<30}")
         for ph in result["phases"]:
             p = ph["phase"]
             it = "" if p["iteration"] is None else f" it{p['iteration']}"
             name = f"{p['backend']}/{p['algo']} {p['op']} N={p['world_size']} {human_bytes(p['size_bytes'])}{it}"
             conn_ov = ",".join(f"{c['duplex_overlap']:.0%}" for c in ph["connections"][:4]) or "-"
-            host_ov = ",".join(f"{h['address']}={h['duplex_overlap']:.0%}" for h in ph["hosts"][:4]) or "-"
-            lines.append(f"{name:<44} {ph['packets']:>8} {conn_ov:>13} {host_ov:<30}")
+            host_ov = ",".join(f"{h['address']}={h['duplex_overlap']:.0%}" for h in ph["hosts"]
+                               if h["duplex_overlap"] is not None) or "-"
+            handoffs = sum((c.get("turns") or {}).get("handoff_count", 0) for c in ph["connections"])
+            lines.append(f"{name:<44} {ph['packets']:>8} {conn_ov:>13} {handoffs:>6} {host_ov:<30}")
+    if result.get("turn_summary"):
+        lines.append("")
+        lines.append(f"{'run (medians over repetitions)':<40} {'reps':>5} {'turns':>6} {'leader':>7} {'both':>6} "
+                     f"{'follower':>8} {'delay ms':>9} {'at byte':>8}")
+        for g in result["turn_summary"]:
+            name = f"{g['backend']}/{g['algo']} {g['op']} N={g['world_size']} {human_bytes(g['size_bytes'])}"
+            lines.append(f"{name:<40} {g['repetitions']:>5} {g['turn_taking_repetitions']:>6} "
+                         f"{_share(g['leader_only_fraction']):>7} {_share(g['both_fraction']):>6} "
+                         f"{_share(g['follower_only_fraction']):>8} "
+                         f"{'-' if g['handoff_delay_ms'] is None else format(g['handoff_delay_ms'], '.3g'):>9} "
+                         f"{_share(g['trigger_offset_fraction']):>8}")
     for warning in result["warnings"]:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)

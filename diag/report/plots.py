@@ -278,7 +278,8 @@ def plot_duplex(run: RunData, out: Path) -> Plot | Skipped:
     _save(plt, fig, out, "duplex_overlap.png")
     return Plot("duplex_overlap.png", title,
                 "Fraction of active time in which both directions move data at once, for connections that carry "
-                "both directions and for each host's NIC (1.0 = full duplex used). A low bar at one N, high at "
+                "both directions and for each host's NIC that the capture sees (1.0 = full duplex used; hosts "
+                "seen only through their traffic with the captured host are left out). A low bar at one N, high at "
                 "the others, says the traffic pattern at that N wastes half the link. Missing bars: no "
                 "connection carried both directions (a ring at N>=3 sends one way per connection).")
 
