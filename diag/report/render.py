@@ -141,7 +141,8 @@ def _link_reference(run: RunData) -> tuple[str, list[list[str]]]:
     intro = (f"One TCP stream carried {human_rate(link)} ({run.link_source}). Per N, iperf3 drove the ring's own "
              f"flow pattern (h(i) -> h((i+1) mod N), one flow per edge, all at once) on the same lab: where that "
              f"stayed below {RING_PATTERN_CPU_LIMIT:.0%} of the single stream, this machine's CPU, not the link, is "
-             f"the limit, and the pattern is the reference raw TCP and the backends are held against at that N.")
+             f"the limit, and the pattern is the reference at that N: the cpu_bound finding holds raw TCP against it "
+             f"there (the plots keep the single stream).")
     return intro, rows
 
 
