@@ -32,6 +32,10 @@ IPERF3_PORT = 5201              # inside the lab's private namespaces, so it cla
 # N clients' staggered start: each is its own `ip netns exec`, tens of ms apart on a busy machine).
 RING_INTERVAL_S = 0.25
 RING_WARMUP_S = 0.5
+# The clients send with sendfile (-Z): the least CPU per byte iperf3 offers, so the pattern is as close to
+# what the kernel and the links allow as the tool gets (A/B against plain writes at N=8 under load 15-19 was
+# within the noise, 11.7-13.5 vs 12.8-12.9 MB/s per edge; the reason is the cost, not a measured gain).
+RING_CLIENT_OPTIONS: tuple[str, ...] = ("-Z",)
 # struct tcp_info (linux/tcp.h): __u64 tcpi_bytes_received sits at byte 128 (since Linux 4.1).
 TCPI_BYTES_RECEIVED_OFFSET = 128
 TCP_INFO_LEN = 232
@@ -144,7 +148,8 @@ def measure_ring_pattern(lab: Lab, world_size: int, seconds: float = 3.0) -> Rin
         for sender, receiver in edges:
             clients.append(subprocess.Popen(
                 [*lab.exec_prefix(sender), "iperf3", "-c", receiver.address, "-p", str(IPERF3_PORT),
-                 "-t", f"{seconds:g}", "-J"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                 "-t", f"{seconds:g}", "-J", *RING_CLIENT_OPTIONS], stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True))
         deadline = time.monotonic() + seconds + 2 * GRACE_S
         outputs = [_finish(proc, deadline) for proc in clients + servers]
     finally:
