@@ -180,6 +180,7 @@ def _measure_ring_pattern(lab: Any, world_sizes: tuple[int, ...], meta: dict[str
     the pace, and the report holds raw TCP and the backends against it there (report/rundir.py)."""
     from diag.lab import measure_ring_pattern
     from diag.lab.measure import iperf3_available
+    from diag.report.rundir import RING_PATTERN_CPU_LIMIT
 
     if not iperf3_available():
         note = "iperf3 is not installed: no ring-pattern reference, every N is held against the single stream"
@@ -199,6 +200,14 @@ def _measure_ring_pattern(lab: Any, world_sizes: tuple[int, ...], meta: dict[str
     if patterns:
         say("[lab] iperf3 ring pattern, mean MB/s per edge: " + ", ".join(
             f"N={n} {p['mean_edge_Bps'] / 1e6:.1f}" for n, p in patterns.items()))
+    single = meta["link"]["single_stream_Bps"]
+    cpu_limited = [n for n, p in patterns.items() if p["mean_edge_Bps"] < RING_PATTERN_CPU_LIMIT * single]
+    if cpu_limited:
+        note = (f"at N={','.join(cpu_limited)} iperf3's ring pattern stayed below {RING_PATTERN_CPU_LIMIT:.0%} of "
+                "the single stream: the CPU, not the link, is the limit there, and the report holds those N "
+                "against the pattern")
+        meta["notes"].append(note)
+        say(f"[lab] {note}")
 
 
 def _run_sweeps(plan: Plan, run_dir: Path, lab: Any, capture: str | None, meta: dict[str, Any],
