@@ -177,7 +177,7 @@ def _measure_ring_pattern(lab: Any, world_sizes: tuple[int, ...], meta: dict[str
                           say: Callable[[str], None]) -> None:
     """The machine's own limit per N: iperf3 in the ring's flow pattern (h(i) -> h((i+1) % N), every edge at
     once) -> run.json link.ring_pattern. Where it stays below the single stream the CPU, not the link, sets
-    the pace, and the report holds raw TCP and the backends against it there (report/rundir.py)."""
+    the pace, and the report's link-reference table and the cpu_bound rule hold raw TCP against it there."""
     from diag.lab import measure_ring_pattern
     from diag.lab.measure import iperf3_available
     from diag.report.rundir import RING_PATTERN_CPU_LIMIT
@@ -204,8 +204,8 @@ def _measure_ring_pattern(lab: Any, world_sizes: tuple[int, ...], meta: dict[str
     cpu_limited = [n for n, p in patterns.items() if p["mean_edge_Bps"] < RING_PATTERN_CPU_LIMIT * single]
     if cpu_limited:
         note = (f"at N={','.join(cpu_limited)} iperf3's ring pattern stayed below {RING_PATTERN_CPU_LIMIT:.0%} of "
-                "the single stream: the CPU, not the link, is the limit there, and the report holds those N "
-                "against the pattern")
+                "the single stream: the CPU, not the link, is the limit there, and the report holds raw TCP "
+                "against the pattern at those N")
         meta["notes"].append(note)
         say(f"[lab] {note}")
 
