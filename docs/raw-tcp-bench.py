@@ -10,6 +10,9 @@
   python docs/raw-tcp-bench.py model                     the gloo protocol model against gloo (issue 10):
         lab up (4 hosts, 200mbit), link goodput, then at equal D = (N-1) x per-rank size: gloo and
         `--emulate gloo` for N = 2, 3, 4, and at N=2 each knob that switches one piece of the model
+  python docs/raw-tcp-bench.py ring [--nproc 2,...,8]    issue 13: raw ring busbw against the machine's own
+        limit, the ring pattern driven by iperf3 (h_i -> h_(i+1 mod N), every edge at once), per N on one
+        lab of max(N) hosts at 200mbit: pattern, raw sweep, pattern again; raw / pattern per N
 
 `--lab NAME` uses an existing lab instead of creating one (then it is left up). Every busbw comes from
 `diag sweep` records (median iteration). The load average is printed with each row: other work on the
@@ -20,13 +23,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,7 +85,8 @@ def bench_lab(options: argparse.Namespace) -> Iterator[object]:
     if options.lab:
         yield load_lab(options.lab)
         return
-    config = LabConfig(name=f"rb{os.getpid() % 100000}", hosts=6, rate=options.rate)
+    hosts = max(6, *(int(n) for n in (options.nproc or "2").split(",")))
+    config = LabConfig(name=f"rb{os.getpid() % 100000}", hosts=hosts, rate=options.rate)
     with lab_session(config) as lab:
         yield lab
 
@@ -92,28 +94,15 @@ def bench_lab(options: argparse.Namespace) -> Iterator[object]:
 def ring_ceiling_Bps(lab: object, n: int, seconds: float) -> float | None:
     """Slowest flow of N iperf3 flows h_i -> h_(i+1 mod N) at once: what N shaped links carry together on
     this machine (the ring all_gather waits for its slowest link). None without iperf3."""
+    from diag.errors import DiagError
+    from diag.lab import measure_ring_pattern
+
     if shutil.which("iperf3") is None:
         return None
-    servers = [subprocess.Popen([*lab.exec_prefix(i), "iperf3", "-s", "-1", "-p", str(IPERF_PORT)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(n)]
     try:
-        time.sleep(0.5)
-        clients = [subprocess.Popen([*lab.exec_prefix(i), "iperf3", "-c", lab.hosts[(i + 1) % n].address,
-                                     "-p", str(IPERF_PORT), "-t", f"{seconds:g}", "-O", "1", "-J"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-                   for i in range(n)]
-        rates = []
-        for client in clients:
-            out, _ = client.communicate(timeout=seconds + 30)
-            rates.append(json.loads(out)["end"]["sum_received"]["bits_per_second"] / 8)
-        return min(rates)
-    except (subprocess.TimeoutExpired, ValueError, KeyError):
+        return measure_ring_pattern(lab, n, seconds).min_edge_Bps
+    except DiagError:
         return None
-    finally:
-        for server in servers:
-            if server.poll() is None:
-                server.kill()
-            server.wait()
 
 
 def lab_comparison(options: argparse.Namespace, work: Path) -> None:
@@ -144,6 +133,33 @@ def lab_comparison(options: argparse.Namespace, work: Path) -> None:
                       f"{raw[key] / ceiling if ceiling else float('nan'):>11.2f}  {before} -> {load()}", flush=True)
         again = measure_link(lab, 0, 1, seconds=2.0)
         print(f"single-stream goodput h0->h1 again at the end: {mbs(again.single_stream_Bps)} MB/s; load {load()}")
+
+
+def ring_against_limit(options: argparse.Namespace, work: Path) -> None:
+    """Issue 13: raw ring busbw / the iperf3 ring pattern's mean edge goodput, per N, on one lab."""
+    from diag.lab import measure_link, measure_ring_pattern
+
+    sizes = options.sizes or "16M"
+    common = ["--op", "all_gather", "--sizes", sizes, "--iters", str(options.iters), "--warmup", "1"]
+    with bench_lab(options) as lab:
+        link = measure_link(lab, 0, 1, seconds=2.0, tool="iperf3")
+        single = link.single_stream_Bps
+        print(f"lab {lab.name}: {len(lab.hosts)} hosts; iperf3 single stream h0->h1 {mbs(single)} MB/s; load {load()}")
+        print(f"{'N':>2} {'raw':>6} {'pat1':>6} {'pat2':>6} {'slow':>6} {'raw/pat':>7} {'raw/single':>10} "
+              f"{'pat/single':>10}  load before -> after (MB/s; raw = busbw of the median iteration; pat1/pat2 = "
+              f"mean edge of the iperf3 ring pattern before/after the sweep; slow = slowest edge)")
+        for n in [int(x) for x in options.nproc.split(",")]:
+            before = load()
+            first = measure_ring_pattern(lab, n, options.seconds)
+            raw = sweep(work, f"ring{n}", ["--backend", "raw", "--algo", "ring", "--lab", lab.name,
+                                           "--nproc", str(n), *common])
+            second = measure_ring_pattern(lab, n, options.seconds)
+            pattern = (first.mean_edge_Bps + second.mean_edge_Bps) / 2
+            slowest = min(first.min_edge_Bps, second.min_edge_Bps)
+            for (_n, _size), busbw in sorted(raw.items()):
+                print(f"{n:>2} {mbs(busbw):>6} {mbs(first.mean_edge_Bps):>6} {mbs(second.mean_edge_Bps):>6} "
+                      f"{mbs(slowest):>6} {busbw / pattern:>7.2f} {busbw / single:>10.2f} {pattern / single:>10.2f}"
+                      f"  {before} -> {load()}", flush=True)
 
 
 def loopback(options: argparse.Namespace, work: Path) -> None:
@@ -208,18 +224,21 @@ def model(options: argparse.Namespace, work: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=("lab", "loopback", "knobs", "model"))
+    parser.add_argument("mode", choices=("lab", "loopback", "knobs", "model", "ring"))
     parser.add_argument("--nproc", default=None, help="world sizes (lab: 2,3,4,5,6; loopback: 2,3,4)")
     parser.add_argument("--sizes", default=None, help="per-rank sizes (lab/knobs: 16M; loopback: 8M,16M); "
                                                       "model: volumes D (16M,32M)")
     parser.add_argument("--iters", type=int, default=5, help="timed iterations per row (default 5)")
     parser.add_argument("--rate", default="200mbit", help="rate of the lab this script creates (default 200mbit)")
     parser.add_argument("--lab", default=None, help="use this existing lab instead of creating one")
+    parser.add_argument("--seconds", type=float, default=3.0, help="ring: length of each iperf3 pattern (default 3)")
     options = parser.parse_args()
     if options.mode == "lab":
         options.nproc = options.nproc or "2,3,4,5,6"
+    if options.mode == "ring":
+        options.nproc = options.nproc or "2,3,4,5,6,7,8"
     with tempfile.TemporaryDirectory(prefix="diag-raw-bench-") as scratch:
-        modes = {"loopback": loopback, "knobs": knobs, "lab": lab_comparison, "model": model}
+        modes = {"loopback": loopback, "knobs": knobs, "lab": lab_comparison, "model": model, "ring": ring_against_limit}
         modes[options.mode](options, Path(scratch))
 
 

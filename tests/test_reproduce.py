@@ -30,6 +30,13 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
 
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["lab"]["hosts"] == 3 and meta["link"]["single_stream_Bps"] > 0 and not meta["failures"]
+    # the machine's own limit per N, iperf3 in the ring's flow pattern, one flow per edge
+    if subprocess.run(["which", "iperf3"], capture_output=True).returncode == 0:
+        pattern = meta["link"]["ring_pattern"]
+        assert sorted(pattern) == ["2", "3"]
+        assert [len(pattern[n]["flows"]) for n in ("2", "3")] == [2, 3]
+        assert all(0 < f["goodput_Bps"] <= 100e6 / 8 for n in ("2", "3") for f in pattern[n]["flows"])
+        assert "Link reference per N" in (run_dir / "report" / "report.md").read_text()
     records = {p.stem: load_records(p) for p in (run_dir / "records").glob("*.jsonl")}
     assert {"gloo-all_gather", "raw-ring-all_gather", "raw-ring-emulate-gloo-all_gather"} <= set(records)
     gloo = records["gloo-all_gather"].records
