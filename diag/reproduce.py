@@ -26,6 +26,10 @@ from diag.units import human_bits, human_bytes, parse_rate_bps, parse_size
 # A single TCP stream below this fraction of the shaped goodput means the CPU, not the link, limits the lab.
 CPU_BOUND_LINK_FRACTION = 0.85
 EXCHANGE_MIN_ITERS = 8
+# Each N's iperf3 ring pattern runs this long (0.5 s of it warm-up): 7 N add ~20 s to a default run.
+RING_PATTERN_SECONDS = 2.0
+# Each N's iperf3 ring pattern runs this long (0.5 s of it warm-up): 7 N add ~20 s to a default run.
+RING_PATTERN_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,7 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
             run.meta["lab"] = {"name": lab.name, "rate_bps": lab.rate_bps, "hosts": len(lab.hosts),
                                "addresses": [h.address for h in lab.hosts]}
             _measure_link(lab, run, say)
+            _measure_ring_pattern(lab, plan.world_sizes, run, say)
             _run_steps(plan, run, lab, capture, say, keep_going)
         say("[lab] torn down")
     else:
@@ -238,6 +243,55 @@ def _measure_link(lab: Any, run: Run, say: Callable[[str], None]) -> None:
     run.save()
 
 
+def _measure_ring_pattern(lab: Any, world_sizes: tuple[int, ...], run: Run, say: Callable[[str], None]) -> None:
+    """The machine's own limit per N: iperf3 in the ring's flow pattern (h(i) -> h((i+1) % N), every edge at
+    once) -> run.json link.ring_pattern. Where it stays below the single stream the CPU, not the link, sets
+    the pace, and the report's link-reference table and the cpu_bound rule hold raw TCP against it there."""
+    from diag.lab import measure_ring_pattern
+    from diag.lab.measure import iperf3_available
+    from diag.report.rundir import RING_PATTERN_CPU_LIMIT
+
+    if not iperf3_available():
+        note = "iperf3 is not installed: no ring-pattern reference, every N is held against the single stream"
+        run.meta["notes"].append(note)
+        say(f"[lab] {note}")
+        return
+    patterns: dict[str, Any] = {}
+    for n in world_sizes:
+        try:
+            pattern = measure_ring_pattern(lab, n, seconds=RING_PATTERN_SECONDS)
+        except DiagError as exc:
+            run.meta["notes"].append(f"ring pattern N={n} not measured: {exc}")
+            say(f"[lab] ring pattern N={n} not measured: {exc}")
+            continue
+        patterns[str(n)] = pattern.to_json()
+    run.meta["link"]["ring_pattern"] = patterns
+    if patterns:
+        say("[lab] iperf3 ring pattern, mean MB/s per edge: " + ", ".join(
+            f"N={n} {p['mean_edge_Bps'] / 1e6:.1f}" for n, p in patterns.items()))
+    single = run.meta["link"]["single_stream_Bps"]
+    cpu_limited = [n for n, p in patterns.items() if p["mean_edge_Bps"] < RING_PATTERN_CPU_LIMIT * single]
+    if cpu_limited:
+        note = (f"at N={','.join(cpu_limited)} iperf3's ring pattern stayed below {RING_PATTERN_CPU_LIMIT:.0%} of "
+                "the single stream: the CPU, not the link, is the limit there, and the report holds raw TCP "
+                "against the pattern at those N")
+        run.meta["notes"].append(note)
+        say(f"[lab] {note}")
+    run.save()
+
+
+def _advise_step(run_dir: Path, lab: Any, size: int, plan: Plan, say: Callable[[str], None]) -> Callable[[], None]:
+    """diag advise on the same lab: RUN_DIR/advise/{records.jsonl,advise.json} (docs/raw-tcp.md)."""
+    def action() -> None:
+        from diag.advise import run_advise
+
+        result = run_advise(run_dir / "advise", lab=lab, world_size=2, sizes=(size,), warmup=plan.warmup,
+                            iters=max(plan.iters, 3), say=say)
+        if result["failures"]:
+            raise DiagError("; ".join(f"{f['workaround']}: {f['error']}" for f in result["failures"]))
+    return action
+
+
 def step_spec(plan: Plan, step: Step, world_size: int) -> SweepSpec:
     """The sweep one step runs at one world size."""
     spec = SweepSpec(backend=step.backend, ops=(step.op,), sizes=plan.sizes_of(step, world_size),
@@ -257,23 +311,30 @@ def _run_steps(plan: Plan, run: Run, lab: Any, capture: str | None, say: Callabl
                keep_going: bool) -> None:
     from diag.runner import make_job, run_worlds
 
-    runs = [(step, n) for step in plan.steps for n in plan.world_sizes_of(step)]
-    for index, (step, n) in enumerate(runs, 1):
-        title = step_title(step, n)
-        say(f"[{index}/{len(runs)}] {title}")
-        step_started = time.monotonic()
-        spec = step_spec(plan, step, n)
-        out = run.root / "records" / f"{step.name}.jsonl"
-        try:
+    def sweep(step: Step, n: int) -> Callable[[], None]:
+        def action() -> None:
+            spec = step_spec(plan, step, n)
+            out = run.root / "records" / f"{step.name}.jsonl"
             job = make_job(spec, out, argv=["reproduce"], quiet=False)
             run_worlds(spec, job, out, run.root, world_sizes=[n], lab=lab, capture=capture,
                        observe=lab is not None, tag_prefix=f"{step.name}--")
+        return action
+
+    actions = [(step_title(step, n), sweep(step, n)) for step in plan.steps for n in plan.world_sizes_of(step)]
+    # diag advise on the same lab, after the experiments: measured workarounds for the N=2 anomaly
+    actions.append(("advise: workarounds for gloo all_gather N=2",
+                    _advise_step(run.root, lab, per_rank_size(plan.knob_volume, 2), plan, say)))
+    for index, (title, action) in enumerate(actions, 1):
+        say(f"[{index}/{len(actions)}] {title}")
+        step_started = time.monotonic()
+        try:
+            action()
             run.meta.setdefault("step_seconds", {})[title] = round(time.monotonic() - step_started, 2)
             run.save()
         except DiagError as exc:
             run.meta["failures"].append({"step": title, "error": str(exc)})
             run.save()
-            say(f"[{index}/{len(runs)}] failed: {exc}")
+            say(f"[{index}/{len(actions)}] failed: {exc}")
             if not keep_going:
                 raise
 

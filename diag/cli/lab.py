@@ -1,7 +1,7 @@
 """Cluster in a box: network namespaces h0..hN-1 behind a bridge, each host link shaped both ways.
 
   diag lab up --hosts 2 --rate 1gbit [--queue-limit BYTES] [--delay 100us] [--loss 0.1%] [--mtu 1500]
-  diag lab status [--measure]
+  diag lab status [--measure] [--ring 2,3,4]
   diag lab exec h0 -- ip addr
   diag lab down            (also cleans up after a crashed or killed `up`)
 
@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hosts to measure between (default h0 h1)")
     status.add_argument("--tool", choices=["auto", "socket", "iperf3"], default="auto",
                         help="auto: diag's own sockets, plus iperf3 when installed")
+    status.add_argument("--ring", metavar="N[,N...]", default=None,
+                        help="also measure the ring pattern with iperf3 for these host counts: h(i) -> h((i+1)%%N), "
+                             "one flow per edge, all at once (--seconds each); e.g. 2,3,4")
     status.add_argument("--json", action="store_true", help="print status as JSON")
 
     run_in = actions.add_parser("exec", help="run a command on a lab host: diag lab exec h0 -- CMD")
@@ -127,13 +130,27 @@ def _status(args: argparse.Namespace) -> int:
         hint = f" (labs present: {', '.join(others)}; use --name)" if others else ""
         raise DiagError(f"{exc}{hint}") from exc
     require_privilege("diag lab status")
+    ring_sizes = _ring_sizes(args.ring, len(lab.hosts)) if args.ring else []
     if args.measure:
         from diag import validate
 
         validate.seconds(args.seconds, "--seconds", maximum=3600)
-    report = status_report(lab, args.measure, args.tool, tuple(args.between), args.seconds)
+    report = status_report(lab, args.measure, args.tool, tuple(args.between), args.seconds, ring_sizes)
     print(json.dumps(report, indent=1) if args.json else format_status(lab, report, args.tool))
     return 0
+
+
+def _ring_sizes(text: str, hosts: int) -> list[int]:
+    from diag.errors import DiagError
+
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise DiagError(f"--ring takes host counts like 2,3,4, not {text!r}") from exc
+    bad = [n for n in sizes if not 2 <= n <= hosts]
+    if bad or not sizes:
+        raise DiagError(f"--ring host counts must lie in 2..{hosts} (this lab's hosts); got {text!r}")
+    return sizes
 
 
 def _exec(args: argparse.Namespace) -> int:

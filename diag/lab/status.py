@@ -3,6 +3,7 @@ optional link measurements; and which labs exist (by the namespace naming rule o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from diag.lab.config import DEFAULT_NAME, lab_name_of
@@ -19,11 +20,12 @@ def lab_names_present() -> list[str]:
 
 
 def status_report(lab: Lab, measure: bool = False, tool: str = "auto", between: tuple[str, str] = ("h0", "h1"),
-                  seconds: float = 2.0) -> dict[str, Any]:
-    """The lab, the qdiscs on every link, and (measure) TCP goodput between two hosts with each tool."""
-    from diag.lab.measure import iperf3_available, measure_link
+                  seconds: float = 2.0, ring_sizes: Sequence[int] = ()) -> dict[str, Any]:
+    """The lab, the qdiscs on every link, (measure) TCP goodput between two hosts with each tool, and (ring
+    sizes) iperf3 in the ring's flow pattern at each of those host counts."""
+    from diag.lab.measure import iperf3_available, measure_link, measure_ring_pattern
 
-    report: dict[str, Any] = {"lab": lab.to_json(), "links": links(lab), "measurements": []}
+    report: dict[str, Any] = {"lab": lab.to_json(), "links": links(lab), "measurements": [], "ring_pattern": []}
     if measure:
         tools = {"auto": ["socket", *(["iperf3"] if iperf3_available() else [])],
                  "socket": ["socket"], "iperf3": ["iperf3"]}[tool]
@@ -31,12 +33,15 @@ def status_report(lab: Lab, measure: bool = False, tool: str = "auto", between: 
         for name in tools:
             result = measure_link(lab, a.index, b.index, seconds=seconds, tool=name)
             report["measurements"].append({"a": a.name, "b": b.name, **result.to_json()})
+    for world_size in ring_sizes:
+        report["ring_pattern"].append(measure_ring_pattern(lab, world_size, seconds=seconds).to_json())
     return report
 
 
 def format_status(lab: Lab, report: dict[str, Any], tool: str = "auto") -> str:
     lines = [format_lab(lab, report["links"])]
     lines += [format_measurement(lab, measured) for measured in report["measurements"]]
+    lines += [format_ring_pattern(lab, pattern) for pattern in report.get("ring_pattern", [])]
     if report["measurements"] and "iperf3" not in [m["tool"] for m in report["measurements"]] and tool == "auto":
         lines.append("  (iperf3 not installed: measured with diag's own sockets only)")
     return "\n".join(lines)
@@ -116,3 +121,13 @@ def name_flag(name: str) -> str:
     return "" if name == DEFAULT_NAME else f" --name {name}"
 
 
+def format_ring_pattern(lab: Any, pattern: dict[str, Any]) -> str:
+    from diag.units import human_bits
+
+    expected = lab.expected_goodput_Bps
+    flows = ", ".join(f"{flow['sender']}->{flow['receiver']} {human_bits(flow['goodput_Bps'] * 8)}"
+                      for flow in pattern["flows"])
+    return (f"  ring of {pattern['world_size']} with {pattern['tool']} ({pattern['seconds']:g} s, every edge at "
+            f"once): mean {human_bits(pattern['mean_edge_Bps'] * 8)} per edge "
+            f"({100 * pattern['mean_edge_Bps'] / expected:.1f}% of the bound), slowest "
+            f"{human_bits(pattern['min_edge_Bps'] * 8)}: {flows}")

@@ -63,6 +63,18 @@ def _raw_link_reach(run: RunData) -> dict[int, float]:
     return best
 
 
+def machine_link_reach(run: RunData) -> dict[int, float]:
+    """Per N: the share of the link this machine carried, the lower of raw TCP's best busbw and the iperf3
+    ring pattern (run.json link.ring_pattern, where measured): either short of the link at a busy N means
+    the CPU, not the link, set the pace there."""
+    link = run.link_Bps
+    reach = dict(raw_link_reach(run))
+    if link:
+        for n, pattern_Bps in run.ring_pattern_Bps.items():
+            reach[n] = min(reach.get(n, pattern_Bps / link), pattern_Bps / link)
+    return reach
+
+
 # --- captures ---
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from diag.report.diagnose.base import undecided
 from diag.report.diagnose.findings import Evidence, Finding
-from diag.report.queries import HostCpu, host_cpu, raw_link_reach, thread_cpu
+from diag.report.queries import HostCpu, host_cpu, machine_link_reach, raw_link_reach, thread_cpu
 from diag.report.rundir import RunData
 from diag.report.thresholds import (
     CPU_LINK_REACHED,
@@ -30,9 +30,10 @@ def saturated(hosts: dict[str, HostCpu]) -> list[tuple[HostCpu, float]]:
 
 
 def cpu_limited_world_sizes(run: RunData) -> set[int]:
-    """The N at which the CPU rather than the link set the pace: every core busy, and raw TCP at that N
-    (if any) short of CPU_LINK_REACHED of the link. Rows at these N understate what the network does."""
-    reach = raw_link_reach(run)
+    """The N at which the CPU rather than the link set the pace: every core busy, and raw TCP or the iperf3
+    ring pattern at that N (if any) short of CPU_LINK_REACHED of the link. Rows at these N understate what the
+    network does."""
+    reach = machine_link_reach(run)
     limited = set()
     for machine, _share in saturated(host_cpu(run)):
         n = run.captures[machine.tag].world_size
@@ -54,20 +55,24 @@ def cpu_bound(run: RunData) -> list[Finding]:
                          "network-bound", *limits)
     hits: list[Evidence] = []
     carried: dict[int, float] = {}
+    machine_reach = machine_link_reach(run)
     raw_reach = raw_link_reach(run)
     for machine, share in saturated(hosts):
         capture = run.captures[machine.tag]
-        reach = raw_reach.get(capture.world_size) if capture.world_size is not None else None
+        reach = machine_reach.get(capture.world_size) if capture.world_size is not None else None
         if reach is not None and reach >= CPU_LINK_REACHED.value:
-            carried[capture.world_size] = reach  # busy, yet raw TCP fills the link at this N
+            carried[capture.world_size] = reach  # busy, yet raw TCP (and iperf3's ring) fill the link at this N
             continue
-        raw_text = (f"; raw TCP reached {reach:.0%} of the link at N={capture.world_size}" if reach is not None
+        raw = raw_reach.get(capture.world_size) if capture.world_size is not None else None
+        raw_text = (f"; raw TCP reached {raw:.0%} of the link at N={capture.world_size}" if raw is not None
                     else "; no raw-TCP rows at this N to tell whether the link could be filled")
+        raw_text += ring_pattern_text(run, capture.world_size, raw)
         hits.append(Evidence(
             f"{capture.label}: the machine's {machine.cpus} CPUs were >= {CPU_SATURATED_PCT.value:.0f}% busy in "
             f"{share:.0%} of {len(machine.busy_pct)} samples (median {machine.median_pct:.0f}%){raw_text}",
             {"share": share, "median_pct": machine.median_pct, "world_size": capture.world_size,
-             "cpus": machine.cpus, "raw_link_share": reach, "kind": "host"}, f"observe/{machine.tag}.jsonl",
+             "cpus": machine.cpus, "raw_link_share": raw, "machine_link_share": reach, "kind": "host"},
+            f"observe/{machine.tag}.jsonl",
             "cpu_threads.png"))
     for thread in threads:
         if len(thread.cpu_pct) < CPU_MIN_SAMPLES.value:
@@ -83,7 +88,8 @@ def cpu_bound(run: RunData) -> list[Finding]:
                  "thread": thread.name}, f"observe/{thread.tag}.jsonl", "cpu_threads.png"))
     busy_note = ""
     if carried:
-        busy_note = (f"the machine's CPUs were busy at N={','.join(str(n) for n in sorted(carried))}, yet raw TCP "
+        who = "raw TCP and iperf3's ring pattern" if run.ring_pattern_Bps else "raw TCP"
+        busy_note = (f"the machine's CPUs were busy at N={','.join(str(n) for n in sorted(carried))}, yet {who} "
                      f"reached {min(carried.values()):.0%}-{max(carried.values()):.0%} of the link there, so the "
                      f"CPU could carry the traffic")
     thresholds[CPU_LINK_REACHED.name] = CPU_LINK_REACHED.value
@@ -108,3 +114,15 @@ def cpu_bound(run: RunData) -> list[Finding]:
     statement = "; ".join(parts)
     return [Finding(name, "fired", statement, "strong" if max(e.values["share"] for e in hits) >= 0.8 else "moderate",
                     tuple(hits[:20]), thresholds)]
+
+
+def ring_pattern_text(run: RunData, world_size: int | None, raw_reach: float | None) -> str:
+    """How raw TCP compares with the machine's own limit at N (the iperf3 ring pattern), where measured."""
+    pattern_Bps = run.ring_pattern_Bps.get(world_size) if world_size is not None else None
+    if pattern_Bps is None or not run.link_Bps:
+        return ""
+    text = (f"; the machine's own limit there, iperf3 in the same ring pattern, carried "
+            f"{pattern_Bps / run.link_Bps:.0%} of the link per edge")
+    if raw_reach is not None:
+        text += f" and raw TCP reached {raw_reach * run.link_Bps / pattern_Bps:.0%} of that limit"
+    return text
