@@ -562,3 +562,34 @@ def test_idle_gaps_that_are_the_turns_are_not_slow_start_after_idle(tmp_path) ->
     # no TCP_INFO of the connection: whether cwnd collapsed is unknown, so the gaps stay, with the turns named
     (unknown,) = idle_gaps(_turns_run(tmp_path, "unknown", None))
     assert unknown.status == "fired" and "no TCP_INFO of this connection" in unknown.evidence[0].text
+
+
+def test_m1_notice_behind_own_data_is_a_paired_experiment_row(tmp_path) -> None:
+    """M1 (gloo's ready notice queued behind the rank's own data on the shared pair) is shown when the raw
+    protocol model with the notice on its own connection is faster, ruled out when it is not, and "not
+    isolated" when no run toggles the notice."""
+    from diag.report.diagnose import NOTICE_CHANNEL
+
+    size = 16 * MiB
+    gloo = {"emulate": "gloo", "handshake": "notify", "conn": "shared", "chunks": 2, "order": "send-first"}
+
+    def run_with(own_conn_s: float | None, name: str):
+        rows = [make_record("gloo", "all_gather", n, size, timed(ideal_time("all_gather", n, size, LINK_BPS,
+                                                                            1.9 if n == 2 else 1.0), seed=n))
+                for n in (2, 3)]
+        rows.append(make_record("raw", "all_gather", 2, size, timed(2.0, seed=5), knobs={**gloo, "notice": "in-band"}))
+        if own_conn_s is not None:
+            rows.append(make_record("raw", "all_gather", 2, size, timed(own_conn_s, seed=6),
+                                    knobs={**gloo, "notice": "own-conn"}, t_start_ns=9_000_000_000))
+        return load_run([write_run_dir(tmp_path / name, rows)])
+
+    shown = run_with(1.05, "shown")
+    (f,) = NOTICE_CHANNEL(shown)
+    assert f.status == "fired" and f.statement.startswith("M1 shown")
+    assert f.evidence[0].values["own_conn_over_in_band"] == pytest.approx(2.0 / 1.05, rel=0.05)
+    mech = next(x for x in diagnose(shown) if x.rule == "mechanism")
+    assert mech.status == "fired" and "M1: the ready notice waits behind" in mech.statement
+    (g,) = NOTICE_CHANNEL(run_with(2.0, "flat"))
+    assert g.status == "clear" and g.statement.startswith("M1 ruled out by experiment")
+    (u,) = NOTICE_CHANNEL(run_with(None, "absent"))
+    assert u.status == "undecided" and "not isolated" in u.statement

@@ -31,7 +31,13 @@ from diag.report.diagnose.findings import (
     summary_lines,
 )
 from diag.report.diagnose.mechanism import mechanism
-from diag.report.diagnose.paired import EXCHANGE_ORDER, EXPERIMENTS, SHARED_CONNECTION, PairedExperiment
+from diag.report.diagnose.paired import (
+    EXCHANGE_ORDER,
+    EXPERIMENTS,
+    NOTICE_CHANNEL,
+    SHARED_CONNECTION,
+    PairedExperiment,
+)
 from diag.report.diagnose.records_rules import backend_below_raw, data_errors, half_duplex_match, n2_busbw_dip
 from diag.report.diagnose.wire_rules import (
     capture_drops,
@@ -55,7 +61,7 @@ def _register(*rules: Rule) -> dict[str, Rule]:
 
 # Every rule, under its id, in report order.
 RULES: dict[str, Rule] = _register(
-    n2_busbw_dip, backend_below_raw, SHARED_CONNECTION, EXCHANGE_ORDER, low_duplex_overlap, turn_taking,
+    n2_busbw_dip, backend_below_raw, SHARED_CONNECTION, EXCHANGE_ORDER, NOTICE_CHANNEL, low_duplex_overlap, turn_taking,
     half_duplex_match, window_limited, retransmissions, idle_gaps, cpu_bound, capture_drops, data_errors,
 )
 
@@ -73,7 +79,7 @@ def findings_to_json(findings: Sequence[Finding], run: RunData) -> dict[str, Any
 
 
 __all__ = [
-    "EXCHANGE_ORDER", "EXPERIMENTS", "FINDINGS_SCHEMA", "RULES", "SHARED_CONNECTION", "STATUSES", "STRENGTHS",
+    "EXCHANGE_ORDER", "EXPERIMENTS", "FINDINGS_SCHEMA", "NOTICE_CHANNEL", "RULES", "SHARED_CONNECTION", "STATUSES", "STRENGTHS",
     "Evidence", "Finding", "FindingsDocument", "PairedExperiment", "Rule", "backend_below_raw", "capture_drops",
     "cpu_bound", "cpu_limited_world_sizes", "data_errors", "diagnose", "findings_to_json", "format_threshold",
     "half_duplex_match", "idle_gaps", "load_findings", "low_duplex_overlap", "mechanism", "n2_busbw_dip",

@@ -134,5 +134,24 @@ SHARED_CONNECTION = PairedExperiment(
               "for both directions costs",
     reading="raw TCP reproduces the loss when both directions share one connection")
 
+# Mechanism M1 of issue 10: gloo's ready-to-receive notice travels in-band on the pair's one byte stream, so a
+# rank that is already writing data queues its notice behind that data and the peer's send waits. The raw
+# transport's protocol model toggles exactly this piece (--notice in-band | own-conn, with --handshake notify
+# or --emulate gloo): faster with the notice on its own connection is M1 shown; no change rules it out.
+NOTICE_CHANNEL = PairedExperiment(
+    id="notice_behind_data", knob="notice", a="in-band", b="own-conn", metric="busbw", effect=CONN_SPLIT_EFFECT,
+    two_sided=False, ratio_key="own_conn_over_in_band", backend="raw",
+    compare="notice {b} {b_busbw} vs {a} {a_busbw} busbw ({ratio:.2f}x",
+    headline="M1 shown: the ready-to-receive notice queued behind the rank's own data on the shared pair costs "
+             "throughput; on its own connection the same protocol runs faster",
+    clear="M1 ruled out by experiment: moving the ready notice to its own connection does not change throughput",
+    maybe="moving the ready notice to its own connection may change throughput",
+    absent="M1 (ready notice queued behind own data on the shared pair) not isolated: no raw rows toggle --notice "
+           "in-band / own-conn (e.g. --emulate gloo beside --emulate gloo --notice own-conn)",
+    one_value="M1 (ready notice queued behind own data on the shared pair) not isolated: the raw rows ran with one "
+              "--notice value only (add --emulate gloo --notice own-conn beside --emulate gloo)",
+    reading="M1: the ready notice waits behind the rank's own data on the shared pair (the raw protocol model "
+            "with the notice on its own connection is faster)")
+
 # The paired experiments diagnose runs, in report order.
-EXPERIMENTS: tuple[PairedExperiment, ...] = (SHARED_CONNECTION, EXCHANGE_ORDER)
+EXPERIMENTS: tuple[PairedExperiment, ...] = (SHARED_CONNECTION, EXCHANGE_ORDER, NOTICE_CHANNEL)
