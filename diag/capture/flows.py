@@ -82,17 +82,22 @@ def build_packets(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]],
                   results: list[ReadResult]) -> Packets:
     """Connections, directions, handshakes and the per-packet TCP state of the merged table."""
     n = cols["ts_ns"].size
-    src, dst = cols["src"].astype(np.int64), cols["dst"].astype(np.int64)
+    src, dst = cols["src"], cols["dst"]  # int32 endpoint ids: no int64 copies of the two columns
     first_index, conn = _pair_ids(src, dst, len(endpoints))
-    # Number connections in order of first appearance, as tshark's tcp.stream does.
-    rank = np.empty(first_index.size, dtype=np.int32)
-    rank[np.argsort(first_index, kind="stable")] = np.arange(first_index.size)
-    conn = rank[conn] if n else conn.astype(np.int32)
+    if first_index.size > 1:
+        # Number connections in order of first appearance, as tshark's tcp.stream does.
+        rank = np.empty(first_index.size, dtype=np.int32)
+        rank[np.argsort(first_index, kind="stable")] = np.arange(first_index.size)
+        conn = rank[conn]
+    conn = conn.astype(np.int32, copy=False)
     first_of_conn = np.sort(first_index)
-    conn_a = src[first_of_conn] if n else np.zeros(0, np.int64)
-    conn_b = dst[first_of_conn] if n else np.zeros(0, np.int64)
+    conn_a32, conn_b32 = src[first_of_conn], dst[first_of_conn]
+    conn_a, conn_b = conn_a32.astype(np.int64), conn_b32.astype(np.int64)
     # int8/int32 rather than int64: these two live as long as the analysis, one entry per packet.
-    direction = (src != conn_a[conn]).astype(np.int8) if n else np.zeros(0, np.int8)
+    if conn_a32.size == 1:  # one connection: no per-packet lookup of its first sender
+        direction = (src != conn_a32[0]).astype(np.int8)
+    else:
+        direction = (src != conn_a32[conn]).astype(np.int8) if n else np.zeros(0, np.int8)
     del src, dst
     nconn = first_index.size
     wscale, mss, syn_seen, first_rtt = _handshakes(results, cols, conn, direction, conn_a, nconn)
@@ -126,24 +131,24 @@ def _pair_ids(src: np.ndarray, dst: np.ndarray, nendpoints: int) -> tuple[np.nda
     """
     low, high = np.minimum(src, dst), np.maximum(src, dst)
     if 0 < nendpoints <= 2048:
-        key = low * nendpoints + high
+        key = low.astype(np.int32, copy=False) * np.int32(nendpoints) + high  # < 2048**2: fits int32
         present = np.zeros(nendpoints * nendpoints, dtype=bool)
         present[key] = True
         keys = np.flatnonzero(present)
-        lookup = np.zeros(present.size, dtype=np.int64)
+        if keys.size == 1:
+            return np.zeros(1, dtype=np.int64), np.zeros(key.size, dtype=np.int32)
+        lookup = np.zeros(present.size, dtype=np.int32)
         lookup[keys] = np.arange(keys.size)
         conn = lookup[key]
         del key, lookup
-        if keys.size == 1:
-            return np.zeros(1, dtype=np.int64), conn
         from diag.capture.tcpstate import group_order
 
         order = group_order(conn, keys.size)
         starts = np.flatnonzero(np.r_[True, conn[order][1:] != conn[order][:-1]])
         return order[starts].astype(np.int64), conn
-    pair = low << 32 | high
+    pair = low.astype(np.int64) << 32 | high
     _, first_index, conn = np.unique(pair, return_index=True, return_inverse=True)
-    return first_index, conn.ravel().astype(np.int64)
+    return first_index, conn.ravel().astype(np.int32)
 
 
 def _handshakes(results: list[ReadResult], cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray,

@@ -541,17 +541,23 @@ def _ack_rel(g: np.ndarray, starts: np.ndarray, first: np.ndarray, o_seq32: np.n
 def _reverse_packets(conn: np.ndarray, direction: np.ndarray, nconn: int, itype: type
                      ) -> tuple[np.ndarray, np.ndarray]:
     """(has a reverse packet, index of it): the reverse direction's last packet before each packet."""
-    n = conn.size
-    corder = group_order(conn, nconn).astype(itype, copy=False)  # connection-major time order
-    cstarts = group_starts(conn[corder])
+    # Connections that never interleave in time (one connection, or one after another) are in
+    # connection-major order already: no permutation to apply and to undo (three gathers and a scatter
+    # of every row).
+    in_order = nconn <= 1 or bool((conn[1:] >= conn[:-1]).all())
+    corder = None if in_order else group_order(conn, nconn).astype(itype, copy=False)  # connection-major
+    cstarts = group_starts(conn if corder is None else conn[corder])
     cfirst = group_first(cstarts)
-    cdir = direction[corder]
-    last_dir1 = last_index_where(cdir == 1, cstarts, cfirst)
-    last_dir0 = last_index_where(cdir == 0, cstarts, cfirst)
-    rev_c = np.where(cdir == 0, last_dir1, last_dir0)
-    del last_dir1, last_dir0, cdir, cstarts, cfirst
-    rev = np.full(n, -1, dtype=itype)
-    rev[corder] = np.where(rev_c >= 0, corder[np.maximum(rev_c, 0)], -1)
+    cdir1 = (direction if corder is None else direction[corder]) == 1
+    last_dir1 = last_index_where(cdir1, cstarts, cfirst)
+    last_dir0 = last_index_where(~cdir1, cstarts, cfirst)
+    rev_c = np.where(cdir1, last_dir0, last_dir1)
+    del last_dir1, last_dir0, cdir1, cstarts, cfirst
+    if corder is None:
+        rev = rev_c
+    else:
+        rev = np.full(conn.size, -1, dtype=itype)
+        rev[corder] = np.where(rev_c >= 0, corder[np.maximum(rev_c, 0)], -1)
     del rev_c, corder
     return rev >= 0, np.maximum(rev, 0)
 
