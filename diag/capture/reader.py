@@ -267,9 +267,10 @@ class _PcapWalker:
         self.record_index += int(found[0].size)
         return found
 
-    def _headers(self, arr: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        rows = _gather(arr, starts, 16)
-        return rows.view(self.u32).astype(np.int64)
+    def _headers32(self, arr: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """[ts_sec, ts_frac, caplen, orig_len] rows as native uint32 (a byte swap only for a foreign order)."""
+        rows = _gather(arr, starts, 16).view(self.u32)
+        return rows if self.u32.isnative else rows.astype(np.uint32)
 
     def _vectorized(self, buf: bytes, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         n = arr.size
@@ -277,16 +278,21 @@ class _PcapWalker:
         cand = np.flatnonzero(arr[top_at:n - 15 + top_at] == buf[top_at])
         if cand.size == 0 or cand[0] != 0:
             return None
-        head = self._headers(arr, cand)
+        # Header fields stay 32-bit while the candidates are screened (most chunks keep every one of
+        # them); only the kept rows are widened to int64.
+        head = self._headers32(arr, cand)
         caplen, orig = head[:, 2], head[:, 3]
         # Records of one chunk lie within hours of each other; a true record that fails this test only
         # ends the chain early, and the chunk is then walked record by record.
-        near = np.abs(head[:, 0] - head[0, 0]) < CHUNK_SPAN_S
+        near = np.abs(head[:, 0].astype(np.int64) - int(head[0, 0])) < CHUNK_SPAN_S
         plausible = ((caplen <= self.limit) & (caplen <= orig) & (head[:, 1] < self.ticks_per_s)
                      & (cand + 16 + caplen <= n) & near)
         if not plausible[0]:
             return None
-        cand, head = cand[plausible], head[plausible]
+        if plausible.all():
+            head = head.astype(np.int64)
+        else:
+            cand, head = cand[plausible], head[plausible].astype(np.int64)
         nxt = cand + 16 + head[:, 2]
         count = cand.size
         if count == 1 or (nxt[:-1] == cand[1:]).all():
