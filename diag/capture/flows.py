@@ -537,12 +537,15 @@ def _hosts(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]], rows: 
     present = np.flatnonzero(counts) if data.size else np.zeros(0, np.int64)
     for index in present.tolist():
         tx, rx = src_addr == index, dst_addr == index
-        dup = duplex(ts_s[tx], plen[tx], ts_s[rx], plen[rx], idle_gap_s)
+        # A host that sends and receives every data packet (one address, e.g. loopback) needs no copies.
+        tx_ts, tx_plen = (ts_s, plen) if tx.all() else (ts_s[tx], plen[tx])
+        rx_ts, rx_plen = (ts_s, plen) if rx.all() else (ts_s[rx], plen[rx])
+        dup = duplex(tx_ts, tx_plen, rx_ts, rx_plen, idle_gap_s)
         seen = names[index] in observed
         hosts.append({
             "address": names[index],
-            "tx_bytes": int(plen[tx].sum()),
-            "rx_bytes": int(plen[rx].sum()),
+            "tx_bytes": int(tx_plen.sum()),
+            "rx_bytes": int(rx_plen.sum()),
             # null where the capture does not see this host's NIC: the traffic seen is only part of it
             "duplex_overlap": dup["duplex_overlap"] if seen else None,
             "nic_observed": seen,
