@@ -509,10 +509,13 @@ class _ColumnBuilder:
         self.skip("non_ip", int(np.count_nonzero(~ok)))
         if not ok.any():
             return
+        # Every record is IP (the usual case): no compress of each array.
+        pick: np.ndarray | slice = slice(None) if ok.all() else ok
+        net_start = starts[pick] + net[pick]
         # Re-gather from the network header so every later field sits at a fixed column.
-        mat = _gather(arr, starts[ok] + net[ok], DECODE_WIDTH)
-        caplen = caplen[ok] - net[ok]
-        ts_ns, frame, ip_version = ts_ns[ok], frame[ok], ip_version[ok]
+        mat = _gather(arr, net_start, DECODE_WIDTH)
+        caplen = caplen[pick] - net[pick]
+        ts_ns, frame, ip_version = ts_ns[pick], frame[pick], ip_version[pick]
         v4 = ip_version == 4
         v6 = ~v4
         # IPv4
@@ -531,7 +534,7 @@ class _ColumnBuilder:
         frag6 = v6 & (next6 == 44)
         bad_ihl = v4 & (ihl < 20)
         short_ip = caplen < np.where(v4, 20, 40)
-        keep = np.ones(int(np.count_nonzero(ok)), dtype=bool)
+        keep = np.ones(mat.shape[0], dtype=bool)
         reasons = [
             ("truncated_headers", short_ip),
             ("bad_header_length", bad_ihl & ~short_ip),
@@ -548,7 +551,6 @@ class _ColumnBuilder:
         short_tcp = keep & (caplen < tcp_off + 20)
         self.skip("truncated_headers", int(np.count_nonzero(short_tcp)))
         keep &= ~short_tcp
-        net_start = starts[ok] + net[ok]
         tmat = _gather(arr, net_start + tcp_off, TCP_WIDTH)  # every TCP field at a fixed column
         thl = (tmat[:, 12] >> 4).astype(np.int64) * 4
         bad_len = keep & ((thl < 20) | (ip_total < tcp_off + thl))
