@@ -544,13 +544,14 @@ def _ack_rel(g: np.ndarray, starts: np.ndarray, first: np.ndarray, o_seq32: np.n
     a_filled = np.where(fill_idx >= 0, o_ack32[np.maximum(fill_idx, 0)], o_ack32)
     del fill_idx
     a_unwrapped = unwrap(a_filled, starts, first)
-    first_ack_per_row = a_filled[first]
+    # The anchor is one number per direction: its first row's ACK against the reverse direction's base.
+    heads = np.flatnonzero(starts)
+    first_ack = a_filled[heads]
     del a_filled
-    target_group = g ^ 1  # g = conn * 2 + direction, so the reverse direction is g ^ 1
-    target_base = np.where(known_base[target_group], base_seq32[target_group], first_ack_per_row)
-    anchor = ((first_ack_per_row - target_base + _HALF) & _LOW32) - _HALF
-    del target_group, target_base, first_ack_per_row
-    a_unwrapped += anchor
+    target = g[heads] ^ 1  # g = conn * 2 + direction, so the reverse direction is g ^ 1
+    target_base = np.where(known_base[target], base_seq32[target], first_ack)
+    anchor = ((first_ack - target_base + _HALF) & _LOW32) - _HALF
+    a_unwrapped += np.repeat(anchor, np.diff(np.append(heads, g.size)))
     return a_unwrapped[inverse]
 
 
