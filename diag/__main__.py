@@ -60,16 +60,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
+    from diag.lifeline import Terminated, restore_handlers, terminate_as_exception
+
+    # SIGTERM/SIGHUP unwind like Ctrl-C, so launchers, ranks, captures and labs are stopped on the way out.
+    previous_handlers = terminate_as_exception()
     try:
         return int(args._module.run(args) or 0)
     except DiagError as exc:
         print(f"diag {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Terminated as exc:
+        print(f"diag {args.command}: {exc}; finished results were kept", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print(f"diag {args.command}: interrupted; finished results were kept", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
+    finally:
+        restore_handlers(previous_handlers)
 
 
 if __name__ == "__main__":

@@ -96,8 +96,18 @@ def allocate_ring(collective: Collective, spec: SweepSpec, plan: RowPlan, device
     return [first, *rest]
 
 
-def measure_row(transport: Transport, spec: SweepSpec, plan: RowPlan, run_id: str = "") -> Record | None:
-    """Run one row on this rank; returns the Record on rank 0 and None elsewhere."""
+def _no_heartbeat() -> None:
+    return None
+
+
+def measure_row(transport: Transport, spec: SweepSpec, plan: RowPlan, run_id: str = "",
+                heartbeat: Callable[[], None] | None = None) -> Record | None:
+    """Run one row on this rank; returns the Record on rank 0 and None elsewhere.
+
+    ``heartbeat`` is called after every warm-up and timed iteration, outside the timed window: a row can
+    last minutes (200 MB at 200 Mbit/s is ~10 s an iteration) and the launcher's watchdog must see progress.
+    """
+    beat = heartbeat or _no_heartbeat
     rank, world = transport.rank, transport.world_size
     collective: Collective = make_collective(plan.op, seed=spec.seed, order=spec.order)
     device = getattr(transport, "device", torch.device(spec.device))
@@ -113,6 +123,7 @@ def measure_row(transport: Transport, spec: SweepSpec, plan: RowPlan, run_id: st
         collective.run(transport, buffers)
         transport.synchronize()
         warmup_ns.append(time.perf_counter_ns() - t0)
+        beat()
 
     times_ns: list[int] = []
     starts_ns: list[int] = []
@@ -138,6 +149,7 @@ def measure_row(transport: Transport, spec: SweepSpec, plan: RowPlan, run_id: st
             times_ns.append(t1 - t0)
             starts_ns.append(wall0)
             ends_ns.append(wall1)
+            beat()
         if spec.check:
             for it in batch_iters:
                 nwrong += collective.count_wrong(ring[it - batch], rank, world, it)
@@ -180,14 +192,17 @@ def run_sweep(
     emit: Callable[[Record], None],
     run_id: str = "",
     on_row_start: Callable[[RowPlan], None] | None = None,
+    heartbeat: Callable[[], None] | None = None,
 ) -> int:
-    """Run every row of the spec; rank 0 calls ``emit`` as each row finishes. Returns rows run."""
+    """Run every row of the spec; rank 0 calls ``emit`` as each row finishes. Returns rows run.
+
+    ``heartbeat`` is called after every iteration (see measure_row)."""
     plans = plan_rows(spec, transport.world_size)
     for plan in plans:
         if on_row_start is not None:
             on_row_start(plan)
         try:
-            record = measure_row(transport, spec, plan, run_id)
+            record = measure_row(transport, spec, plan, run_id, heartbeat)
         except UnsupportedOperation as exc:
             raise DiagError(f"{transport.backend}: {exc}") from exc
         if record is not None:

@@ -33,8 +33,13 @@ from diag.worker import Job
 # cause better than our SIGTERM would), then they are terminated.
 FAILURE_GRACE_S = 3.0
 TERMINATE_GRACE_S = 5.0
-# No rank reported progress for timeout + this long: the sweep is hung outside any collective.
+# No rank reported progress for timeout + this long: the sweep is hung outside any collective. Ranks report
+# after every iteration (at most every HEARTBEAT_S), so only a hang, never a long row, trips it.
 WATCHDOG_SLACK_S = 30.0
+WATCHDOG_SLACK_ENV = "DIAG_WATCHDOG_SLACK_S"   # tests and slow clusters change the slack
+HEARTBEAT_S = 1.0
+# Until every rank has reported once, the watchdog allows this much more than its interval (slow starts).
+STARTUP_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -93,8 +98,9 @@ def check_port_free(address: str, port: int) -> None:
 
 def launcher_command(host_index: int, host: HostLaunch, nnodes: int, master_addr: str, master_port: int,
                      job_path: Path) -> list[str]:
+    # diag.lifeline: the launcher gets SIGTERM (and stops its workers) if this process dies, even by SIGKILL.
     return [
-        *host.prefix, sys.executable, "-m", "torch.distributed.run",
+        *host.prefix, sys.executable, "-m", "diag.lifeline", str(os.getpid()), "-m", "torch.distributed.run",
         f"--nnodes={nnodes}", f"--node-rank={host_index}", f"--nproc-per-node={host.nproc}",
         "--rdzv-backend=static", f"--master-addr={master_addr}", f"--master-port={master_port}",
         "--max-restarts=0", "--monitor-interval=0.1",
@@ -139,9 +145,17 @@ def _read_states(state_dir: Path) -> dict[int, dict[str, Any]]:
     return states
 
 
-def _latest_progress_ns(state_dir: Path) -> int:
+def _latest_progress_ns(state_dir: Path, world_size: int, launched_ns: int) -> int:
+    """When a rank last reported progress (the newest state-file change).
+
+    Until every rank has reported once, ranks are starting (importing torch, meeting at the rendezvous,
+    which the collective timeout bounds): the watchdog then counts from the launch, with STARTUP_GRACE_S
+    more, so a slow start on a loaded machine is not a hang."""
+    paths = list(state_dir.glob("rank*.json"))
+    if len(paths) < world_size:
+        return launched_ns + int(STARTUP_GRACE_S * 1e9)
     latest = 0
-    for path in state_dir.glob("rank*.json"):
+    for path in paths:
         try:
             latest = max(latest, path.stat().st_mtime_ns)
         except OSError:
@@ -154,7 +168,10 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+def _stop_all(procs: Sequence[subprocess.Popen[bytes]], state_dir: Path | None = None,
+              job_path: Path | None = None) -> None:
+    """SIGTERM every launcher (torchrun stops its workers), SIGKILL what is left after a grace, then any
+    worker still alive: torchrun starts each worker in a session of its own, out of the launcher's group."""
     for proc in procs:
         if proc.poll() is None:
             _signal_group(proc, signal.SIGTERM)
@@ -165,6 +182,37 @@ def _stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             _signal_group(proc, signal.SIGKILL)
             proc.wait()
+    if state_dir is not None and job_path is not None:
+        _kill_workers(state_dir, job_path)
+
+
+def _kill_workers(state_dir: Path, job_path: Path) -> None:
+    """SIGKILL the workers of this job still alive (pids from their state files, checked by command line)."""
+    for state in _read_states(state_dir).values():
+        pid = state.get("pid")
+        if not isinstance(pid, int) or pid <= 1 or pid == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone already
+        if str(job_path).encode() in cmdline:  # the same pid number could be another process by now
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def watchdog_slack_s() -> float:
+    """The watchdog's slack over the collective timeout: WATCHDOG_SLACK_S, or $DIAG_WATCHDOG_SLACK_S."""
+    text = os.environ.get(WATCHDOG_SLACK_ENV)
+    if not text:
+        return WATCHDOG_SLACK_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < 1e6):
+        raise DiagError(f"${WATCHDOG_SLACK_ENV}={text!r} must be a positive number of seconds")
+    return value
 
 
 def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence[WorldHook] = (),
@@ -180,11 +228,13 @@ def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence
     elif not hosts[0].prefix:
         check_port_free(master_addr, master_port)
 
+    watchdog_s = job.spec.timeout_s + watchdog_slack_s()
     state_dir = work_dir / f"state-n{world_size}"
     state_dir.mkdir(parents=True, exist_ok=True)
     for stale in state_dir.glob("rank*.json"):
         stale.unlink()
     job.state_dir = str(state_dir)
+    job.heartbeat_s = min(HEARTBEAT_S, watchdog_s / 10)
     job_path = work_dir / f"job-n{world_size}.json"
     job.save(job_path)
 
@@ -216,9 +266,10 @@ def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence
         for hook in started_hooks:
             if hasattr(hook, "launched"):
                 hook.launched(context)  # hooks that need the processes (observers)
-        failure = _supervise(procs, state_dir, job.spec.timeout_s)
-    except KeyboardInterrupt:
-        _stop_all(procs)
+        failure = _supervise(procs, state_dir, watchdog_s, job_path, world_size)
+    except BaseException:
+        # Ctrl-C, SIGTERM/SIGHUP (diag.lifeline.Terminated), or a hook that raised: never leave ranks behind.
+        _stop_all(procs, state_dir, job_path)
         raise
     finally:
         for hook in reversed(started_hooks):
@@ -227,11 +278,14 @@ def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence
             except Exception as exc:  # a hook must never hide the sweep's own outcome
                 print(f"diag sweep: warning: {type(hook).__name__} stop failed: {exc}", file=sys.stderr)
     if failure is not None:
-        raise DiagError(_failure_message(failure, world_size, state_dir, logs, job), exit_code=1)
+        _kill_workers(state_dir, job_path)  # a launcher that crashed may have left its workers behind
+        raise DiagError(_failure_message(failure, world_size, state_dir, logs, job, watchdog_s), exit_code=1)
 
 
-def _supervise(procs: list[subprocess.Popen[bytes]], state_dir: Path, timeout_s: float) -> str | None:
+def _supervise(procs: list[subprocess.Popen[bytes]], state_dir: Path, watchdog_s: float,
+               job_path: Path, world_size: int) -> str | None:
     """Wait for all launchers; returns None on success or a short failure kind."""
+    launched_ns = time.time_ns()
     first_failure_at: float | None = None
     failure: str | None = None
     while True:
@@ -241,12 +295,12 @@ def _supervise(procs: list[subprocess.Popen[bytes]], state_dir: Path, timeout_s:
         if failure is None and any(c not in (None, 0) for c in codes):
             failure, first_failure_at = "failed", time.monotonic()
         if first_failure_at is not None and time.monotonic() - first_failure_at > FAILURE_GRACE_S:
-            _stop_all(procs)
+            _stop_all(procs, state_dir, job_path)
             break
-        latest = _latest_progress_ns(state_dir)
-        if failure is None and latest and time.time_ns() - latest > (timeout_s + WATCHDOG_SLACK_S) * 1e9:
+        latest = _latest_progress_ns(state_dir, world_size, launched_ns)
+        if failure is None and latest and time.time_ns() - latest > watchdog_s * 1e9:
             failure = "hung"
-            _stop_all(procs)
+            _stop_all(procs, state_dir, job_path)
             break
         time.sleep(0.1)
     if failure is None and any(p.returncode != 0 for p in procs):
@@ -254,10 +308,15 @@ def _supervise(procs: list[subprocess.Popen[bytes]], state_dir: Path, timeout_s:
     return failure
 
 
-def _failure_message(kind: str, world_size: int, state_dir: Path, logs: list[Path], job: Job) -> str:
+def _failure_message(kind: str, world_size: int, state_dir: Path, logs: list[Path], job: Job,
+                     watchdog_s: float) -> str:
     states = _read_states(state_dir)
-    log_text = "\n".join(p.read_text(errors="replace") for p in logs if p.exists())
-    root_rank, root_code = _root_cause(log_text)
+    # One launcher per host, each with its own root cause: a rank killed by a signal explains the others'
+    # connection errors, so it wins over them.
+    causes = [_root_cause(p.read_text(errors="replace")) for p in logs if p.exists()]
+    causes = [c for c in causes if c[0] is not None]
+    killed = [c for c in causes if c[1] is not None and c[1] < 0]
+    root_rank, root_code = (killed or causes or [(None, None)])[0]
     reported = {r: s.get("error") for r, s in states.items() if s.get("status") == "failed"}
     if root_rank is None:
         unfinished = [r for r in range(world_size) if states.get(r, {}).get("status") not in ("done", "failed")]
@@ -267,7 +326,7 @@ def _failure_message(kind: str, world_size: int, state_dir: Path, logs: list[Pat
     if where.get("op"):
         row = f", {where['op']} {human_bytes(where.get('size_bytes') or 0)}"
     if kind == "hung":
-        what = f"no rank made progress for {job.spec.timeout_s + WATCHDOG_SLACK_S:.0f} s (hung); all stopped"
+        what = f"no rank made progress for {watchdog_s:.0f} s (hung); all stopped"
     elif root_rank is not None and root_rank in reported and root_code in (None, 1):
         what = f"rank {root_rank}: {reported[root_rank]}"
     else:

@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from diag.errors import DiagError
 
@@ -93,6 +93,7 @@ class RecordFile:
     starts: list[dict[str, Any]]
     records: list[Record]
     ends: list[dict[str, Any]]
+    torn_lines: int = 0          # events cut short by a killed writer, skipped
 
     def start_for(self, record: Record) -> dict[str, Any] | None:
         for start in self.starts:
@@ -107,23 +108,40 @@ class RecordFile:
         return all(s.get("run_id") in ended for s in self.starts)
 
 
-def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Yield events, checking the schema. A torn last line (a killed writer) is skipped, not fatal."""
+# Every line the writer produces starts with this, because it puts "event" first and writes compact JSON.
+# A line that starts so but does not parse is a torn event (its writer was killed mid-line): it is skipped
+# and counted, wherever it is, since a later writer fences it off and appends after it.
+EVENT_PREFIX = b'{"event":'
+
+
+@dataclass
+class _LoadStats:
+    torn_lines: int = 0
+
+
+def iter_events(path: str | os.PathLike[str], stats: _LoadStats | None = None) -> Iterator[dict[str, Any]]:
+    """Yield events, checking the schema. Torn lines (killed writers) are skipped, not fatal."""
     p = Path(path)
     try:
-        handle = p.open(encoding="utf-8")
+        data = p.read_bytes()
     except FileNotFoundError:
         raise DiagError(f"no records file at {p}") from None
-    with handle:
-        lines = handle.readlines()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
+    except IsADirectoryError:
+        raise DiagError(f"{p} is a directory; give a records file (.jsonl) written by diag sweep") from None
+    except OSError as exc:
+        raise DiagError(f"cannot read records file {p}: {exc.strerror}") from None
+    lines = data.split(b"\n")
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
         try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines) and not line.endswith("\n"):
-                continue  # the writer was killed mid-line; every earlier line is intact
+            event = json.loads(raw)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, absurdly nested
+            # A torn line may be shorter than the prefix: the writer died sooner.
+            if raw.startswith(EVENT_PREFIX) or EVENT_PREFIX.startswith(raw):
+                if stats is not None:
+                    stats.torn_lines += 1
+                continue
             raise DiagError(f"{p}:{number}: not JSON; is this a diag records file?") from None
         if not isinstance(event, dict) or event.get("event") not in EVENTS:
             raise DiagError(f"{p}:{number}: not a diag event (needs 'event': start|record|end)")
@@ -140,7 +158,8 @@ def load_records(path: str | os.PathLike[str]) -> RecordFile:
     starts: list[dict[str, Any]] = []
     records: list[Record] = []
     ends: list[dict[str, Any]] = []
-    for event in iter_events(path):
+    stats = _LoadStats()
+    for event in iter_events(path, stats):
         kind = event["event"]
         if kind == "start":
             starts.append(event)
@@ -148,7 +167,7 @@ def load_records(path: str | os.PathLike[str]) -> RecordFile:
             ends.append(event)
         else:
             records.append(Record.from_event(event))
-    return RecordFile(Path(path), starts, records, ends)
+    return RecordFile(Path(path), starts, records, ends, torn_lines=stats.torn_lines)
 
 
 def load_many(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
@@ -164,13 +183,34 @@ class RecordWriter:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle: IO[str] = self.path.open("a", encoding="utf-8")
+        if self.path.is_dir():
+            raise DiagError(f"{self.path} is a directory; give a records file path such as runs/sweep.jsonl")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fence_torn_tail()
+
+    def _fence_torn_tail(self) -> None:
+        """A writer killed mid-line left no newline: end that line first, so the next event is not glued
+        onto it (which would make one unreadable line of the torn event and this one). The torn line itself
+        is kept as it is and skipped by the loader."""
+        size = os.fstat(self._fd).st_size
+        if size == 0:
+            return
+        with self.path.open("rb") as reader:
+            reader.seek(size - 1)
+            last = reader.read(1)
+        if last and last != b"\n":
+            os.write(self._fd, b"\n")
 
     def write(self, event: dict[str, Any]) -> None:
         event = {"event": event["event"], "schema": SCHEMA_VERSION, **event}
-        self._handle.write(json.dumps(event, separators=(",", ":"), default=_json_default) + "\n")
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        line = (json.dumps(event, separators=(",", ":"), default=_json_default) + "\n").encode()
+        # One write() of the whole line on an O_APPEND descriptor: a reader or another appender never sees
+        # half of it interleaved with something else (a kill can still cut it short; the loader copes).
+        view = memoryview(line)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        os.fsync(self._fd)
 
     def start(self, run_id: str, **fields: Any) -> None:
         self.write({"event": "start", "run_id": run_id, **fields})
@@ -182,7 +222,9 @@ class RecordWriter:
         self.write({"event": "end", "run_id": run_id, "status": status, **fields})
 
     def close(self) -> None:
-        self._handle.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> RecordWriter:
         return self

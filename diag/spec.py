@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from diag import validate
 from diag.errors import DiagError
 
 BACKENDS = ("gloo", "nccl", "raw")
@@ -45,8 +46,8 @@ class SweepSpec:
             raise DiagError("no sizes to run")
         if any(n < 1 for n in self.world_sizes):
             raise DiagError("world sizes must be >= 1")
-        if self.timeout_s <= 0:
-            raise DiagError("--timeout must be positive")
+        validate.seconds(self.timeout_s, "timeout_s (--timeout)")
+        validate.seconds(self.gap_s, "gap_s (--gap-ms / 1000)", allow_zero=True)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

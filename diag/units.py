@@ -7,7 +7,9 @@ Rates follow tc and iperf: "1gbit" = 1e9 bit/s, "100mbit", "1000kbit"; "125MBps"
 
 from __future__ import annotations
 
+import math
 import re
+from fractions import Fraction
 
 from diag.errors import DiagError
 
@@ -21,6 +23,12 @@ _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
 
 
+# No per-rank buffer is larger (and a 400-digit size must be an error, not an overflow in float()).
+MAX_SIZE_BYTES = 1 << 40
+# A size sweep longer than this is a typo (e.g. --factor 1.0000001), not a plan.
+MAX_SIZES = 1000
+
+
 def parse_size(text: str) -> int:
     """'512K' -> 524288, '12589824' -> 12589824, '1.5M' -> 1572864, '200MB' -> 200000000."""
     match = _SIZE_RE.match(str(text))
@@ -31,11 +39,13 @@ def parse_size(text: str) -> int:
     factor = _BINARY.get(unit) or _DECIMAL.get(unit)
     if factor is None:
         raise DiagError(f"bad size unit in {text!r}: use K, M, G (binary) or KB, MB, GB (decimal)")
-    value = float(number) * factor
-    if value != int(value):
+    if len(number) > 40:
+        raise DiagError(f"size {text[:20]}... is absurdly long; sizes go up to {human_bytes(MAX_SIZE_BYTES)}")
+    value = Fraction(number) * factor  # exact: no float rounding or overflow
+    if value.denominator != 1:
         raise DiagError(f"size {text!r} is not a whole number of bytes")
-    if value < 0:
-        raise DiagError(f"size {text!r} is negative")
+    if value > MAX_SIZE_BYTES:
+        raise DiagError(f"size {text!r} is larger than {human_bytes(MAX_SIZE_BYTES)} per rank; use a smaller size")
     return int(value)
 
 
@@ -51,8 +61,12 @@ def geometric_sizes(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
     """nccl-tests' -b/-e/-f: min, min*f, ... up to and including max."""
     if min_bytes <= 0 or max_bytes < min_bytes:
         raise DiagError(f"bad size range {min_bytes}..{max_bytes}: need 0 < --min <= --max")
-    if factor <= 1:
-        raise DiagError(f"--factor must be > 1, got {factor}")
+    if not (math.isfinite(factor) and factor > 1):
+        raise DiagError(f"--factor must be a number > 1, got {factor}")
+    steps = math.log(max_bytes / min_bytes) / math.log(factor) if max_bytes > min_bytes else 0.0
+    if steps + 1 > MAX_SIZES:
+        raise DiagError(f"--factor {factor} makes {steps + 1:.0f} sizes from {min_bytes} to {max_bytes} B "
+                        f"(at most {MAX_SIZES}); use a larger --factor, e.g. 2, or list --sizes")
     sizes = []
     size = float(min_bytes)
     while size <= max_bytes * (1 + 1e-9):
@@ -68,8 +82,8 @@ def parse_rate_bps(text: str) -> float:
     if not match or unit not in _RATE_UNITS:
         raise DiagError(f"bad rate {text!r}: use a number and a unit, e.g. 100mbit, 1gbit, 2.5gbit")
     value = float(match.group(1)) * _RATE_UNITS[unit]
-    if value <= 0:
-        raise DiagError(f"rate {text!r} must be positive")
+    if not (0 < value < 1e15):
+        raise DiagError(f"rate {text!r} must be positive and below 1000 Tbit/s")
     return value
 
 

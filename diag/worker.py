@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,6 +27,7 @@ class Job:
     state_dir: str | None = None    # per-rank progress/state files for the launcher
     rows_before: int = 0            # for a progress bar over several world sizes
     rows_total: int = 0
+    heartbeat_s: float = 1.0        # at most this long between two state-file updates while a row runs
     quiet: bool = False
     argv: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)   # lab name, capture settings, ... (into start)
@@ -118,6 +120,19 @@ def run_job(job: Job) -> int:
             if console is not None:
                 console.row_started(f"N={world_size} {plan.op} {human_bytes(plan.used_bytes)}")
 
+        last_beat = time.monotonic()
+        iterations = 0
+
+        def heartbeat() -> None:
+            # Called after every iteration; the file is rewritten at most every heartbeat_s, so the
+            # launcher's watchdog sees a long row progressing at a cost of one clock read per iteration.
+            nonlocal last_beat, iterations
+            iterations += 1
+            now = time.monotonic()
+            if now - last_beat >= job.heartbeat_s:
+                last_beat = now
+                state.update(iterations=iterations)
+
         def emit(record) -> None:
             nonlocal rows_done
             rows_done += 1
@@ -126,7 +141,7 @@ def run_job(job: Job) -> int:
             if console is not None:
                 console.row(record)
 
-        run_sweep(transport, spec, emit, job.run_id, on_row_start)
+        run_sweep(transport, spec, emit, job.run_id, on_row_start, heartbeat)
         transport.close()
         state.update(status="done")
         if writer is not None:
@@ -153,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m diag.worker JOB.json", file=sys.stderr)
         return 2
+    from diag.lifeline import bind_to_parent, terminate_as_exception
+
+    # torch's launcher starts workers in sessions of their own: without this, a launcher killed by SIGKILL
+    # (or whose runner was) would leave its ranks running. SIGKILL: a rank blocked in a collective must go.
+    bind_to_parent(signal.SIGKILL)
+    terminate_as_exception()  # the launcher's SIGTERM: rank 0 still writes its `end` event on the way out
     try:
         return run_job(Job.load(args[0]))
     except DiagError as exc:

@@ -170,3 +170,9 @@ def test_records_survive_a_torn_last_line(tmp_path):
     with out.open("a") as handle:
         handle.write('{"event":"record","schema":1,"backe')  # a writer killed mid-line
     assert len(load_records(Path(out)).records) == 1
+    # The next sweep with the same --out appends after the torn line instead of gluing onto it.
+    proc = run_diag("sweep", "--nproc", "2", "--sizes", "2K", "--iters", "2", "--warmup", "0", "--out", str(out),
+                    "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    loaded = load_records(Path(out))
+    assert [r.size_bytes for r in loaded.records] == [1024, 2048] and loaded.complete and loaded.torn_lines == 1

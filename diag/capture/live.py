@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -105,6 +106,8 @@ class TcpdumpCapture:
             command += ["-B", str(int(buffer_kib))]
         if bpf_filter:
             command.append(bpf_filter)
+        # diag.lifeline: tcpdump gets SIGTERM (and finishes its file) if this process dies, even by SIGKILL.
+        command = [sys.executable, "-m", "diag.lifeline", str(os.getpid()), "--", *command]
         if netns:
             command = ["ip", "netns", "exec", netns, *command]
         if os.geteuid() != 0:

@@ -19,9 +19,11 @@ of a two-million-packet analysis. The few packets that need option dissection (S
 from __future__ import annotations
 
 import gzip
+import io
 import itertools
 import os
 import struct
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,10 +44,16 @@ DECODE_WIDTH = 40
 TCP_WIDTH = 32
 # The vectorized record finder assumes the records of one chunk span less than this (else: walked).
 CHUNK_SPAN_S = 1 << 16
+# The vectorized record finder gives up (and walks) when more than 1 byte in this many is a candidate.
+MAX_CANDIDATE_SHARE = 8
 # Zero bytes kept after a chunk's data so fixed-width rows of the last records never need a padded copy.
 GATHER_PAD = 128
 # Bytes needed to decide the link layer (Ethernet with two VLAN tags, SLL2).
 LINK_WIDTH = 24
+# The smallest valid pcapng block of each type: header + fixed fields + trailing length.
+MIN_BLOCK_BYTES = {0x0A0D0D0A: 28, 1: 20, 2: 32, 3: 16, 5: 28, 6: 32}
+# Packet times are int64 nanoseconds since the epoch (as numpy's datetime64[ns]): up to the year 2262.
+MAX_TIMESTAMP_NS = (1 << 63) - 1
 COLUMN_BYTES_PER_PACKET = 8 + 4 + 4 + 4 + 4 + 4 + 2 + 1 + 4 + 4 + 1 + 8  # the COLUMN_DTYPES, in order
 
 # TCP flag bits (the low byte of the TCP flags field).
@@ -120,7 +128,10 @@ class ReadResult:
 
 
 def read_capture(path: str | os.PathLike[str], first_frame: int = 1) -> ReadResult:
-    """Read a pcap/pcapng (optionally gzip) file into TCP columns. Frame numbers start at first_frame."""
+    """Read a pcap/pcapng (optionally gzip) file into TCP columns. Frame numbers start at first_frame.
+
+    The file is read front to back once, never sought: a pipe (``<(zcat x)``, /dev/stdin) works too.
+    """
     p = Path(path)
     try:
         raw = p.open("rb")
@@ -128,16 +139,19 @@ def read_capture(path: str | os.PathLike[str], first_frame: int = 1) -> ReadResu
         raise DiagError(f"no capture file at {p}") from None
     except IsADirectoryError:
         raise DiagError(f"{p} is a directory; give capture files (.pcap, .pcapng, .pcap.gz)") from None
+    except OSError as exc:
+        raise DiagError(f"cannot open capture file {p}: {exc.strerror}") from None
     with raw:
-        head = raw.read(4)
-        raw.seek(0)
-        if head[:2] == GZIP_MAGIC:
-            handle: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb")
-            gz = True
-        else:
-            handle = raw
-            gz = False
         try:
+            head = raw.read(4)
+            # The 4 bytes read are handed back first; the buffered reader turns short reads (pipes) into full ones.
+            source: IO[bytes] = io.BufferedReader(_Prefixed(head, raw), buffer_size=1 << 16)
+            if head[:2] == GZIP_MAGIC:
+                handle: IO[bytes] = gzip.GzipFile(fileobj=source, mode="rb")
+                gz = True
+            else:
+                handle = source
+                gz = False
             builder = _ColumnBuilder(first_frame)
             magic = handle.read(4)
             if not magic:
@@ -151,11 +165,32 @@ def read_capture(path: str | os.PathLike[str], first_frame: int = 1) -> ReadResu
             else:
                 raise DiagError(f"{p} is not a pcap or pcapng file (magic {magic.hex()}); "
                                 "capture with tcpdump -w or give .pcap/.pcapng/.pcap.gz")
-        except (EOFError, gzip.BadGzipFile, OSError) as exc:
-            if isinstance(exc, FileNotFoundError):
-                raise
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
             raise DiagError(f"{p}: cannot read compressed data ({exc}); the file is damaged") from None
+        except OSError as exc:
+            raise DiagError(f"{p}: cannot read ({exc.strerror or exc}); the file or device is damaged") from None
         return builder.finish(fmt + (".gz" if gz else ""))
+
+
+class _Prefixed(io.RawIOBase):
+    """``head`` then the rest of ``stream``: lets the format be sniffed without seeking (pipes)."""
+
+    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
+        super().__init__()
+        self._head = head
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        view = memoryview(target).cast("B")
+        if self._head:
+            n = min(len(view), len(self._head))
+            view[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        return self._stream.readinto(view)  # type: ignore[attr-defined]
 
 
 # --- record walking ---------------------------------------------------------------------------------
@@ -278,6 +313,11 @@ class _PcapWalker:
         cand = np.flatnonzero(arr[top_at:n - 15 + top_at] == buf[top_at])
         if cand.size == 0 or cand[0] != 0:
             return None
+        # A record takes at least 16 bytes, so more candidates than n / MAX_CANDIDATE_SHARE means the byte is
+        # everywhere (zeros, a clock near 1970): the candidate matrices would take ~50 bytes per byte of
+        # the chunk (a 64 MB pcap of zeros peaked at 1.2 GB). Walk such a chunk instead.
+        if cand.size > n // MAX_CANDIDATE_SHARE:
+            return None
         # Header fields stay 32-bit while the candidates are screened (most chunks keep every one of
         # them); only the kept rows are widened to int64.
         head = self._headers32(arr, cand)
@@ -349,8 +389,11 @@ def _read_pcapng(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path:
     interfaces: list[_Interface] = []
     endian = "<"
     carry = b""
+    consumed = 0  # file offset of buf[0], for messages
     for data in _chunks(handle, magic):
         buf = carry + data if carry else data
+        file_offset = consumed - len(carry)
+        consumed += len(data)
         n = len(buf)
         off = 0
         # Per chunk: (packet data offset, caplen, ts_ns, linktype) for the decode step.
@@ -369,8 +412,9 @@ def _read_pcapng(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path:
                     raise DiagError(f"{path}: pcapng section header has a bad byte-order mark; corrupt file")
                 interfaces = []
             btype, blen = struct.unpack_from(endian + "II", buf, off)
-            if blen < 12 or blen % 4 or blen > MAX_RECORD_BYTES + 64:
-                raise DiagError(f"{path}: pcapng block at byte {off} has a bad length {blen}; corrupt file")
+            if blen < MIN_BLOCK_BYTES.get(btype, 12) or blen % 4 or blen > MAX_RECORD_BYTES + 64:
+                raise DiagError(f"{path}: pcapng block at byte {file_offset + off} has a bad length {blen}; "
+                                "corrupt file")
             if off + blen > n:
                 break
             if btype == 1:  # interface description
@@ -383,10 +427,14 @@ def _read_pcapng(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path:
                     iface_id, ts_hi, ts_lo, caplen = struct.unpack_from(endian + "IIII", buf, off + 8)
                 else:
                     iface_id, _drops, ts_hi, ts_lo, caplen = struct.unpack_from(endian + "HHIII", buf, off + 8)
-                if iface_id >= len(interfaces) or 28 + caplen > blen:
-                    raise DiagError(f"{path}: pcapng packet block at byte {off} is inconsistent; corrupt file")
+                if iface_id >= len(interfaces) or 32 + caplen > blen:
+                    raise DiagError(f"{path}: pcapng packet block at byte {file_offset + off} is inconsistent; "
+                                    "corrupt file")
                 iface = interfaces[iface_id]
                 ts_ns = ((ts_hi << 32) | ts_lo) * iface.ns_num // iface.ns_den
+                if ts_ns > MAX_TIMESTAMP_NS:
+                    raise DiagError(f"{path}: pcapng packet block at byte {file_offset + off} has a timestamp "
+                                    f"beyond the year 2262 ({ts_ns} ns); corrupt file or wrong if_tsresol")
                 rows.append((off + 28, caplen, ts_ns, iface.linktype))
             elif btype == 3:  # simple packet: interface 0, no timestamp
                 if not interfaces:

@@ -29,6 +29,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
+    from diag import validate
+    from diag.records import load_records
+
+    validate.seconds(args.bin_s, "--bin")
+    validate.seconds(args.idle_gap_s, "--idle-gap")
+    if args.out:
+        validate.output_file(args.out, "--out")
+    if args.plot:
+        validate.output_dir(args.plot, "--plot")
+    for records in args.records or ():
+        load_records(records)  # a wrong --records file fails now, not after the captures were read
+
     # numpy asks the kernel for transparent huge pages for every large array; the analysis allocates and
     # frees hundreds of them, and zeroing/compacting huge pages then costs more system time than it saves
     # in TLB misses (measured: -40% sys time on 2M packets). Must be set before numpy is imported.

@@ -21,8 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from diag import validate
     from diag.capture.live import start_capture
 
+    if args.duration is not None:
+        validate.seconds(args.duration, "--duration")
     handle = start_capture(args.path, args.iface, args.filter, args.snaplen, args.netns, tool=args.tool)
     print(f"capturing on {args.iface} -> {args.path} (Ctrl-C to stop)", file=sys.stderr)
     try:

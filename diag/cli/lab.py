@@ -137,6 +137,9 @@ def _status(args: argparse.Namespace) -> int:
     require_privilege("diag lab status")
     report: dict[str, Any] = {"lab": lab.to_json(), "links": _links(lab), "measurements": []}
     if args.measure:
+        from diag import validate
+
+        validate.seconds(args.seconds, "--seconds", maximum=3600)
         tools = {"auto": ["socket", *(["iperf3"] if iperf3_available() else [])],
                  "socket": ["socket"], "iperf3": ["iperf3"]}[args.tool]
         a, b = (lab.host(which) for which in args.between)

@@ -30,5 +30,9 @@ def run(args: argparse.Namespace) -> int:
     from diag.units import parse_size_list
 
     volumes = parse_size_list(args.volumes) if args.volumes else None
+    if args.out is not None:
+        from diag import validate
+
+        validate.output_dir(args.out, "--out")
     return run_reproduce(args.quick, args.out, args.rate, args.max_n, keep_going=not args.stop_on_error,
                          volumes=volumes)

@@ -99,8 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_spec(args: argparse.Namespace):
+    from diag import validate
     from diag.spec import SweepSpec
     from diag.units import geometric_sizes, parse_size, parse_size_list
+
+    validate.seconds(args.timeout, "--timeout")
+    validate.seconds(args.gap_ms / 1000.0, "--gap-ms (as seconds)", allow_zero=True)
+    if args.tcpinfo_interval is not None:
+        validate.seconds(args.tcpinfo_interval, "--tcpinfo-interval")
 
     sizes = (parse_size_list(args.sizes) if args.sizes
              else geometric_sizes(parse_size(args.min), parse_size(args.max), args.factor))
@@ -138,8 +144,14 @@ def run(args: argparse.Namespace) -> int:
                         "or start diag sweep under torchrun")
     if args.iface:
         os.environ["GLOO_SOCKET_IFNAME"] = args.iface
-    out = Path(args.out) if args.out else default_out()
+    from diag import validate
+
+    out = validate.output_file(args.out, "--out") if args.out else default_out()
     run_dir = Path(args.run_dir) if args.run_dir else out.with_name(out.name.removesuffix(".jsonl") + ".d")
+    if not in_place:  # under torchrun every rank would race to create it; ranks there write only --out
+        validate.output_dir(run_dir, "--run-dir")
+    if args.csv:
+        validate.output_file(args.csv, "--csv")
     if spec.backend == "raw":
         spec = spec.replace(knobs={**spec.knobs, "tcpinfo_dir": str((run_dir / "tcpinfo").resolve())})
 

@@ -2,7 +2,13 @@
 
 The state file is written *before* the first namespace exists (status "creating") and rewritten when
 the lab is complete (status "up"). /run is a tmpfs, so a reboot (which also drops the namespaces)
-forgets it; where /run is not writable we fall back to the temp directory.
+forgets it; where /run is not writable we fall back to a per-user directory in the temp directory.
+
+A state file says which namespaces `down` deletes (and whose processes it kills), so only state nobody
+else can plant is trusted: a state directory must be a real directory (not a symlink) owned by the caller
+and closed to everyone else (0700; diag creates it so, and tightens one of its own that is not); a state
+file must be a regular file owned by the caller and writable by nobody else. Anything else is ignored, as
+if absent. Files are opened without following symlinks.
 """
 
 from __future__ import annotations
@@ -11,14 +17,18 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from diag.errors import DiagError
+
 RUN_STATE_DIR = Path("/run/diag/labs")
 STATE_DIR_ENV = "DIAG_LAB_STATE_DIR"     # lets tests and unusual systems put state elsewhere
 STATE_SCHEMA = 1
+MAX_STATE_BYTES = 1 << 20               # a lab's state is a few kB
 
 
 def state_dirs() -> list[Path]:
@@ -26,27 +36,75 @@ def state_dirs() -> list[Path]:
     override = os.environ.get(STATE_DIR_ENV)
     if override:
         return [Path(override)]
-    return [RUN_STATE_DIR, Path(tempfile.gettempdir()) / "diag-labs"]
+    return [RUN_STATE_DIR, Path(tempfile.gettempdir()) / f"diag-labs-{os.geteuid()}"]
+
+
+def _private_dir(directory: Path, create: bool) -> bool:
+    """True if directory is a directory of ours that nobody else can write (creating it 0700 if asked)."""
+    if create:
+        try:
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return False
+    try:
+        info = os.lstat(directory)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        return False
+    if not create:
+        return not info.st_mode & 0o022   # to trust what is in it, nobody else may write there
+    if info.st_mode & 0o077:
+        try:
+            os.chmod(directory, 0o700)  # ours, once made with a looser umask: close it
+        except OSError:
+            return False
+    return True
 
 
 def writable_state_dir() -> Path:
     for directory in state_dirs():
+        if not _private_dir(directory, create=True):
+            continue
         try:
-            directory.mkdir(parents=True, exist_ok=True)
             probe = directory / f".probe-{os.getpid()}"
             probe.write_text("")
             probe.unlink()
             return directory
         except OSError:
             continue
-    raise OSError(f"no writable lab state directory among {', '.join(map(str, state_dirs()))}")
+    raise DiagError(f"no private lab state directory among {', '.join(map(str, state_dirs()))} (each must be a "
+                    "directory owned by you, mode 0700); remove or fix the one that is not, or set "
+                    f"${STATE_DIR_ENV}")
+
+
+def _trusted_dirs() -> list[Path]:
+    return [d for d in state_dirs() if _private_dir(d, create=False)]
+
+
+def _open_trusted(path: Path) -> int | None:
+    """A read descriptor of path if it is a regular file owned by us that nobody else can write."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        os.close(fd)
+        return None
+    return fd
 
 
 def state_path(name: str) -> Path | None:
-    """The existing state file of lab `name`, if any."""
-    for directory in state_dirs():
+    """The existing, trusted state file of lab `name`, if any."""
+    for directory in _trusted_dirs():
         path = directory / f"{name}.json"
-        if path.exists():
+        fd = _open_trusted(path)
+        if fd is not None:
+            os.close(fd)
             return path
     return None
 
@@ -55,32 +113,41 @@ def read_state(name: str) -> dict[str, Any] | None:
     path = state_path(name)
     if path is None:
         return None
+    fd = _open_trusted(path)
+    if fd is None:
+        return None
     try:
-        return json.loads(path.read_text())
+        with os.fdopen(fd, "rb") as handle:
+            data = json.loads(handle.read(MAX_STATE_BYTES))
     except (OSError, ValueError):
         return None  # a torn write: treat as "unknown lab", down still cleans by name
+    return data if isinstance(data, dict) else None
 
 
 def write_state(name: str, state: dict[str, Any]) -> Path:
     directory = writable_state_dir()
     path = directory / f"{name}.json"
     tmp = directory / f".{name}.json.{os.getpid()}"
-    tmp.write_text(json.dumps({"schema": STATE_SCHEMA, **state}, indent=1, sort_keys=True))
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps({"schema": STATE_SCHEMA, **state}, indent=1, sort_keys=True))
     os.replace(tmp, path)   # atomic: a reader sees the old or the new file, never half of one
     return path
 
 
 def remove_state(name: str) -> None:
-    for directory in state_dirs():
+    for directory in _trusted_dirs():
         with contextlib.suppress(FileNotFoundError):
             (directory / f"{name}.json").unlink()
 
 
 def known_lab_names() -> list[str]:
     names: set[str] = set()
-    for directory in state_dirs():
-        if directory.is_dir():
-            names.update(path.stem for path in directory.glob("*.json") if not path.name.startswith("."))
+    for directory in _trusted_dirs():
+        names.update(path.stem for path in directory.glob("*.json")
+                     if not path.name.startswith(".") and state_path(path.stem) is not None)
     return sorted(names)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -162,7 +163,9 @@ def bring_up(config: LabConfig) -> Lab:
         try:
             _build(lab)
             _verify_shaping(lab)
-            state.write_state(config.name, {"status": "up", "pid": os.getpid(), "lab": lab.to_json()})
+            made = [lab.switch_netns, *(host.netns for host in lab.hosts)]
+            state.write_state(config.name, {"status": "up", "pid": os.getpid(), "lab": lab.to_json(),
+                                            "netns_ids": _netns_ids(made)})
         except BaseException:
             with _signals_deferred():
                 _remove_lab(config.name)
@@ -249,20 +252,46 @@ def _load_complete(name: str) -> Lab | None:
     return lab if all(ns_tools.netns_exists(ns) for ns in needed) else None
 
 
+def _netns_ids(names: list[str]) -> dict[str, list[int]]:
+    """Namespace -> [device, inode] of its /run/netns entry: tells this lab's namespace from a later one
+    of the same name (after a reboot, or one someone else made)."""
+    ids = {}
+    for netns in names:
+        with contextlib.suppress(OSError):
+            info = os.stat(os.path.join(ns_tools.NETNS_DIR, netns))
+            ids[netns] = [info.st_dev, info.st_ino]
+    return ids
+
+
 def _remove_lab(name: str) -> list[str]:
-    """Delete what the state file lists plus anything named like this lab; then the state file."""
+    """Delete this lab's namespaces (and so their links, qdiscs and processes); then the state file.
+
+    Only namespaces named as this lab's are ever touched, whatever a state file lists; and where the state
+    recorded a namespace's identity when the lab was built, one with another identity is left alone.
+    """
     saved = state.read_state(name) or {}
     listed: list[str] = []
-    with contextlib.suppress(KeyError, TypeError, ValueError):
-        lab = Lab.from_json(saved["lab"])
-        listed = [lab.switch_netns, *(host.netns for host in lab.hosts)]
+    with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):
+        described = saved["lab"]
+        listed = [str(described["switch_netns"]), *(str(host["netns"]) for host in described["hosts"])]
+    foreign = sorted(ns for ns in listed if not owns_netns(name, ns))
+    if foreign:
+        print(f"diag lab: warning: the state of lab {name} names namespaces that are not its own "
+              f"({', '.join(foreign[:3])}); they were left alone", file=sys.stderr)
+    recorded = saved.get("netns_ids") if isinstance(saved.get("netns_ids"), dict) else {}
     # The switch first: its deletion destroys every veth pair, so hosts lose their links at once.
-    candidates = sorted(set(listed) | set(_present_netns(name)), key=lambda ns: (not ns.endswith("-sw"), ns))
+    candidates = sorted({ns for ns in listed if owns_netns(name, ns)} | set(_present_netns(name)),
+                        key=lambda ns: (not ns.endswith("-sw"), ns))
     removed = []
     for netns in candidates:
-        if ns_tools.netns_exists(netns):
-            ns_tools.delete_netns(netns)
-            removed.append(netns)
+        if not ns_tools.netns_exists(netns):
+            continue
+        if netns in recorded and _netns_ids([netns]).get(netns) != recorded[netns]:
+            print(f"diag lab: warning: namespace {netns} is not the one lab {name} made (recreated since); "
+                  "left alone", file=sys.stderr)
+            continue
+        ns_tools.delete_netns(netns)
+        removed.append(netns)
     state.remove_state(name)
     return removed
 
@@ -333,7 +362,7 @@ def _signals_deferred() -> Iterator[None]:
     def hold(signum: int, _frame: FrameType | None) -> None:
         pending.append(signum)
 
-    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:

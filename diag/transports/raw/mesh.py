@@ -5,8 +5,17 @@ For every rank pair the higher rank connects and the lower rank accepts. ``--con
 direction, each carrying bulk data one way only (its reverse direction sees only ACKs).
 
 The accepting side multiplexes the listener and every half-open connection in one poll loop with
-per-connection deadlines, so a stray client that sends half a HELLO cannot stall the real ranks. The
-listener is closed once the mesh is complete: later strays are refused by the kernel.
+per-connection deadlines, so a stray client that sends half a HELLO cannot stall the real ranks. When more
+than MAX_PENDING_HANDSHAKES clients are half-open, the stalest one (fewest bytes sent, then longest waiting)
+is closed to make room: a crowd of silent connections cannot lock the real ranks out, since a real rank
+sends its HELLO at once. A connecting rank whose connection was closed or reset before the handshake reply
+tries again until the deadline. The listener is closed once the mesh is complete: later strays are refused
+by the kernel.
+
+The run token (random, from the TCPStore) tells this run's ranks from strays, other runs and port scanners:
+it stops accidents. It is no defence against an attacker who can read the TCPStore (anyone who can reach
+MASTER_ADDR:MASTER_PORT): such a client can present the token and take a rank's place. Run on a trusted
+network, as torch.distributed itself requires.
 """
 
 from __future__ import annotations
@@ -33,7 +42,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("diag.raw")
 
 HANDSHAKE_TIMEOUT_S = 5.0      # how long one accepted client may take to send its HELLO
-MAX_PENDING_HANDSHAKES = 128   # more half-open clients than this are closed at once
+MAX_PENDING_HANDSHAKES = 128   # beyond this many half-open clients, the stalest is closed for a newcomer
+LISTEN_BACKLOG = 4096          # completed connections the kernel queues before accept (capped by somaxconn)
+RETRY_PAUSE_S = 0.05           # between two connection attempts to a peer
+LOGGED_DROPS = 20              # closed strays logged one by one; after that, one line per hundred
 SIOCGIFADDR = 0x8915
 
 
@@ -126,36 +138,65 @@ def listen(address: str, knobs: RawKnobs) -> socket.socket:
     except OSError as exc:
         listener.close()
         raise DiagError(f"cannot listen on {address}: {exc.strerror}; pick another --iface") from None
-    listener.listen(256)
+    listener.listen(LISTEN_BACKLOG)
     return listener
+
+
+class _Retry(Exception):
+    """This attempt to reach a peer failed in a way a crowded or restarting listener explains."""
 
 
 def connect_to(rank: int, peer: int, address: tuple[str, int], token: bytes, role: int, stream: int,
                knobs: RawKnobs, deadline: float) -> Conn:
+    """Connect to ``peer`` and hand it our HELLO; tries again until the deadline when the connection is
+    refused, reset or closed before the peer's reply (a listener crowded by strays closes newcomers' peers
+    to make room, see accept_all)."""
+    where = f"rank {peer} at {address[0]}:{address[1]}"
+    attempts = 0
+    last = "no attempt"
+    while True:
+        if time.monotonic() >= deadline:
+            raise DiagError(f"could not connect to {where} in {attempts} attempt(s) (last: {last}); is that rank "
+                            "running with the same MASTER_ADDR/PORT and raw transport settings, and reachable? "
+                            "(raise --timeout if the cluster is slow to start)")
+        attempts += 1
+        try:
+            return _attempt(rank, peer, address, token, role, stream, knobs, deadline, where)
+        except _Retry as exc:
+            last = str(exc)
+            log.info("raw transport rank %d: %s; trying again", rank, last)
+            time.sleep(min(RETRY_PAUSE_S, max(0.0, deadline - time.monotonic())))
+
+
+def _attempt(rank: int, peer: int, address: tuple[str, int], token: bytes, role: int, stream: int,
+             knobs: RawKnobs, deadline: float, where: str) -> Conn:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         apply_socket_options(sock, knobs)
-        while True:
-            sock.settimeout(min(_remaining(deadline, f"connecting to rank {peer} at {address[0]}:{address[1]}"),
-                                HANDSHAKE_TIMEOUT_S))
-            try:
-                sock.connect(address)
-                break
-            except (ConnectionRefusedError, TimeoutError):
-                sock.close()
-                time.sleep(0.05)
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                apply_socket_options(sock, knobs)
-        sock.sendall(wire.pack_hello(token, rank, role, stream))
+        sock.settimeout(max(0.001, min(deadline - time.monotonic(), HANDSHAKE_TIMEOUT_S)))
+        try:
+            sock.connect(address)
+            sock.sendall(wire.pack_hello(token, rank, role, stream))
+        except (ConnectionError, TimeoutError) as exc:  # refused, reset, broken pipe, SYN unanswered
+            raise _Retry(f"connecting to {where}: {exc.strerror or type(exc).__name__}") from None
         reply = bytearray(wire.ACK.size)
         view = memoryview(reply)
         got = 0
         while got < len(reply):
-            sock.settimeout(_remaining(deadline, f"waiting for rank {peer} to accept the connection"))
-            n = sock.recv_into(view[got:])
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            try:
+                n = sock.recv_into(view[got:])
+            except TimeoutError:
+                raise DiagError(f"timed out waiting for {where} to accept the connection; is it running the same "
+                                "run? (raise --timeout if the cluster is slow to start)") from None
+            except ConnectionError as exc:
+                raise _Retry(f"{where} reset the connection before its handshake reply "
+                             f"({exc.strerror or type(exc).__name__})") from None
             if n == 0:
-                raise DiagError(f"rank {peer} refused the connection handshake (token or settings differ; "
-                                "see its log)")
+                # A crowded listener closes half-open clients to make room; a wrong token or settings close
+                # it too (then every retry fails the same way until the deadline, which names the peer).
+                raise _Retry(f"{where} closed the connection before its handshake reply (crowded listener, or "
+                             "a different run token/settings: see that rank's log)")
             got += n
         magic, acceptor = wire.ACK.unpack(reply)
         if magic != wire.ACK_MAGIC or acceptor != peer:
@@ -185,12 +226,88 @@ def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes
     listener.setblocking(False)
     poller = select.poll()
     poller.register(listener.fileno(), select.POLLIN)
+    dropped = 0
 
     def drop(fd: int, reason: str) -> None:
+        nonlocal dropped
         entry = pending.pop(fd)
         poller.unregister(fd)
-        log.warning("raw transport rank %d: closed connection from %s: %s", rank, entry.origin, reason)
+        dropped += 1
+        # A crowd of strays would flood the log: the first few are named, then one line per hundred.
+        if dropped <= LOGGED_DROPS or dropped % 100 == 0:
+            log.warning("raw transport rank %d: closed connection from %s: %s%s", rank, entry.origin, reason,
+                        f" ({dropped} closed so far)" if dropped > LOGGED_DROPS else "")
         entry.sock.close()
+
+    def service(fd: int) -> None:
+        """Read what a half-open client sent; finish its handshake once its HELLO is complete."""
+        entry = pending.get(fd)
+        if entry is None:
+            return
+        try:
+            n = entry.sock.recv_into(memoryview(entry.buffer)[entry.filled:])
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            drop(fd, exc.strerror or "socket error")
+            return
+        if n == 0:
+            drop(fd, f"closed after {entry.filled} handshake bytes")
+            return
+        entry.filled += n
+        if entry.filled >= 4 and bytes(entry.buffer[:4]) != wire.HELLO_MAGIC:
+            drop(fd, "not a diag raw-transport client (bad magic)")
+            return
+        if entry.filled < len(entry.buffer):
+            return
+        try:
+            hello = wire.parse_hello(entry.buffer)
+        except ValueError as exc:
+            drop(fd, str(exc))
+            return
+        if not hmac.compare_digest(hello.token, token):
+            drop(fd, f"wrong run token (claimed rank {hello.rank})")
+            return
+        key = (hello.rank, hello.role, hello.stream)
+        if key not in expected:
+            drop(fd, f"unexpected or duplicate connection (rank {hello.rank}, role {hello.role}, "
+                     f"stream {hello.stream})")
+            return
+        entry = pending.pop(fd)
+        poller.unregister(fd)
+        entry.sock.setblocking(True)
+        entry.sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            entry.sock.sendall(wire.ACK.pack(wire.ACK_MAGIC, rank))
+        except OSError as exc:
+            log.warning("raw transport rank %d: rank %d left during the handshake: %s", rank, hello.rank, exc)
+            entry.sock.close()
+            return
+        expected.discard(key)
+        accepted.append(make_conn(entry.sock, rank, hello.rank, hello.role, hello.stream, knobs))
+
+    def accept_new() -> None:
+        while expected:
+            try:
+                sock, origin = listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ECONNABORTED):
+                    log.warning("raw transport rank %d: accept failed: %s", rank, exc)
+                    return
+                raise
+            if len(pending) >= MAX_PENDING_HANDSHAKES:
+                # Make room by closing the stalest half-open client rather than refusing the newcomer, who
+                # may be a real rank: a real rank sends its whole HELLO at once, a stray little or nothing.
+                stalest = min(pending, key=lambda k: (pending[k].filled, pending[k].deadline))
+                drop(stalest, f"{MAX_PENDING_HANDSHAKES} half-open clients; this one the stalest")
+            sock.setblocking(False)
+            fd = sock.fileno()
+            pending[fd] = _Pending(sock=sock, origin=f"{origin[0]}:{origin[1]}",
+                                   deadline=time.monotonic() + HANDSHAKE_TIMEOUT_S)
+            poller.register(fd, select.POLLIN)
+            service(fd)  # a real rank's HELLO is usually there already: done before any eviction
 
     try:
         while expected:
@@ -202,86 +319,23 @@ def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes
                 wait = min(wait, max(0.0, min(entry.deadline for entry in pending.values()) - now))
             for fd, _event in poller.poll(int(wait * 1000) + 1):
                 if fd == listener.fileno():
-                    _accept_new(listener, pending, poller, rank)
-                    continue
-                entry = pending.get(fd)
-                if entry is None:
-                    continue
-                try:
-                    n = entry.sock.recv_into(memoryview(entry.buffer)[entry.filled:])
-                except BlockingIOError:
-                    continue
-                except OSError as exc:
-                    drop(fd, exc.strerror or "socket error")
-                    continue
-                if n == 0:
-                    drop(fd, f"closed after {entry.filled} handshake bytes")
-                    continue
-                entry.filled += n
-                if entry.filled >= 4 and bytes(entry.buffer[:4]) != wire.HELLO_MAGIC:
-                    drop(fd, "not a diag raw-transport client (bad magic)")
-                    continue
-                if entry.filled < len(entry.buffer):
-                    continue
-                try:
-                    hello = wire.parse_hello(entry.buffer)
-                except ValueError as exc:
-                    drop(fd, str(exc))
-                    continue
-                if not hmac.compare_digest(hello.token, token):
-                    drop(fd, f"wrong run token (claimed rank {hello.rank})")
-                    continue
-                key = (hello.rank, hello.role, hello.stream)
-                if key not in expected:
-                    drop(fd, f"unexpected or duplicate connection (rank {hello.rank}, role {hello.role}, "
-                             f"stream {hello.stream})")
-                    continue
-                entry = pending.pop(fd)
-                poller.unregister(fd)
-                entry.sock.setblocking(True)
-                entry.sock.settimeout(HANDSHAKE_TIMEOUT_S)
-                try:
-                    entry.sock.sendall(wire.ACK.pack(wire.ACK_MAGIC, rank))
-                except OSError as exc:
-                    log.warning("raw transport rank %d: rank %d left during the handshake: %s",
-                                rank, hello.rank, exc)
-                    entry.sock.close()
-                    continue
-                expected.discard(key)
-                accepted.append(make_conn(entry.sock, rank, hello.rank, hello.role, hello.stream, knobs))
+                    accept_new()
+                else:
+                    service(fd)
     except BaseException:
         for conn in accepted:
             conn.sock.close()
         raise
     finally:
-        for entry in pending.values():
+        for entry in list(pending.values())[:LOGGED_DROPS]:
             log.warning("raw transport rank %d: closed connection from %s: incomplete handshake "
                         "(%d bytes) when the mesh was complete", rank, entry.origin, entry.filled)
+        if len(pending) > LOGGED_DROPS:
+            log.warning("raw transport rank %d: closed %d more half-open connections when the mesh was complete",
+                        rank, len(pending) - LOGGED_DROPS)
+        for entry in pending.values():
             entry.sock.close()
     return accepted
-
-
-def _accept_new(listener: socket.socket, pending: dict[int, _Pending], poller: select.poll, rank: int) -> None:
-    while True:
-        try:
-            sock, origin = listener.accept()
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ECONNABORTED):
-                log.warning("raw transport rank %d: accept failed: %s", rank, exc)
-                return
-            raise
-        where = f"{origin[0]}:{origin[1]}"
-        if len(pending) >= MAX_PENDING_HANDSHAKES:
-            log.warning("raw transport rank %d: closed connection from %s: too many half-open clients",
-                        rank, where)
-            sock.close()
-            continue
-        sock.setblocking(False)
-        pending[sock.fileno()] = _Pending(sock=sock, origin=where,
-                                          deadline=time.monotonic() + HANDSHAKE_TIMEOUT_S)
-        poller.register(sock.fileno(), select.POLLIN)
 
 
 def close_all(conns: list[Conn]) -> None:

@@ -1,0 +1,96 @@
+"""Processes diag starts die with the process that started them, however it ends (SIGKILL included).
+
+Linux's parent-death signal (prctl PR_SET_PDEATHSIG) is delivered to a process when the thread that forked
+it exits. It survives exec (except of set-uid binaries), so it is set in the child just before the program
+starts, and the parent is checked once afterwards: had it died before the prctl, no signal would ever come.
+
+    python -m diag.lifeline PARENT_PID -m MODULE ARGS...   run a Python module in this process (torchrun)
+    python -m diag.lifeline PARENT_PID -- PROGRAM ARGS...  exec a program (tcpdump)
+
+torch's launcher starts every worker in a new session of its own, so killing the launcher's process group
+does not reach them: ``diag.worker`` binds itself to its launcher with :func:`bind_to_parent` as well.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: unwind like Ctrl-C, so every ``finally`` (stop ranks, captures) runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def raise_terminated(signum: int, _frame: object) -> None:
+    raise Terminated(signum)
+
+
+def terminate_as_exception(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> dict[int, Any]:
+    """Turn SIGTERM/SIGHUP into :class:`Terminated` in this process (main thread only; elsewhere a no-op).
+
+    Returns the previous handlers, for :func:`restore_handlers`."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, raise_terminated) for sig in signals}
+
+
+def restore_handlers(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent dies. False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def bind_to_parent(sig: int, expected_parent: int | None = None) -> None:
+    """Die by ``sig`` when the parent dies; exit at once if it is already gone.
+
+    ``expected_parent`` defaults to the parent seen before the prctl: comparing afterwards closes the race
+    in which the parent died in between (the process then has a new parent, the reaper).
+    """
+    parent = os.getppid() if expected_parent is None else expected_parent
+    if set_parent_death_signal(sig) and os.getppid() != parent:
+        os._exit(128 + int(sig))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 3 or not args[0].isdigit() or args[1] not in ("-m", "--"):
+        print("usage: python -m diag.lifeline PARENT_PID (-m MODULE | -- PROGRAM) ARGS...", file=sys.stderr)
+        return 2
+    parent, mode, target, rest = int(args[0]), args[1], args[2], args[3:]
+    # SIGTERM: torch's launcher and tcpdump both handle it by stopping what they started / flushing.
+    bind_to_parent(signal.SIGTERM, parent)
+    if mode == "--":
+        try:
+            os.execvp(target, [target, *rest])
+        except OSError as exc:
+            print(f"diag: cannot run {target}: {exc.strerror}", file=sys.stderr)
+            return 127
+    import runpy
+
+    sys.argv = [target, *rest]
+    runpy.run_module(target, run_name="__main__", alter_sys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Ranks live exactly as long as their sweep: long rows are not "hung", and no exit path leaves ranks behind.
+
+Real launchers, real gloo ranks, real signals. A process "of a run" is any live process whose command line
+names the run's job file (the torchrun launcher and every worker carry it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diag.records import load_records
+
+DIAG = [sys.executable, "-m", "diag"]
+
+
+def processes_naming(needle: str) -> list[int]:
+    """Live (not zombie) processes whose command line contains needle."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if needle.encode() in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def wait_gone(needle: str, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    left = processes_naming(needle)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = processes_naming(needle)
+    return left
+
+
+def wait_running(run_dir: Path, world: int, seconds: float = 180) -> dict[int, dict]:
+    """State files of every rank once all of them run a row."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        states = {}
+        for path in (run_dir / "logs" / f"state-n{world}").glob("rank*.json"):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            states[data["rank"]] = data
+        if len(states) == world and all(s.get("status") == "running" for s in states.values()):
+            return states
+        time.sleep(0.1)
+    pytest.fail(f"ranks were not all running within {seconds} s")
+
+
+def start_sweep(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path, Path]:
+    out, run_dir = tmp_path / "run.jsonl", tmp_path / "run.d"
+    proc = subprocess.Popen([*DIAG, "sweep", "--nproc", "2", "--out", str(out), "--run-dir", str(run_dir),
+                             "--quiet", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    return proc, out, run_dir
+
+
+def test_a_row_longer_than_the_watchdog_completes(tmp_path: Path) -> None:
+    # watchdog = timeout 3 s + slack 2 s = 5 s; the row lasts >= 16 x 0.7 s = 11 s, heartbeats keep it alive.
+    proc, out, _run_dir = start_sweep(tmp_path, "--sizes", "1K", "--iters", "16", "--warmup", "0",
+                                      "--gap-ms", "700", "--timeout", "3", env={"DIAG_WATCHDOG_SLACK_S": "2"})
+    _, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 0, stderr
+    row = load_records(out).records[0]
+    assert row.iters == 16 and (row.t_end_ns - row.t_start_ns) / 1e9 > 10.5
+
+
+def test_stopped_ranks_are_reported_hung_and_killed(tmp_path: Path) -> None:
+    """No progress at all (every rank SIGSTOPped): the watchdog fires and no rank survives, stopped or not."""
+    proc, _out, run_dir = start_sweep(tmp_path, "--sizes", "1K", "--iters", "100000", "--warmup", "0",
+                                      "--gap-ms", "1", "--timeout", "3", env={"DIAG_WATCHDOG_SLACK_S": "2"})
+    try:
+        states = wait_running(run_dir, 2)
+        for state in states.values():
+            os.kill(state["pid"], signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+        took = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(err) == 1 and "hung" in err[0], stderr
+    assert took < 5 + 5 + 10, took  # watchdog 5 s, then at most the terminate grace and the kill
+    assert wait_gone(str(run_dir / "logs" / "job-n2.json"), 10) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
+def test_killing_the_runner_leaves_no_rank_or_launcher(tmp_path: Path, sig: signal.Signals) -> None:
+    proc, out, run_dir = start_sweep(tmp_path, "--sizes", "1K,2K", "--iters", "100000", "--warmup", "0",
+                                     "--gap-ms", "1")
+    job = str(run_dir / "logs" / "job-n2.json")
+    try:
+        wait_running(run_dir, 2)
+        assert len(processes_naming(job)) == 3  # one launcher, two workers
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert wait_gone(job, 15) == [], "ranks or launcher outlived the runner"
+    if sig == signal.SIGKILL:
+        return
+    assert proc.returncode == 128 + sig
+    err = stderr.strip().splitlines()
+    assert len(err) == 1 and f"terminated by {sig.name}" in err[0] and "kept" in err[0], stderr
+    # rank 0 was stopped by its launcher's SIGTERM and closed its run itself
+    loaded = load_records(out)
+    assert loaded.ends and loaded.ends[-1]["status"] == "failed"
+
+
+def test_a_failing_hook_stops_the_ranks(tmp_path: Path) -> None:
+    from diag.launch import HostLaunch, run_world
+    from diag.runner import make_job
+    from diag.spec import SweepSpec
+
+    class FailingObserver:
+        def start(self, context) -> None:
+            return None
+
+        def launched(self, context) -> None:
+            time.sleep(3)  # ranks are starting by now
+            raise RuntimeError("observer broke")
+
+        def stop(self, context) -> None:
+            return None
+
+    spec = SweepSpec(sizes=(1024,), iters=100000, warmup=0, gap_s=0.001)
+    job = make_job(spec, tmp_path / "hook.jsonl", quiet=True)
+    work = tmp_path / "logs"
+    work.mkdir()
+    with pytest.raises(RuntimeError, match="observer broke"):
+        run_world(job, [HostLaunch("local", 2)], work, [FailingObserver()])
+    assert wait_gone(str(work / "job-n2.json"), 15) == []

@@ -1,0 +1,104 @@
+"""The records file survives killed writers: torn lines are fenced off and skipped, every complete row kept."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from report_helpers import make_record, write_records
+
+from diag.errors import DiagError
+from diag.records import RecordWriter, load_records
+
+
+def _rows(n: int) -> list:
+    return [make_record("gloo", "all_gather", 2, 1024 << i, [0.001 * (i + 1)] * 3) for i in range(n)]
+
+
+def test_append_after_a_torn_tail_keeps_every_complete_row(tmp_path: Path) -> None:
+    path = write_records(tmp_path / "r.jsonl", _rows(3))
+    with path.open("ab") as handle:
+        handle.write(b'{"event":"record","schema":1,"backend":"gl')  # a writer killed mid-line
+    # The next appender (the launcher's failure `end`, or the next sweep with the same --out).
+    with RecordWriter(path) as writer:
+        writer.end("test-gloo-n2", "failed", error="rank 1 was killed by SIGKILL")
+    with RecordWriter(path) as writer:  # a third writer finds a clean tail and adds no empty line
+        writer.record(make_record("gloo", "all_gather", 2, 1 << 20, [0.01] * 3))
+    loaded = load_records(path)
+    assert [r.size_bytes for r in loaded.records] == [1024, 2048, 4096, 1 << 20]
+    assert loaded.torn_lines == 1
+    assert [e["status"] for e in loaded.ends] == ["ok", "failed"]
+    lines = path.read_bytes().split(b"\n")
+    assert lines[-1] == b"" and b"" not in lines[:-1]  # one fence newline, no blank lines
+
+
+def test_a_torn_tail_shorter_than_the_event_prefix(tmp_path: Path) -> None:
+    path = write_records(tmp_path / "r.jsonl", _rows(2))
+    with path.open("ab") as handle:
+        handle.write(b'{"ev')
+    assert len(load_records(path).records) == 2
+    with RecordWriter(path) as writer:
+        writer.record(make_record("gloo", "all_gather", 2, 99, [0.01] * 3))
+    assert [r.size_bytes for r in load_records(path).records] == [1024, 2048, 99]
+
+
+def test_foreign_lines_are_still_errors(tmp_path: Path) -> None:
+    path = write_records(tmp_path / "r.jsonl", _rows(1))
+    with path.open("ab") as handle:
+        handle.write(b"hello, not json\n")
+    with pytest.raises(DiagError, match=r"r.jsonl:\d+: not JSON"):
+        load_records(path)
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(DiagError, match="not JSON"):
+        load_records(binary)
+    with pytest.raises(DiagError, match="is a directory"):
+        load_records(tmp_path)
+    with pytest.raises(DiagError, match="is a directory"):
+        RecordWriter(tmp_path)
+
+
+def _last_byte(path: Path) -> bytes:
+    with path.open("rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        if handle.tell() == 0:
+            return b""
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1)
+
+
+def test_a_writer_killed_mid_line_then_appended_to(tmp_path: Path) -> None:
+    """A real process writes big events through RecordWriter and is SIGKILLed while one is half on disk."""
+    path = tmp_path / "killed.jsonl"
+    script = textwrap.dedent(f"""
+        from diag.records import RecordWriter
+        writer = RecordWriter({str(path)!r})
+        writer.start("run", spec={{}})
+        print("started", flush=True)
+        while True:
+            writer.write({{"event": "start", "run_id": "padding", "pad": "x" * (32 << 20)}})
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    for _attempt in range(5):
+        path.unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (path.stat().st_size > 200 and _last_byte(path) != b"\n"):
+            time.sleep(0.0005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        if _last_byte(path) != b"\n":
+            break
+    assert _last_byte(path) != b"\n", "the writer was never caught mid-line in 5 tries"
+    with RecordWriter(path) as writer:
+        writer.end("run", "failed", error="killed")
+    loaded = load_records(path)
+    assert loaded.starts[0]["run_id"] == "run" and loaded.ends[-1]["status"] == "failed"
+    assert loaded.torn_lines == 1
