@@ -181,7 +181,8 @@ def measure_row(transport: Transport, spec: SweepSpec, plan: RowPlan, run_id: st
         t_start_ns=windows[0][0], t_end_ns=windows[-1][1],
         rank0_times_s=rank_times[0], rank_times_s=rank_times, iter_windows_ns=windows,
         warmup_times_s=[v / 1e9 for v in warmup_ns], gap_s=spec.gap_s,
-        knobs={**transport.knobs(), **({"order": spec.order} if plan.op == "exchange" else {})},
+        # exchange and all_gather_p2p post in the spec's order, whatever the transport's own setting
+        knobs={**transport.knobs(), **({"order": spec.order} if hasattr(collective, "order") else {})},
         hosts=transport.hosts(), extra=extra, run_id=run_id, warnings=warnings,
     )
 

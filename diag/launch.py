@@ -97,14 +97,17 @@ def check_port_free(address: str, port: int) -> None:
 
 
 def launcher_command(host_index: int, host: HostLaunch, nnodes: int, master_addr: str, master_port: int,
-                     job_path: Path) -> list[str]:
+                     job_path: Path, via_exec: bool = False) -> list[str]:
+    """torchrun for one host; ``via_exec`` starts each rank through ``diag.exec`` (registers diag_tcp and
+    runs the worker as a script, exactly as ``diag exec`` runs a user's script)."""
+    module = ["-m", "diag.exec", "-m", "diag.worker"] if via_exec else ["-m", "diag.worker"]
     # diag.lifeline: the launcher gets SIGTERM (and stops its workers) if this process dies, even by SIGKILL.
     return [
         *host.prefix, sys.executable, "-m", "diag.lifeline", str(os.getpid()), "-m", "torch.distributed.run",
         f"--nnodes={nnodes}", f"--node-rank={host_index}", f"--nproc-per-node={host.nproc}",
         "--rdzv-backend=static", f"--master-addr={master_addr}", f"--master-port={master_port}",
         "--max-restarts=0", "--monitor-interval=0.1",
-        "-m", "diag.worker", str(job_path),
+        *module, str(job_path),
     ]
 
 
@@ -258,7 +261,8 @@ def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence
             logs.append(log_path)
             with log_path.open("wb") as log:
                 procs.append(subprocess.Popen(
-                    launcher_command(index, host, len(hosts), master_addr, master_port, job_path),
+                    launcher_command(index, host, len(hosts), master_addr, master_port, job_path,
+                                     via_exec=job.spec.backend == "diag_tcp"),
                     env={**env_base, **host.env}, stderr=log, stdout=None if index == 0 else log,
                     start_new_session=True,  # Ctrl-C goes to us; we stop the launchers in order
                 ))

@@ -25,6 +25,8 @@ from diag.units import human_bits, human_bytes, parse_rate_bps, parse_size
 # A single TCP stream below this fraction of the shaped goodput means the CPU, not the link, limits the lab.
 CPU_BOUND_LINK_FRACTION = 0.85
 EXCHANGE_MIN_ITERS = 8
+# Each N's iperf3 ring pattern runs this long (0.5 s of it warm-up): 7 N add ~20 s to a default run.
+RING_PATTERN_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
                 say(f"[lab] warning: {note}")
             say(f"[lab] single stream {link.single_stream_Bps / 1e6:.1f} MB/s, both directions "
                 f"{link.bidir_Bps[0] / 1e6:.1f} + {link.bidir_Bps[1] / 1e6:.1f} MB/s")
+            _measure_ring_pattern(lab, plan.world_sizes, meta, say)
             write_meta()
             _run_sweeps(plan, run_dir, lab, capture, meta, write_meta, say, keep_going)
         say("[lab] torn down")
@@ -168,6 +171,43 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
         print(f"{len(meta['failures'])} step(s) failed: see {run_dir / 'run.json'}")
         return 1
     return 0
+
+
+def _measure_ring_pattern(lab: Any, world_sizes: tuple[int, ...], meta: dict[str, Any],
+                          say: Callable[[str], None]) -> None:
+    """The machine's own limit per N: iperf3 in the ring's flow pattern (h(i) -> h((i+1) % N), every edge at
+    once) -> run.json link.ring_pattern. Where it stays below the single stream the CPU, not the link, sets
+    the pace, and the report's link-reference table and the cpu_bound rule hold raw TCP against it there."""
+    from diag.lab import measure_ring_pattern
+    from diag.lab.measure import iperf3_available
+    from diag.report.rundir import RING_PATTERN_CPU_LIMIT
+
+    if not iperf3_available():
+        note = "iperf3 is not installed: no ring-pattern reference, every N is held against the single stream"
+        meta["notes"].append(note)
+        say(f"[lab] {note}")
+        return
+    patterns: dict[str, Any] = {}
+    for n in world_sizes:
+        try:
+            pattern = measure_ring_pattern(lab, n, seconds=RING_PATTERN_SECONDS)
+        except DiagError as exc:
+            meta["notes"].append(f"ring pattern N={n} not measured: {exc}")
+            say(f"[lab] ring pattern N={n} not measured: {exc}")
+            continue
+        patterns[str(n)] = pattern.to_json()
+    meta["link"]["ring_pattern"] = patterns
+    if patterns:
+        say("[lab] iperf3 ring pattern, mean MB/s per edge: " + ", ".join(
+            f"N={n} {p['mean_edge_Bps'] / 1e6:.1f}" for n, p in patterns.items()))
+    single = meta["link"]["single_stream_Bps"]
+    cpu_limited = [n for n, p in patterns.items() if p["mean_edge_Bps"] < RING_PATTERN_CPU_LIMIT * single]
+    if cpu_limited:
+        note = (f"at N={','.join(cpu_limited)} iperf3's ring pattern stayed below {RING_PATTERN_CPU_LIMIT:.0%} of "
+                "the single stream: the CPU, not the link, is the limit there, and the report holds raw TCP "
+                "against the pattern at those N")
+        meta["notes"].append(note)
+        say(f"[lab] {note}")
 
 
 def _run_sweeps(plan: Plan, run_dir: Path, lab: Any, capture: str | None, meta: dict[str, Any],
@@ -202,6 +242,8 @@ def _run_sweeps(plan: Plan, run_dir: Path, lab: Any, capture: str | None, meta: 
         steps.append((f"raw-ring {knob_name} N=2",
                       _sweep_step(spec, 2, run_dir, f"raw-ring-{knob_name}-all_gather", lab, capture, make_job,
                                   run_worlds)))
+    steps.append(("advise: workarounds for gloo all_gather N=2",
+                  _advise_step(run_dir, lab, per_rank_size(plan.knob_volume, 2), plan, say)))
     for index, (title, action) in enumerate(steps, 1):
         say(f"[{index}/{len(steps)}] {title}")
         step_started = time.monotonic()
@@ -224,6 +266,18 @@ def _sweep_step(spec: SweepSpec, world_size: int, run_dir: Path, name: str, lab:
         job = make_job(spec, out, argv=["reproduce"], quiet=False)
         run_worlds(spec, job, out, run_dir, world_sizes=[world_size], lab=lab, capture=capture,
                    observe=lab is not None, tag_prefix=f"{name}--")
+    return action
+
+
+def _advise_step(run_dir: Path, lab: Any, size: int, plan: Plan, say: Callable[[str], None]) -> Callable[[], None]:
+    """diag advise on the same lab: RUN_DIR/advise/{records.jsonl,advise.json} (docs/raw-tcp.md)."""
+    def action() -> None:
+        from diag.advise import run_advise
+
+        result = run_advise(run_dir / "advise", lab=lab, world_size=2, sizes=(size,), warmup=plan.warmup,
+                            iters=max(plan.iters, 3), say=say)
+        if result["failures"]:
+            raise DiagError("; ".join(f"{f['workaround']}: {f['error']}" for f in result["failures"]))
     return action
 
 

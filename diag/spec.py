@@ -10,7 +10,9 @@ from typing import Any
 from diag import validate
 from diag.errors import DiagError
 
-BACKENDS = ("gloo", "nccl", "raw")
+# diag_tcp: diag's raw transport as a torch.distributed backend, driven through torch's API as a
+# user's script drives it (ranks start through diag.exec, the way `diag exec` runs a script).
+BACKENDS = ("gloo", "nccl", "raw", "diag_tcp")
 DTYPES = ("uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 ORDERS = ("recv-first", "send-first")
 

@@ -60,6 +60,12 @@ def make_transport(spec: SweepSpec, rank: int, world_size: int):
         return create_transport(spec, rank, world_size, spec.timeout_s)
     from diag.transports.torch_dist import TorchTransport
 
+    if spec.backend == "diag_tcp":
+        from diag.transports.raw.backend import ENV_KNOBS, register
+
+        if spec.knobs:
+            os.environ[ENV_KNOBS] = json.dumps(spec.knobs)
+        register()   # a no-op when diag.exec started this rank and registered it already
     return TorchTransport(spec.backend, spec.timeout_s, spec.device)
 
 

@@ -82,9 +82,9 @@ def make_transport(rank: int, world_size: int, knobs: dict[str, Any], timeout_s:
     from diag.spec import SweepSpec
     from diag.transports.raw import create_transport
 
-    knobs = dict(knobs)
-    spec = SweepSpec(backend="raw", algo=knobs.pop("algo", "ring"), order=knobs.pop("order", "recv-first"),
-                     knobs=knobs)
+    # algo and order stay in the knobs too: given explicitly, they switch that piece of --emulate gloo
+    spec = SweepSpec(backend="raw", algo=knobs.get("algo", "ring"), order=knobs.get("order", "recv-first"),
+                     knobs=dict(knobs))
     return create_transport(spec, rank, world_size, timeout_s, store=store)
 
 

@@ -28,12 +28,14 @@ from report_helpers import (
 from diag.__main__ import main
 from diag.report import diagnose, load_run
 from diag.report.diagnose import (
+    CPU_LINK_REACHED,
     CPU_PINNED_PCT,
     CPU_SATURATED_PCT,
     DUPLEX_OVERLAP_LOW,
     N2_DIP_RATIO,
     Evidence,
     Finding,
+    cpu_limited_world_sizes,
     rule_backend_vs_raw,
     rule_capture_drops,
     rule_conn_split,
@@ -46,6 +48,7 @@ from diag.report.diagnose import (
     rule_retransmissions,
     rule_window_limited,
 )
+from diag.report.rundir import RING_PATTERN_CPU_LIMIT
 
 
 def statuses(findings: list[Finding]) -> set[str]:
@@ -210,6 +213,49 @@ def test_cpu_rule_sees_a_saturated_machine_without_a_pinned_thread(tmp_path) -> 
     calm = {"gloo_n2": spread + host_cpu_samples(CPU_SATURATED_PCT - 20)}
     (ok,) = rule_cpu_pinned(load_run([write_run_dir(tmp_path / "c", flat_records(), observe=calm)]))
     assert ok.status == "clear" and "not saturated" in ok.statement
+
+
+def test_cpu_rule_holds_raw_tcp_against_the_iperf3_ring_pattern(tmp_path) -> None:
+    # Raw TCP fills the link at N=2,3 but reaches 60% of it at N=4, where iperf3 in the same ring pattern
+    # (run.json link.ring_pattern) carried only 62%: the machine's own limit, not raw TCP, is short there.
+    records = []
+    for k, (n, size) in enumerate((n, size) for n in (2, 3, 4) for size in (MiB, 4 * MiB)):
+        raw_slow = 1 / 0.6 if n == 4 else 1.0
+        records.append(make_record("raw", "all_gather", n, size,
+                                   timed(ideal_time("all_gather", n, size, LINK_BPS, raw_slow), seed=k)))
+    pattern = {str(n): {"mean_edge_Bps": share * LINK_BPS, "min_edge_Bps": share * LINK_BPS, "tool": "iperf3"}
+               for n, share in ((2, 0.99), (3, 0.97), (4, 0.62))}
+    meta = {"link": {"single_stream_Bps": LINK_BPS, "ring_pattern": pattern}}
+    observe = {"gloo_n3": host_cpu_samples(97.0), "gloo_n4": host_cpu_samples(97.0)}
+    run = load_run([write_run_dir(tmp_path / "p", records, meta=meta, observe=observe)])
+    assert run.ring_pattern_Bps == {n: pytest.approx(share * LINK_BPS) for n, share in ((2, 0.99), (3, 0.97),
+                                                                                         (4, 0.62))}
+    # the pattern is the reference only where the CPU held it below the single stream, by the share at which
+    # cpu_bound calls an N CPU-limited (the report's table and the rule must name the same N)
+    assert RING_PATTERN_CPU_LIMIT == CPU_LINK_REACHED
+    assert run.link_reference_Bps(4) == pytest.approx(0.62 * LINK_BPS)
+    assert run.link_reference_Bps(3) == pytest.approx(LINK_BPS)
+    (cpu,) = rule_cpu_pinned(run)
+    assert cpu.status == "fired" and [e.values["world_size"] for e in cpu.evidence] == [4]
+    assert "iperf3 in the same ring pattern, carried 62% of the link per edge" in cpu.evidence[0].text
+    raw_share = cpu.evidence[0].values["raw_link_share"]
+    assert 0.55 < raw_share < 0.65 and cpu.evidence[0].values["machine_link_share"] == min(raw_share, 0.62)
+    assert f"raw TCP reached {raw_share / 0.62:.0%} of that limit" in cpu.evidence[0].text
+    assert "busy at N=3, yet raw TCP and iperf3's ring pattern reached 97%-97%" in cpu.statement
+    assert cpu_limited_world_sizes(run) == {4}
+    # raw TCP alone fills the link at N=3, yet iperf3's pattern there says the machine cannot: CPU-limited
+    short = {**pattern, "3": {"mean_edge_Bps": 0.5 * LINK_BPS}}
+    limited = load_run([write_run_dir(tmp_path / "s", records, meta={"link": {"single_stream_Bps": LINK_BPS,
+                                                                                 "ring_pattern": short}},
+                                      observe=observe)])
+    assert cpu_limited_world_sizes(limited) == {3, 4}
+    # no pattern in run.json: the old rule, raw TCP against the single stream
+    plain = load_run([write_run_dir(tmp_path / "n", records, meta={"link": {"single_stream_Bps": LINK_BPS}},
+                                    observe=observe)])
+    assert plain.ring_pattern_Bps == {} and plain.link_reference_Bps(4) == pytest.approx(LINK_BPS)
+    assert cpu_limited_world_sizes(plain) == {4}
+    (report_cpu,) = rule_cpu_pinned(plain)
+    assert "iperf3" not in report_cpu.statement + " ".join(e.text for e in report_cpu.evidence)
 
 
 def test_n2_dip_leaves_cpu_bound_world_sizes_out_of_its_reference(tmp_path) -> None:

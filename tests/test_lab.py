@@ -305,3 +305,31 @@ def test_status_measure_with_iperf3(lab_names: list[str]) -> None:
     assert measured["tool"] == "iperf3"
     # iperf3 is one busy process here; it must see a shaped link (well below loopback speed, above half rate)
     assert 0.5 * 100e6 / 8 < measured["single_stream_Bps"] <= 100e6 / 8
+
+
+@pytest.mark.slow
+def test_status_ring_pattern_one_iperf3_flow_per_edge(lab_names: list[str]) -> None:
+    if subprocess.run(["which", "iperf3"], capture_output=True).returncode != 0:
+        pytest.skip("iperf3 is not installed")
+    name = unique_lab_name()
+    lab_names.append(name)
+    bring_up(LabConfig(name=name, hosts=3, rate=MEASURE_RATE))
+    started = time.monotonic()
+    result = run_diag("lab", "status", "--name", name, "--ring", "3,2", "--seconds", "1.5", "--json")
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started < 30
+    ring3, ring2 = json.loads(result.stdout)["ring_pattern"]
+    assert [(f["sender"], f["receiver"]) for f in ring3["flows"]] == [("h0", "h1"), ("h1", "h2"), ("h2", "h0")]
+    assert [(f["sender"], f["receiver"]) for f in ring2["flows"]] == [("h0", "h1"), ("h1", "h0")]
+    shaped_Bps = 100e6 / 8
+    for pattern in (ring3, ring2):
+        assert pattern["tool"] == "iperf3" and pattern["seconds"] == 1.5
+        rates = [f["goodput_Bps"] for f in pattern["flows"]]
+        # every edge went through its shaped link at once: above nothing, never above what tbf lets through
+        assert all(0 < rate <= shaped_Bps for rate in rates), rates
+        assert pattern["min_edge_Bps"] == min(rates)
+        assert pattern["mean_edge_Bps"] == pytest.approx(sum(rates) / len(rates))
+    # a host count beyond the lab is a one-line error, not a traceback
+    bad = run_diag("lab", "status", "--name", name, "--ring", "4")
+    assert bad.returncode != 0
+    assert "2..3" in bad.stderr and "Traceback" not in bad.stderr

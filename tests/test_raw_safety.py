@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -173,12 +174,18 @@ def test_bad_knobs_are_one_line_errors() -> None:
 
     for knobs, fragment in (({"conn": "both"}, "--conn"), ({"chunks": 0}, "--chunks"),
                             ({"nodelay": "maybe"}, "--nodelay"), ({"colour": 1}, "unknown raw transport knob"),
-                            ({"emulate": "nccl"}, "--emulate")):
+                            ({"emulate": "nccl"}, "--emulate"), ({"notice": "own-conn"}, "--handshake notify"),
+                            ({"handshake": "notify", "notice": "udp"}, "--notice"), ({"skew_us": -1}, "--skew-us")):
         with pytest.raises(DiagError, match=fragment):
             resolve_knobs("ring", "recv-first", knobs)
-    gloo = resolve_knobs("pairwise", "recv-first", {"emulate": "gloo", "conn": "split"})
-    assert (gloo.algo, gloo.conn, gloo.handshake, gloo.chunks) == ("ring", "shared", "notify", 2)
+    # --emulate gloo replaces the sweep's algo and order, and a knob given with it switches that one piece
+    gloo = resolve_knobs("pairwise", "recv-first", {"emulate": "gloo"})
+    assert (gloo.algo, gloo.conn, gloo.handshake, gloo.chunks, gloo.order, gloo.notice, gloo.skew_us) == (
+        "ring", "shared", "notify", 2, "send-first", "in-band", 0)
     assert gloo.chunks_for(16 << 20) == 2
+    for knob, value in (("conn", "split"), ("order", "recv-first"), ("notice", "own-conn"), ("skew_us", 1500)):
+        switched = resolve_knobs("ring", "recv-first", {"emulate": "gloo", knob: value})
+        assert switched == dataclasses.replace(gloo, **{knob: value})
     with pytest.raises(DiagError, match="--chunk-bytes"):
         resolve_knobs("ring", "recv-first", {"chunk_bytes": 100})
 

@@ -102,6 +102,28 @@ def test_report_cli_default_out_and_missing_parts(tmp_path: Path, capsys) -> Non
     assert (tmp_path / "plain" / "report.html").exists()
 
 
+def test_report_says_which_link_reference_each_n_is_held_against(tmp_path: Path) -> None:
+    # anomaly_records' raw TCP fills the link at every N; iperf3's ring pattern says the machine itself
+    # carries only 60% of the link per edge at N=4, so there the pattern is the reference.
+    pattern = {"2": {"mean_edge_Bps": 0.99 * LINK_BPS}, "4": {"mean_edge_Bps": 0.6 * LINK_BPS}}
+    root = write_run_dir(tmp_path / "p", anomaly_records(),
+                         meta={"link": {"single_stream_Bps": LINK_BPS, "ring_pattern": pattern}})
+    write_report(load_run([root]), root / "report")
+    md = (root / "report" / "report.md").read_text()
+    assert "### Link reference per N" in md
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in md.splitlines() if re.match(r"^\| [24] \|", line)}
+    assert rows["2"][1] == "99%" and rows["2"][-1] == "single stream (link is the limit)"
+    assert rows["4"][1] == "60%" and rows["4"][-1] == "ring pattern (CPU is the limit)"
+    raw_over_pattern = float(rows["4"][3].rstrip("%"))
+    assert raw_over_pattern > 150   # raw TCP at the link is far above the 60% pattern: a visible, odd figure
+    assert "Link reference per N" in (root / "report" / "report.html").read_text()
+    # without a pattern in run.json there is no such section
+    plain = write_run_dir(tmp_path / "n", anomaly_records(), meta={"link": {"single_stream_Bps": LINK_BPS}})
+    write_report(load_run([plain]), plain / "report")
+    assert "Link reference per N" not in (plain / "report" / "report.md").read_text()
+
+
 def test_report_help_does_not_import_torch() -> None:
     code = ("import sys; "
             "import diag.cli.report, diag.cli.diagnose, diag.cli.compare, diag.cli.model, diag.report; "

@@ -30,6 +30,13 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
 
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["lab"]["hosts"] == 3 and meta["link"]["single_stream_Bps"] > 0 and not meta["failures"]
+    # the machine's own limit per N, iperf3 in the ring's flow pattern, one flow per edge
+    if subprocess.run(["which", "iperf3"], capture_output=True).returncode == 0:
+        pattern = meta["link"]["ring_pattern"]
+        assert sorted(pattern) == ["2", "3"]
+        assert [len(pattern[n]["flows"]) for n in ("2", "3")] == [2, 3]
+        assert all(0 < f["goodput_Bps"] <= 100e6 / 8 for n in ("2", "3") for f in pattern[n]["flows"])
+        assert "Link reference per N" in (run_dir / "report" / "report.md").read_text()
     records = {p.stem: load_records(p) for p in (run_dir / "records").glob("*.jsonl")}
     assert {"gloo-all_gather", "raw-ring-all_gather", "raw-ring-emulate-gloo-all_gather"} <= set(records)
     gloo = records["gloo-all_gather"].records
@@ -42,6 +49,12 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
     # --quick runs raw TCP's exchange in both orders too, so an order effect can be pinned on gloo alone
     for order in ("recv-first", "send-first"):
         assert {r.knobs.get("order") for r in records[f"raw-split-exchange-{order}"].records} == {order}
+
+    # diag advise ran on the same lab: each workaround against plain gloo, data checked
+    advice = json.loads((run_dir / "advise" / "advise.json").read_text())
+    assert advice["complete"] and not advice["failures"] and advice["lab"] == meta["lab"]["name"]
+    assert all(row["nwrong"] == 0 and row["p_value"] is not None
+               for workaround in advice["workarounds"] for row in workaround["rows"])
 
     captures = sorted((run_dir / "captures").glob("*.pcap"))
     analyses = sorted((run_dir / "analysis").glob("*.json"))

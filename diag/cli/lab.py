@@ -1,7 +1,7 @@
 """Cluster in a box: network namespaces h0..hN-1 behind a bridge, each host link shaped both ways.
 
   diag lab up --hosts 2 --rate 1gbit [--queue-limit BYTES] [--delay 100us] [--loss 0.1%] [--mtu 1500]
-  diag lab status [--measure]
+  diag lab status [--measure] [--ring 2,3,4]
   diag lab exec h0 -- ip addr
   diag lab down            (also cleans up after a crashed or killed `up`)
 
@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hosts to measure between (default h0 h1)")
     status.add_argument("--tool", choices=["auto", "socket", "iperf3"], default="auto",
                         help="auto: diag's own sockets, plus iperf3 when installed")
+    status.add_argument("--ring", metavar="N[,N...]", default=None,
+                        help="also measure the ring pattern with iperf3 for these host counts: h(i) -> h((i+1)%%N), "
+                             "one flow per edge, all at once (--seconds each); e.g. 2,3,4")
     status.add_argument("--json", action="store_true", help="print status as JSON")
 
     run_in = actions.add_parser("exec", help="run a command on a lab host: diag lab exec h0 -- CMD")
@@ -124,7 +127,7 @@ def _all_lab_names() -> list[str]:
 
 def _status(args: argparse.Namespace) -> int:
     from diag.errors import DiagError
-    from diag.lab import load_lab, measure_link
+    from diag.lab import load_lab, measure_link, measure_ring_pattern
     from diag.lab.measure import iperf3_available
     from diag.lab.netns import require_privilege
 
@@ -135,7 +138,8 @@ def _status(args: argparse.Namespace) -> int:
         hint = f" (labs present: {', '.join(others)}; use --name)" if others else ""
         raise DiagError(f"{exc}{hint}") from exc
     require_privilege("diag lab status")
-    report: dict[str, Any] = {"lab": lab.to_json(), "links": _links(lab), "measurements": []}
+    ring_sizes = _ring_sizes(args.ring, len(lab.hosts)) if args.ring else []
+    report: dict[str, Any] = {"lab": lab.to_json(), "links": _links(lab), "measurements": [], "ring_pattern": []}
     if args.measure:
         from diag import validate
 
@@ -146,12 +150,16 @@ def _status(args: argparse.Namespace) -> int:
         for tool in tools:
             result = measure_link(lab, a.index, b.index, seconds=args.seconds, tool=tool)
             report["measurements"].append({"a": a.name, "b": b.name, **result.to_json()})
+    for world_size in ring_sizes:
+        report["ring_pattern"].append(measure_ring_pattern(lab, world_size, seconds=args.seconds).to_json())
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
     _print_lab(lab, report["links"])
     for measured in report["measurements"]:
         _print_measurement(lab, measured)
+    for pattern in report["ring_pattern"]:
+        _print_ring_pattern(lab, pattern)
     if args.measure and "iperf3" not in [m["tool"] for m in report["measurements"]] and args.tool == "auto":
         print("  (iperf3 not installed: measured with diag's own sockets only)")
     return 0
@@ -223,6 +231,30 @@ def _print_measurement(lab: Any, measured: dict[str, Any]) -> None:
     print(f"    both ways at once:  {measured['a']} -> {measured['b']} {human_bits(forward * 8)} "
           f"({100 * forward / expected:.1f}%), {measured['b']} -> {measured['a']} {human_bits(backward * 8)} "
           f"({100 * backward / expected:.1f}%)  (ACKs share each direction: ~3% less is expected)")
+
+
+def _ring_sizes(text: str, hosts: int) -> list[int]:
+    from diag.errors import DiagError
+
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise DiagError(f"--ring takes host counts like 2,3,4, not {text!r}") from exc
+    bad = [n for n in sizes if not 2 <= n <= hosts]
+    if bad or not sizes:
+        raise DiagError(f"--ring host counts must lie in 2..{hosts} (this lab's hosts); got {text!r}")
+    return sizes
+
+
+def _print_ring_pattern(lab: Any, pattern: dict[str, Any]) -> None:
+    from diag.units import human_bits
+
+    expected = lab.expected_goodput_Bps
+    flows = ", ".join(f"{flow['sender']}->{flow['receiver']} {human_bits(flow['goodput_Bps'] * 8)}"
+                      for flow in pattern["flows"])
+    print(f"  ring of {pattern['world_size']} with {pattern['tool']} ({pattern['seconds']:g} s, every edge at once): "
+          f"mean {human_bits(pattern['mean_edge_Bps'] * 8)} per edge ({100 * pattern['mean_edge_Bps'] / expected:.1f}% "
+          f"of the bound), slowest {human_bits(pattern['min_edge_Bps'] * 8)}: {flows}")
 
 
 def _name_flag(name: str) -> str:

@@ -35,10 +35,11 @@ def _int_list(text: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("what to run")
-    what.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "raw"],
-                      help="torch.distributed backend, or 'raw' for diag's own TCP collectives (default gloo)")
+    what.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "raw", "diag_tcp"],
+                      help="torch.distributed backend, 'raw' for diag's own TCP collectives, or 'diag_tcp' for "
+                           "those as a torch.distributed backend, ranks started through diag.exec (default gloo)")
     what.add_argument("--op", default="all_gather",
-                      help="comma list: all_gather, send_recv, ping_pong, exchange, all_reduce, "
+                      help="comma list: all_gather, all_gather_p2p, send_recv, ping_pong, exchange, all_reduce, "
                            "reduce_scatter, broadcast, all_to_all (default all_gather)")
     what.add_argument("--sizes", help="explicit per-rank sizes, e.g. 1,512K,12589824,200M (K/M/G binary)")
     what.add_argument("--min", default=DEFAULT_MIN, help=f"smallest size (default {DEFAULT_MIN})")
@@ -46,8 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--factor", type=float, default=DEFAULT_FACTOR, help="size multiplier (default 2)")
     what.add_argument("--dtype", default="float32", help="tensor dtype (default float32; uint8 for odd sizes)")
     what.add_argument("--device", default=None, help="cpu or cuda (default: cpu for gloo/raw, cuda for nccl)")
-    what.add_argument("--order", default="recv-first", choices=["recv-first", "send-first"],
-                      help="exchange (and raw --handshake notify): which call each rank posts first")
+    what.add_argument("--order", default=None, choices=["recv-first", "send-first"],
+                      help="exchange and the raw transport: which call each rank posts first (default "
+                           "recv-first; --emulate gloo: send-first, as gloo's all_gather)")
 
     how = parser.add_argument_group("how to measure")
     how.add_argument("--warmup", type=int, default=5, help="untimed iterations per size (default 5)")
@@ -76,7 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     raw.add_argument("--conn", choices=["shared", "split"],
                      help="one connection per peer pair for both directions (shared, as gloo) or one per "
                           "direction (split, as NCCL's net transport)")
-    raw.add_argument("--handshake", choices=["none", "notify"], help="in-band ready-to-receive before each chunk")
+    raw.add_argument("--handshake", choices=["none", "notify"],
+                     help="notify: gloo's protocol, a send writes data only after the receiver's RECV_READY")
+    raw.add_argument("--notice", choices=["in-band", "own-conn"],
+                     help="with notify: ready notices on the data connection (in-band, gloo) or on a "
+                          "connection of their own per pair")
+    raw.add_argument("--skew-us", type=int, help="every rank but 0 starts each operation this many microseconds "
+                                                  "later (default 0)")
     raw.add_argument("--io", choices=["duplex", "alternate"], help="concurrent send/recv or one thread alternating")
     raw.add_argument("--chunks", type=int, help="chunks per block (gloo uses 2; default: 1 MiB pieces)")
     raw.add_argument("--chunk-bytes", help="piece size when --chunks is not given (default 1M)")
@@ -117,7 +125,7 @@ def build_spec(args: argparse.Namespace):
         if op not in OPS:
             raise DiagError(f"unknown op {op!r}: choose from {', '.join(OPS)}")
     knobs: dict[str, object] = {}
-    if args.backend == "raw":
+    if args.backend in ("raw", "diag_tcp"):
         from diag.transports.raw.knobs import knobs_from_args
 
         knobs = knobs_from_args(args)
@@ -128,7 +136,7 @@ def build_spec(args: argparse.Namespace):
         backend=args.backend, ops=ops, sizes=tuple(sizes), world_sizes=tuple(args.nproc or ()),
         algo=args.algo if args.backend == "raw" else "default", warmup=args.warmup, iters=args.iters,
         gap_s=args.gap_ms / 1000.0, timeout_s=args.timeout, dtype=args.dtype, device=device,
-        order=args.order, check=not args.no_check, seed=args.seed, knobs=knobs,
+        order=args.order or "recv-first", check=not args.no_check, seed=args.seed, knobs=knobs,
     )
 
 

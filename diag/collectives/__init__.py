@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diag.collectives.all_gather import AllGather
+from diag.collectives.all_gather import AllGather, AllGatherP2P
 from diag.collectives.base import Buffers, Collective, pair_peer
 from diag.collectives.point_to_point import Exchange, PingPong, SendRecv
 from diag.collectives.reductions import AllReduce, AllToAll, Broadcast, ReduceScatter
@@ -10,6 +10,7 @@ from diag.errors import DiagError
 
 COLLECTIVES: dict[str, type[Collective]] = {
     "all_gather": AllGather,
+    "all_gather_p2p": AllGatherP2P,
     "send_recv": SendRecv,
     "ping_pong": PingPong,
     "exchange": Exchange,
@@ -26,8 +27,8 @@ def make_collective(name: str, seed: int = 0, order: str = "recv-first") -> Coll
         cls = COLLECTIVES[name]
     except KeyError:
         raise DiagError(f"unknown op {name!r}: choose from {', '.join(OPS)}") from None
-    if cls is Exchange:
-        return Exchange(seed=seed, order=order)
+    if cls is Exchange or cls is AllGatherP2P:
+        return cls(seed=seed, order=order)
     return cls(seed=seed)
 
 

@@ -1,8 +1,11 @@
-"""Measure what a lab link carries: one TCP stream, then both directions at once (one socket each way).
+"""Measure what a lab link carries: one TCP stream, then both directions at once (one socket each way);
+and what the machine carries in a collective's own flow pattern (a ring: host i -> host (i+1) % N, every
+edge at once), driven by iperf3.
 
-diag's own socket code is the default (no external tool; sockets are opened inside the host namespaces
-from this process, see netns.call_in_netns). iperf3 is used when asked and installed. Every step is
-bounded in time.
+diag's own socket code is the default for the link (no external tool; sockets are opened inside the host
+namespaces from this process, see netns.call_in_netns). iperf3 is used when asked and installed. The ring
+pattern is iperf3 only: it is the reference for "what this machine can push through N flows at once", and
+one Python process driving N flows would measure Python, not the machine. Every step is bounded in time.
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ WARMUP_FRACTION = 0.2           # of the run: slow start and queue build-up, exc
 MAX_WARMUP_S = 0.5
 GRACE_S = 5.0                   # beyond `seconds`, before a stuck stream is abandoned
 IPERF3_PORT = 5201              # inside the lab's private namespaces, so it clashes with nothing
+# Ring pattern: receiver-side report interval and the start excluded from the rate (slow start, and the
+# N clients' staggered start: each is its own `ip netns exec`, tens of ms apart on a busy machine).
+RING_INTERVAL_S = 0.25
+RING_WARMUP_S = 0.5
+# The clients send with sendfile (-Z): the least CPU per byte iperf3 offers, so the pattern is as close to
+# what the kernel and the links allow as the tool gets (A/B against plain writes at N=8 under load 15-19 was
+# within the noise, 11.7-13.5 vs 12.8-12.9 MB/s per edge; the reason is the cost, not a measured gain).
+RING_CLIENT_OPTIONS: tuple[str, ...] = ("-Z",)
 # struct tcp_info (linux/tcp.h): __u64 tcpi_bytes_received sits at byte 128 (since Linux 4.1).
 TCPI_BYTES_RECEIVED_OFFSET = 128
 TCP_INFO_LEN = 232
@@ -67,6 +78,115 @@ def measure_link(lab: Lab, a: int = 0, b: int = 1, seconds: float = 2.0, tool: s
     forward, backward = _run_streams([(host_a, host_b), (host_b, host_a)], seconds)
     return LinkMeasurement(single_stream_Bps=single, bidir_Bps=(forward, backward), tool="diag-socket",
                            seconds=seconds)
+
+
+@dataclass(frozen=True)
+class EdgeFlow:
+    """One ring edge's goodput, measured at the receiver."""
+
+    sender: str
+    receiver: str
+    goodput_Bps: float
+
+    def to_json(self) -> dict[str, object]:
+        return {"sender": self.sender, "receiver": self.receiver, "goodput_Bps": self.goodput_Bps}
+
+
+@dataclass(frozen=True)
+class RingPatternMeasurement:
+    """N iperf3 flows at once, h(i) -> h((i+1) % N): the machine's own limit for a ring collective's traffic.
+
+    A ring all_gather's busbw is what each edge carries, so the per-edge mean is the figure to hold raw
+    ring busbw against; the slowest edge is kept too, since a ring's steps wait for it.
+    """
+
+    world_size: int
+    flows: tuple[EdgeFlow, ...]
+    tool: str
+    seconds: float
+
+    @property
+    def mean_edge_Bps(self) -> float:
+        return sum(flow.goodput_Bps for flow in self.flows) / len(self.flows)
+
+    @property
+    def min_edge_Bps(self) -> float:
+        return min(flow.goodput_Bps for flow in self.flows)
+
+    def to_json(self) -> dict[str, object]:
+        return {"world_size": self.world_size, "flows": [flow.to_json() for flow in self.flows],
+                "mean_edge_Bps": self.mean_edge_Bps, "min_edge_Bps": self.min_edge_Bps,
+                "tool": self.tool, "seconds": self.seconds}
+
+
+def measure_ring_pattern(lab: Lab, world_size: int, seconds: float = 3.0) -> RingPatternMeasurement:
+    """One iperf3 flow per ring edge of hosts h0..h(N-1), all edges at once, `seconds` each.
+
+    Each receiving host runs its own one-off iperf3 server (-1) that reports receiver-side intervals as JSON;
+    the goodput of an edge is taken from those intervals after the warm-up, so slow start and the clients'
+    staggered start (each is a separate `ip netns exec`) stay out of the figure.
+    """
+    if not 2 <= world_size <= len(lab.hosts):
+        raise DiagError(f"a ring of {world_size} hosts needs 2..{len(lab.hosts)} (the lab has {len(lab.hosts)} hosts)")
+    if not 1.0 <= seconds <= 60:
+        raise DiagError(f"ring pattern time {seconds} s is outside 1..60 s")
+    if not iperf3_available():
+        raise DiagError("iperf3 is not installed; the ring pattern needs it (apt-get install iperf3)")
+    hosts = [lab.host(index) for index in range(world_size)]
+    edges = [(hosts[index], hosts[(index + 1) % world_size]) for index in range(world_size)]
+    warmup_s = min(RING_WARMUP_S, seconds / 3)
+    servers: list[subprocess.Popen[str]] = []
+    clients: list[subprocess.Popen[str]] = []
+    try:
+        for _sender, receiver in edges:
+            servers.append(subprocess.Popen(
+                [*lab.exec_prefix(receiver), "iperf3", "-s", "-1", "-J", "-i", f"{RING_INTERVAL_S:g}",
+                 "-p", str(IPERF3_PORT), "-B", receiver.address],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for _sender, receiver in edges:
+            _wait_listening(lab, receiver, IPERF3_PORT)
+        for sender, receiver in edges:
+            clients.append(subprocess.Popen(
+                [*lab.exec_prefix(sender), "iperf3", "-c", receiver.address, "-p", str(IPERF3_PORT),
+                 "-t", f"{seconds:g}", "-J", *RING_CLIENT_OPTIONS], stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True))
+        deadline = time.monotonic() + seconds + 2 * GRACE_S
+        outputs = [_finish(proc, deadline) for proc in clients + servers]
+    finally:
+        for proc in clients + servers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+    client_outputs, server_outputs = outputs[:world_size], outputs[world_size:]
+    flows = []
+    for (sender, receiver), client_out, server_out in zip(edges, client_outputs, server_outputs, strict=True):
+        rate = _receiver_rate(server_out[0], warmup_s)
+        if rate is None:
+            raise DiagError(f"iperf3 {sender.name} -> {receiver.name} failed: "
+                            f"{(client_out[1] or client_out[0] or server_out[1]).strip()[:200]}")
+        flows.append(EdgeFlow(sender.name, receiver.name, rate))
+    return RingPatternMeasurement(world_size=world_size, flows=tuple(flows), tool="iperf3", seconds=seconds)
+
+
+def _finish(proc: subprocess.Popen[str], deadline: float) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired as exc:
+        raise DiagError(f"iperf3 ring pattern did not finish in time ({' '.join(map(str, proc.args))})") from exc
+
+
+def _receiver_rate(server_stdout: str, warmup_s: float) -> float | None:
+    """Bytes/s the server received over its report intervals that start after the warm-up (the last,
+    possibly partial, interval included: its bytes and its length count alike)."""
+    try:
+        intervals = [interval["sum"] for interval in json.loads(server_stdout)["intervals"]]
+    except (ValueError, KeyError, TypeError):
+        return None
+    steady = [interval for interval in intervals if interval["start"] >= warmup_s - 1e-6]
+    span = sum(interval["end"] - interval["start"] for interval in steady)
+    if not steady or span <= 0:
+        return None
+    return sum(interval["bytes"] for interval in steady) / span
 
 
 def iperf3_available() -> bool:

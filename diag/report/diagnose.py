@@ -727,22 +727,26 @@ def rule_cpu_pinned(run: RunData) -> list[Finding]:
                           "network-bound", **thresholds)
     hits: list[Evidence] = []
     carried: dict[int, float] = {}
+    machine_reach = _machine_link_reach(run)
     raw_reach = _raw_link_reach(run, run.link_Bps)
     for tag, samples, share in _saturated_captures(per_host):
         capture = run.captures[tag]
-        reach = raw_reach.get(capture.world_size) if capture.world_size is not None else None
+        reach = machine_reach.get(capture.world_size) if capture.world_size is not None else None
         if reach is not None and reach >= CPU_LINK_REACHED:
-            carried[capture.world_size] = reach  # busy, yet raw TCP fills the link at this N
+            carried[capture.world_size] = reach  # busy, yet raw TCP (and iperf3's ring) fill the link at this N
             continue
         median = statistics.median(s["busy_pct"] for s in samples)
         cpus = samples[0].get("cpus")
-        raw_text = (f"; raw TCP reached {reach:.0%} of the link at N={capture.world_size}" if reach is not None
+        raw = raw_reach.get(capture.world_size) if capture.world_size is not None else None
+        raw_text = (f"; raw TCP reached {raw:.0%} of the link at N={capture.world_size}" if raw is not None
                     else "; no raw-TCP rows at this N to tell whether the link could be filled")
+        raw_text += _ring_pattern_text(run, capture.world_size, raw)
         hits.append(Evidence(
             f"{capture.label}: the machine's {cpus} CPUs were >= {CPU_SATURATED_PCT:.0f}% busy in {share:.0%} "
             f"of {len(samples)} samples (median {median:.0f}%){raw_text}",
             {"share": share, "median_pct": median, "world_size": capture.world_size, "cpus": cpus,
-             "raw_link_share": reach, "kind": "host"}, f"observe/{tag}.jsonl", "cpu_threads.png"))
+             "raw_link_share": raw, "machine_link_share": reach, "kind": "host"}, f"observe/{tag}.jsonl",
+            "cpu_threads.png"))
     for key, samples in sorted(per_thread.items(), key=lambda kv: str(kv[0])):
         if len(samples) < CPU_MIN_SAMPLES:
             continue
@@ -758,7 +762,8 @@ def rule_cpu_pinned(run: RunData) -> list[Finding]:
                  "world_size": capture.world_size, "thread": samples[0].get("name")}, sources[key], "cpu_threads.png"))
     busy_note = ""
     if carried:
-        busy_note = (f"the machine's CPUs were busy at N={','.join(str(n) for n in sorted(carried))}, yet raw TCP "
+        who = "raw TCP and iperf3's ring pattern" if run.ring_pattern_Bps else "raw TCP"
+        busy_note = (f"the machine's CPUs were busy at N={','.join(str(n) for n in sorted(carried))}, yet {who} "
                      f"reached {min(carried.values()):.0%}-{max(carried.values()):.0%} of the link there, so the "
                      f"CPU could carry the traffic")
     thresholds["CPU_LINK_REACHED"] = CPU_LINK_REACHED
@@ -809,15 +814,45 @@ def _saturated_captures(per_host: dict[str, list[dict[str, Any]]]
 
 
 def cpu_limited_world_sizes(run: RunData) -> set[int]:
-    """The N at which the CPU rather than the link set the pace: every core busy, and raw TCP at that N
-    (if any) short of CPU_LINK_REACHED of the link. Rows at these N understate what the network does."""
-    reach = _raw_link_reach(run, run.link_Bps)
+    """The N at which the CPU rather than the link set the pace: every core busy, and raw TCP or the iperf3
+    ring pattern at that N (if any) short of CPU_LINK_REACHED of the link. Rows at these N understate what the
+    network does."""
+    reach = _machine_link_reach(run)
     limited = set()
     for tag, _samples, _share in _saturated_captures(_host_samples(run)):
         n = run.captures[tag].world_size
         if n is not None and (reach.get(n) is None or reach[n] < CPU_LINK_REACHED):
             limited.add(n)
     return limited
+
+
+def _machine_link_reach(run: RunData) -> dict[int, float]:
+    """Per N: the share of the link this machine carried, the lower of raw TCP's best busbw and the iperf3
+    ring pattern (run.json link.ring_pattern, where measured): either short of the link at a busy N means
+    the CPU, not the link, set the pace there."""
+    link = run.link_Bps
+    reach = _raw_link_reach(run, link)
+    if link:
+        for n, pattern_Bps in run.ring_pattern_Bps.items():
+            reach[n] = min(reach.get(n, pattern_Bps / link), pattern_Bps / link)
+    return reach
+
+
+def raw_link_reach(run: RunData) -> dict[int, float]:
+    """Per N: raw TCP's best busbw at a large size as a share of the measured link rate."""
+    return _raw_link_reach(run, run.link_Bps)
+
+
+def _ring_pattern_text(run: RunData, world_size: int | None, raw_reach: float | None) -> str:
+    """How raw TCP compares with the machine's own limit at N (the iperf3 ring pattern), where measured."""
+    pattern_Bps = run.ring_pattern_Bps.get(world_size) if world_size is not None else None
+    if pattern_Bps is None or not run.link_Bps:
+        return ""
+    text = (f"; the machine's own limit there, iperf3 in the same ring pattern, carried "
+            f"{pattern_Bps / run.link_Bps:.0%} of the link per edge")
+    if raw_reach is not None:
+        text += f" and raw TCP reached {raw_reach * run.link_Bps / pattern_Bps:.0%} of that limit"
+    return text
 
 
 def _raw_link_reach(run: RunData, link_Bps: float | None) -> dict[int, float]:

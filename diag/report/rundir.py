@@ -21,6 +21,11 @@ from diag.records import Record, RecordFile, load_records
 
 # A capture's tag, when its analysis carries no phases, may still name the world size (".._n2_..").
 _TAG_WORLD_RE = re.compile(r"(?:^|[_\-.])n(\d+)(?:[_\-.]|$)", re.IGNORECASE)
+# The iperf3 ring pattern at N below this share of the single-stream link: N flows at once are more than this
+# machine's CPU drives at the link rate, so the pattern, not the link, is the reference at that N. The same
+# share as diagnose's CPU_LINK_REACHED, so the report's link-reference table and cpu_bound name the same N;
+# above it the pattern is within iperf3's run-to-run noise of the single stream on a loaded machine.
+RING_PATTERN_CPU_LIMIT = 0.85
 
 
 @dataclass
@@ -148,6 +153,28 @@ class RunData:
         if isinstance(rate, (int, float)) and rate > 0:
             return float(rate) / 8.0
         return None
+
+    @property
+    def ring_pattern_Bps(self) -> dict[int, float]:
+        """Per N: the mean edge goodput of N iperf3 flows h(i) -> h((i+1) % N) at once (run.json
+        link.ring_pattern): what this machine itself carries in a ring of N, CPU included."""
+        pattern = (self.meta.get("link") or {}).get("ring_pattern") or {}
+        out: dict[int, float] = {}
+        if isinstance(pattern, dict):
+            for n, measured in pattern.items():
+                value = measured.get("mean_edge_Bps") if isinstance(measured, dict) else None
+                if str(n).isdigit() and isinstance(value, (int, float)) and value > 0:
+                    out[int(n)] = float(value)
+        return out
+
+    def link_reference_Bps(self, world_size: int) -> float | None:
+        """What one ring edge can carry at N: the iperf3 ring pattern where the machine (its CPU) held it below
+        RING_PATTERN_CPU_LIMIT of the single-stream link, else the link rate (link_Bps)."""
+        link = self.link_Bps
+        pattern = self.ring_pattern_Bps.get(world_size)
+        if pattern is not None and (link is None or pattern < RING_PATTERN_CPU_LIMIT * link):
+            return pattern
+        return link
 
     @property
     def link_source(self) -> str:

@@ -11,14 +11,17 @@ from collections.abc import Iterable
 from typing import Any
 
 from diag.records import Record
+from diag.transports.raw.knobs import RawKnobs
 
-# Knobs that change the mechanism (raw transport, issue 4) and so split rows into separate series.
-MECHANISM_KNOBS = ("emulate", "conn", "order", "handshake", "io", "chunks", "nodelay", "streams")
-# Values the raw transport uses when a knob is not given (diag/transports/raw/knobs.py RawKnobs): a raw
+# Knobs that change the mechanism (raw transport, issues 4 and 10) and so split rows into separate series.
+MECHANISM_KNOBS = ("emulate", "conn", "order", "handshake", "notice", "skew_us", "io", "chunks", "nodelay",
+                   "streams")
+# Values the raw transport uses when a knob is not given, read from their one source (RawKnobs): a raw
 # row shows only what differs from them, so labels stay short. "order" is always shown (exchange).
 # chunks None: blocks travel as chunk_bytes messages (1 MiB); an explicit --chunks K is shown.
-RAW_DEFAULTS: dict[str, Any] = {"conn": "split", "handshake": "none", "io": "duplex", "chunks": None,
-                                "nodelay": True, "streams": 1}
+RAW_DEFAULTS: dict[str, Any] = {name: getattr(RawKnobs(), name)
+                                for name in ("conn", "handshake", "notice", "skew_us", "io", "chunks", "nodelay",
+                                             "streams")}
 # Ops where every rank talks to one peer only, so the world size does not change the pattern.
 PAIRWISE_OPS = frozenset({"exchange", "send_recv"})
 

@@ -71,7 +71,7 @@ class TorchTransport:
     def knobs(self) -> dict[str, Any]:
         knobs: dict[str, Any] = {"timeout_s": self.timeout_s, "device": str(self.device)}
         for name, value in sorted(os.environ.items()):
-            if name.startswith(("GLOO_", "NCCL_", "TORCH_GLOO", "TP_")):
+            if name.startswith(("GLOO_", "NCCL_", "TORCH_GLOO", "TP_", "DIAG_TCP_")):
                 knobs[name] = value
         return knobs
 
@@ -137,6 +137,18 @@ class TorchTransport:
         else:
             works = [dist.irecv(recv, peer), dist.isend(send, peer)]
         for work in works:
+            work.wait()
+
+    def batch_p2p(self, recvs: list[tuple[torch.Tensor, int]], sends: list[tuple[torch.Tensor, int]],
+                  order: str) -> None:
+        if self.backend == "diag_tcp":
+            # its isend/irecv finish before they return: two ranks that both post a receive first would
+            # wait for each other until the timeout
+            raise UnsupportedOperation("diag_tcp runs point-to-point calls one at a time, so batch_isend_irecv "
+                                       "cannot overlap them; use all_gather on diag_tcp")
+        receives = [dist.P2POp(dist.irecv, tensor, peer) for tensor, peer in recvs]
+        posts = [dist.P2POp(dist.isend, tensor, peer) for tensor, peer in sends]
+        for work in dist.batch_isend_irecv(receives + posts if order == "recv-first" else posts + receives):
             work.wait()
 
     def all_reduce(self, tensor: torch.Tensor) -> None:

@@ -1,10 +1,24 @@
 """The data path: moves a schedule of sends and receives over nonblocking sockets, one event loop.
 
 A schedule is a list of stages; a stage is a list of ``Op`` (send or receive of one contiguous byte
-range to/from one peer on one stream). Stages run one after the other; inside a stage every op runs as
-soon as it may: a send once the op it forwards (``after``) has arrived, and with ``--handshake notify``
-once the peer's ready-to-receive notice for it has arrived. Ops on one socket go in schedule order, so
-both ends agree on sequence numbers without negotiating.
+range to/from one peer on one stream). Stages run one after the other. Ops on one socket go in schedule
+order, so both ends agree on sequence numbers without negotiating.
+
+Two protocols. ``--handshake none``: inside a stage every op runs as soon as it may (a send once the ops
+it depends on, ``after``, completed: ring forwarding); data is sent without asking.
+
+``--handshake notify`` is a model of gloo's pair protocol (gloo/transport/tcp/pair.cc, unbound buffers):
+the stage is a *program* posted in schedule order, as gloo's all_gather posts send, recv, send, recv; an
+op is posted once the ops in its ``after`` completed (gloo's waitSend/waitRecv), and posting never waits
+for the network. Posting a receive queues RECV_READY; posting a send queues SEND_READY and, if the peer's
+RECV_READY for it already arrived, the data right behind it, else the data waits and is queued when that
+RECV_READY arrives. Everything a rank writes to a socket goes through one FIFO per socket (gloo's ``tx_``),
+so a RECV_READY posted while the rank's own data is queued on the same socket waits behind that data:
+that is the mechanism the model exists to show. Where notices travel is a knob: on the data socket
+(``--notice in-band``, as gloo), on the reverse direction of the receive socket (``--conn split``), or on a
+socket of their own (``--notice own-conn``). Notices that arrived between operations are read at the
+start of the next one before anything is posted, as gloo's device thread reads them the moment they
+arrive. A send completes when its last byte is handed to the kernel, as in gloo.
 
 Zero copy: payload bytes go from the caller's buffer to ``send``/``sendmsg`` (memoryview slices, header
 and payload in one call so Nagle never splits them) and from ``recv_into`` straight into the caller's
@@ -48,9 +62,12 @@ class Op:
     peer: int
     view: memoryview            # contiguous bytes (format "B")
     stream: int = 0
-    after: Op | None = None     # this op may start only once ``after`` completed (ring forwarding)
+    after: tuple[Op, ...] = ()  # this op may start only once these completed (ring forwarding, gloo's waits)
     done: bool = False
     link: Link | None = None
+
+    def ready(self) -> bool:
+        return all(dependency.done for dependency in self.after)
 
 
 @dataclass(eq=False, slots=True)
@@ -72,9 +89,6 @@ class Link:
     conn: Conn
     send_seq: int = 0            # next DATA sequence number we send
     recv_seq: int = 0            # next DATA sequence number we expect
-    notice_seq: int = 0          # next NOTIFY we send (one per posted receive)
-    credit_seq: int = 0          # next NOTIFY we expect from the peer
-    credits: collections.deque[int] = field(default_factory=collections.deque)  # lengths the peer posted
     out: collections.deque[OutMessage] = field(default_factory=collections.deque)
     to_send: collections.deque[Op] = field(default_factory=collections.deque)
     to_post: collections.deque[Op] = field(default_factory=collections.deque)
@@ -83,24 +97,47 @@ class Link:
     header_filled: int = 0
     receiving: Op | None = None
     received: int = 0
+    eof: bool = False            # the peer closed its side while nothing was owed on this socket
     bytes_out: int = 0
     bytes_in: int = 0
 
     def __post_init__(self) -> None:
         self.header_view = memoryview(self.header)
 
-    def idle(self) -> bool:
-        return not (self.out or self.to_send or self.to_post or self.posted or self.receiving
-                    or self.header_filled)
+
+
+@dataclass(eq=False)
+class Channel:
+    """Notify protocol state of one (peer, stream): gloo's per-pair tallies of remote pending receives.
+
+    ``data_out``/``data_in`` carry our data to the peer and the peer's data to us; ``send_notices`` and
+    ``recv_notices`` are where our SEND_READY and RECV_READY go (the data socket, the receive socket's
+    reverse direction, or the notice socket)."""
+
+    peer: int
+    stream: int
+    data_out: Link | None
+    data_in: Link | None
+    send_notices: Link | None
+    recv_notices: Link | None
+    credits: collections.deque[int] = field(default_factory=collections.deque)  # peer's receives not yet used
+    waiting: collections.deque[Op] = field(default_factory=collections.deque)   # our sends without a credit
+    recv_ready_out: int = 0      # sequence numbers of the notices we sent and expect
+    recv_ready_in: int = 0
+    send_ready_out: int = 0
+    send_ready_in: int = 0
 
 
 class Engine:
     """Runs schedules on the links of one transport. Not thread safe: one operation at a time."""
 
     def __init__(self, links: dict[tuple[int, int, bool], Link], *, notify: bool, send_first: bool,
-                 alternate: bool, sockbuf: int | None) -> None:
+                 alternate: bool, sockbuf: int | None, notice_links: dict[int, Link] | None = None) -> None:
         # key: (peer, stream, sends?) -> the link that carries that direction
         self.routes = links
+        self.notice_links = notice_links or {}   # peer -> its notice socket (--notice own-conn)
+        self.channels: dict[tuple[int, int], Channel] = {}
+        self.program: collections.deque[Op] = collections.deque()
         self.notify = notify
         self.send_first = send_first
         self.alternate = alternate
@@ -126,20 +163,34 @@ class Engine:
     def _run_stage(self, stage: list[Op], what: str, deadline: float, timeout_s: float) -> None:
         links: list[Link] = []
         seen: set[int] = set()
+
+        def use(link: Link | None) -> None:
+            if link is not None and id(link) not in seen:
+                seen.add(id(link))
+                links.append(link)
+
         for op in stage:
             link = self.routes.get((op.peer, op.stream, op.kind == SEND))
             if link is None:
                 raise DiagError(f"no connection to rank {op.peer} (stream {op.stream}); internal routing error")
             op.link = link
             op.done = False
-            (link.to_send if op.kind == SEND else link.to_post).append(op)
-            if id(link) not in seen:
-                seen.add(id(link))
-                links.append(link)
+            use(link)
+            if self.notify:
+                channel = self._channel(op.peer, op.stream)
+                use(channel.send_notices if op.kind == SEND else channel.recv_notices)
+            else:
+                (link.to_send if op.kind == SEND else link.to_post).append(op)
         self.remaining = len(stage)
         self.stage_links = links
-        for link in links:
-            self._advance(link)
+        if self.notify:
+            self.program = collections.deque(stage)
+            for link in links:
+                self._read(link, None)     # notices that arrived since the last operation (gloo's device thread)
+            self._post_program()
+        else:
+            for link in links:
+                self._advance(link)
         if self.alternate:
             self._loop_alternate(links, what, deadline, timeout_s)
         else:
@@ -202,6 +253,7 @@ class Engine:
 
     # ----------------------------------------------------------------------------------- protocol
     def _advance(self, link: Link) -> None:
+        """--handshake none: queue what may go now; ``send_first`` decides which kind goes first."""
         if self.send_first:
             self._queue_sends(link)
             self._post_receives(link)
@@ -211,45 +263,102 @@ class Engine:
 
     def _post_receives(self, link: Link) -> None:
         while link.to_post:
-            op = link.to_post[0]
-            if self.notify and op.after is not None and not op.after.done:
-                return
-            link.to_post.popleft()
-            link.posted.append(op)
-            if self.notify:
-                header = bytearray(wire.HEADER_BYTES)
-                wire.pack_header(header, wire.MSG_NOTIFY, link.notice_seq, len(op.view))
-                link.notice_seq += 1
-                link.out.append(OutMessage(header, _EMPTY, None))
+            link.posted.append(link.to_post.popleft())
 
     def _queue_sends(self, link: Link) -> None:
-        while link.to_send:
-            op = link.to_send[0]
-            if op.after is not None and not op.after.done:
-                return
-            if self.notify:
-                if not link.credits:
-                    return
-                posted = link.credits.popleft()
-                if posted != len(op.view):
-                    raise DiagError(f"rank {op.peer} posted a receive of {posted} bytes for a send of "
-                                    f"{len(op.view)} bytes: the ranks called different operations or sizes")
-            link.to_send.popleft()
-            header = bytearray(wire.HEADER_BYTES)
-            wire.pack_header(header, wire.MSG_DATA, link.send_seq, len(op.view))
-            link.send_seq += 1
-            link.out.append(OutMessage(header, op.view, op))
+        while link.to_send and link.to_send[0].ready():
+            self._queue_data(link, link.to_send.popleft())
+
+    def _queue_data(self, link: Link, op: Op) -> None:
+        header = bytearray(wire.HEADER_BYTES)
+        wire.pack_header(header, wire.MSG_DATA, link.send_seq, len(op.view), op.stream)
+        link.send_seq += 1
+        link.out.append(OutMessage(header, op.view, op))
+
+    # --- the notify protocol (gloo's pair)
+    def _channel(self, peer: int, stream: int) -> Channel:
+        channel = self.channels.get((peer, stream))
+        if channel is None:
+            data_out = self.routes.get((peer, stream, True))
+            data_in = self.routes.get((peer, stream, False))
+            own = self.notice_links.get(peer)
+            channel = Channel(peer, stream, data_out, data_in, send_notices=own or data_out,
+                              recv_notices=own or data_in)
+            self.channels[(peer, stream)] = channel
+        return channel
+
+    def _notice(self, link: Link | None, kind: int, seq: int, length: int, stream: int) -> None:
+        if link is None:
+            raise DiagError("no connection for a ready notice; internal routing error")
+        header = bytearray(wire.HEADER_BYTES)
+        wire.pack_header(header, kind, seq, length, stream)
+        link.out.append(OutMessage(header, _EMPTY, None))
+
+    def _post_program(self) -> None:
+        """Post the stage's ops in program order until one must wait for earlier ops (gloo's user thread)."""
+        while self.program and self.program[0].ready():
+            op = self.program.popleft()
+            channel = self._channel(op.peer, op.stream)
+            if op.kind == SEND:
+                self._notice(channel.send_notices, wire.MSG_SEND_READY, channel.send_ready_out, len(op.view),
+                             op.stream)
+                channel.send_ready_out += 1
+                if channel.credits:
+                    self._start_send(channel, op, channel.credits.popleft())
+                else:
+                    channel.waiting.append(op)
+            else:
+                assert op.link is not None
+                op.link.posted.append(op)
+                self._notice(channel.recv_notices, wire.MSG_RECV_READY, channel.recv_ready_out, len(op.view),
+                             op.stream)
+                channel.recv_ready_out += 1
+
+    def _start_send(self, channel: Channel, op: Op, posted: int) -> None:
+        if posted != len(op.view):
+            raise DiagError(f"rank {op.peer} posted a receive of {posted} bytes for a send of "
+                            f"{len(op.view)} bytes: the ranks called different operations or sizes")
+        assert op.link is not None
+        self._queue_data(op.link, op)
+
+    def _on_notice(self, kind: int, stream: int, seq: int, length: int, peer: int) -> None:
+        if not self.notify:
+            raise DiagError(f"rank {peer} sent a ready notice but this rank runs --handshake none; "
+                            "are all ranks using the same --handshake?")
+        channel = self._channel(peer, stream)
+        if kind == wire.MSG_SEND_READY:
+            if seq != channel.send_ready_in & 0xFFFFFFFF:
+                raise DiagError(f"rank {peer} sent SEND_READY {seq}, expected {channel.send_ready_in & 0xFFFFFFFF}")
+            channel.send_ready_in += 1
+            return
+        if seq != channel.recv_ready_in & 0xFFFFFFFF:
+            raise DiagError(f"rank {peer} sent RECV_READY {seq}, expected {channel.recv_ready_in & 0xFFFFFFFF}")
+        channel.recv_ready_in += 1
+        if channel.waiting:
+            self._start_send(channel, channel.waiting.popleft(), length)
+        else:
+            channel.credits.append(length)
 
     def _complete(self, op: Op) -> None:
         op.done = True
         self.remaining -= 1
+        if self.notify:
+            self._post_program()
+            return
         for link in self.stage_links:
             if link.to_send or link.to_post:
                 self._advance(link)
 
     def _wants_read(self, link: Link) -> bool:
-        return bool(link.receiving is not None or link.header_filled or link.posted
-                    or (self.notify and link.to_send))
+        # Notify: like gloo's device thread, always read what arrives (notices may come at any time).
+        if self.notify:
+            return not link.eof or self._expects(link)
+        return bool(link.receiving is not None or link.header_filled or link.posted)
+
+    def _expects(self, link: Link) -> bool:
+        """Whether this rank still waits for bytes on ``link`` (data, or RECV_READY for a waiting send)."""
+        return bool(link.posted or link.receiving is not None or link.header_filled
+                    or any(channel.waiting and channel.send_notices is link for channel in self.channels.values()))
 
     # ----------------------------------------------------------------------------------- I/O
     def _write(self, link: Link, deadline: float | None, budget: int | None = None) -> bool:
@@ -312,6 +421,11 @@ class Engine:
             except OSError as exc:
                 self._peer_failed(link, exc)
             if got == 0:
+                if self.notify and not self._expects(link):
+                    # The peer finished and closed while this rank still reads greedily: not a failure
+                    # unless a later operation needs this socket (then _expects turns true and it raises).
+                    link.eof = True
+                    break
                 self._peer_failed(link, None)
             moved += got
             link.bytes_in += got
@@ -333,16 +447,9 @@ class Engine:
         return moved > 0
 
     def _on_header(self, link: Link, peer: int) -> None:
-        kind, seq, length = wire.parse_header(link.header, peer)
-        if kind == wire.MSG_NOTIFY:
-            if not self.notify or seq != link.credit_seq & 0xFFFFFFFF:
-                raise DiagError(f"rank {peer} sent an unexpected ready-to-receive notice (seq {seq}); "
-                                "are all ranks using the same --handshake?")
-            link.credit_seq += 1
-            link.credits.append(length)
-            for candidate in self.stage_links:
-                if candidate.to_send:
-                    self._advance(candidate)
+        kind, stream, seq, length = wire.parse_header(link.header, peer)
+        if kind != wire.MSG_DATA:
+            self._on_notice(kind, stream, seq, length, peer)
             return
         if not link.posted:
             raise DiagError(f"rank {peer} sent {length} data bytes nobody asked for; "
@@ -383,8 +490,8 @@ class Engine:
     # ----------------------------------------------------------------------------------- failures
     def _timeout(self, links: list[Link], what: str, timeout_s: float) -> None:
         starved = sorted({link.conn.peer for link in links
-                          if link.posted or link.receiving is not None or link.header_filled
-                          or (self.notify and link.to_send and not link.credits)})
+                          if link.posted or link.receiving is not None or link.header_filled}
+                         | {channel.peer for channel in self.channels.values() if channel.waiting})
         blocked = sorted({link.conn.peer for link in links if link.out})
         parts = []
         if starved:

@@ -2,7 +2,9 @@
 
 For every rank pair the higher rank connects and the lower rank accepts. ``--conn shared`` opens
 ``streams`` sockets per pair that carry both directions; ``--conn split`` opens ``streams`` sockets per
-direction, each carrying bulk data one way only (its reverse direction sees only ACKs).
+direction, each carrying bulk data one way only (its reverse direction sees only ACKs and, with
+``--handshake notify``, the receiver's ready notices). ``--notice own-conn`` adds one socket per pair
+that carries only the ready notices.
 
 The accepting side multiplexes the listener and every half-open connection in one poll loop with
 per-connection deadlines, so a stray client that sends half a HELLO cannot stall the real ranks. When more
@@ -104,7 +106,10 @@ def apply_socket_options(sock: socket.socket, knobs: RawKnobs) -> None:
 def conn_plan(rank: int, peer: int, knobs: RawKnobs) -> list[tuple[int, int]]:
     """(role, stream) of every socket between rank and peer, in a fixed order both sides agree on."""
     roles = [wire.ROLE_SHARED] if knobs.conn == "shared" else [wire.ROLE_UP, wire.ROLE_DOWN]
-    return [(role, stream) for role in roles for stream in range(knobs.streams)]
+    plan = [(role, stream) for role in roles for stream in range(knobs.streams)]
+    if knobs.handshake == "notify" and knobs.notice == "own-conn":
+        plan.append((wire.ROLE_NOTICE, 0))
+    return plan
 
 
 def make_conn(sock: socket.socket, rank: int, peer: int, role: int, stream: int, knobs: RawKnobs) -> Conn:
@@ -112,11 +117,13 @@ def make_conn(sock: socket.socket, rank: int, peer: int, role: int, stream: int,
     sock.setblocking(False)
     if role == wire.ROLE_SHARED:
         sends = receives = True
+    elif role == wire.ROLE_NOTICE:
+        sends = receives = False
     else:
         # "up" carries data from the lower rank to the higher one.
         sends = (role == wire.ROLE_UP) == (rank < peer)
         receives = not sends
-    name = wire.ROLE_NAMES[role] if role == wire.ROLE_SHARED else ("send" if sends else "recv")
+    name = wire.ROLE_NAMES[role] if role in (wire.ROLE_SHARED, wire.ROLE_NOTICE) else ("send" if sends else "recv")
     return Conn(sock=sock, peer=peer, role=role, stream=stream, sends=sends, receives=receives,
                 label=f"r{rank}-r{peer}.{name}.s{stream}")
 

@@ -3,9 +3,12 @@
 All functions work on flat byte memoryviews. A block is split into ``chunks x streams`` parts; part i
 travels on stream ``i % streams``, so every chunk is striped over all streams of a peer pair.
 
-- ring (gloo's all_gather for every N): N-1 steps; in step s rank r sends block (r-s) to r+1 and receives
-  block (r-s-1) from r-1. A part is forwarded as soon as it arrived (``after``), so steps pipeline at
-  chunk granularity. At N=2 both neighbours are the same rank.
+- ring (gloo's all_gather for every N, gloo/allgather.cc): N-1 steps; in step s rank r sends block (r-s)
+  to r+1 and receives block (r-s-1) from r-1. A part is forwarded as soon as it arrived (``after``), so
+  steps pipeline at chunk granularity. At N=2 both neighbours are the same rank, so all ops of the
+  operation go to one peer. With ``gloo_waits`` (the notify protocol) the send and receive of part i in
+  step s are posted only once both the send and the receive of part i in step s-1 completed: gloo posts
+  op k after ``waitSend``/``waitRecv`` of op k-2 (2 chunks per block).
 - pairwise: N-1 stages run one after another; in stage s rank r exchanges its own block with r+s / r-s.
 - direct: every rank sends its block to all peers and receives from all at once.
 
@@ -32,12 +35,12 @@ def _paired(send: Op, recv: Op, send_first: bool) -> list[Op]:
 def transfer_ops(kind: int, peer: int, view: memoryview, chunks: int, streams: int,
                  after: list[Op] | None = None) -> list[Op]:
     bounds = part_bounds(len(view), chunks * streams)
-    return [Op(kind, peer, view[lo:hi], stream=i % streams, after=None if after is None else after[i])
+    return [Op(kind, peer, view[lo:hi], stream=i % streams, after=() if after is None else (after[i],))
             for i, (lo, hi) in enumerate(bounds)]
 
 
 def all_gather(algo: str, out: memoryview, rank: int, world_size: int, chunks: int, streams: int,
-               send_first: bool) -> list[list[Op]]:
+               send_first: bool, gloo_waits: bool = False) -> list[list[Op]]:
     """Stages for all_gather on ``out`` (world_size equal blocks, own block already in place)."""
     block = len(out) // world_size
     parts = chunks * streams
@@ -54,18 +57,21 @@ def all_gather(algo: str, out: memoryview, rank: int, world_size: int, chunks: i
         right = (rank + 1) % world_size
         left = (rank - 1) % world_size
         stage: list[Op] = []
-        previous: list[Op] | None = None
+        previous: list[tuple[Op, Op]] | None = None   # (send, recv) of each part in the step before
         for step in range(world_size - 1):
             send_block = (rank - step) % world_size
             recv_block = (rank - step - 1) % world_size
-            received: list[Op] = []
+            current: list[tuple[Op, Op]] = []
             for i in range(parts):
-                forwarded = None if previous is None else previous[i]
-                send = Op(SEND, right, part(send_block, i), stream=i % streams, after=forwarded)
-                recv = Op(RECV, left, part(recv_block, i), stream=i % streams, after=forwarded)
+                waits: tuple[Op, ...] = ()
+                if previous is not None:
+                    before_send, forwarded = previous[i]
+                    waits = (forwarded, before_send) if gloo_waits else (forwarded,)
+                send = Op(SEND, right, part(send_block, i), stream=i % streams, after=waits)
+                recv = Op(RECV, left, part(recv_block, i), stream=i % streams, after=waits)
                 stage.extend(_paired(send, recv, send_first))
-                received.append(recv)
-            previous = received
+                current.append((send, recv))
+            previous = current
         return [stage]
     stages: list[list[Op]] = []
     for step in range(1, world_size):

@@ -98,16 +98,22 @@ class RawTransport:
         finally:
             listener.close()
         links: dict[tuple[int, int, bool], Link] = {}
+        notice_links: dict[int, Link] = {}
         self._links: list[Link] = []
         for conn in self._conns:
             link = Link(conn)
             self._links.append(link)
+            if conn.role == wire.ROLE_NOTICE:
+                notice_links[conn.peer] = link
             if conn.sends:
                 links[(conn.peer, conn.stream, True)] = link
             if conn.receives:
                 links[(conn.peer, conn.stream, False)] = link
         self._engine = Engine(links, notify=knobs.handshake == "notify", send_first=knobs.order == "send-first",
-                              alternate=knobs.io == "alternate", sockbuf=knobs.sockbuf)
+                              alternate=knobs.io == "alternate", sockbuf=knobs.sockbuf,
+                              notice_links=notice_links)
+        # --skew-us: every rank but 0 starts each operation (not the barrier) this much later.
+        self._skew_s = knobs.skew_us / 1e6 if rank != 0 else 0.0
         self._barrier_out = bytearray(world_size)
         if knobs.tcpinfo_dir:
             directory = Path(knobs.tcpinfo_dir)
@@ -126,7 +132,8 @@ class RawTransport:
         port = listener.getsockname()[1]
         store.set(f"addr/{self.rank}", f"{self._address}:{port}")
         fingerprint = json.dumps({k: v for k, v in self.settings.as_record().items()
-                                  if k in ("algo", "order", "conn", "handshake", "chunks", "chunk_bytes", "streams", "io")},
+                                  if k in ("algo", "order", "conn", "handshake", "chunks", "chunk_bytes", "streams", "io",
+                                           "notice")},
                                  sort_keys=True)
         store.set(f"knobs/{self.rank}", fingerprint)
         try:
@@ -200,7 +207,8 @@ class RawTransport:
             out[self.rank * block:(self.rank + 1) * block] = inp
         knobs = self.settings
         stages = schedules.all_gather(knobs.algo, out, self.rank, self.world_size, knobs.chunks_for(block),
-                                      knobs.streams, knobs.order == "send-first")
+                                      knobs.streams, knobs.order == "send-first",
+                                      gloo_waits=knobs.handshake == "notify")
         self._run(stages, "all_gather")
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
@@ -229,6 +237,19 @@ class RawTransport:
         recvs = schedules.transfer_ops(RECV, peer, in_view, self.settings.chunks_for(len(in_view)),
                                        self.settings.streams)
         self._run([sends + recvs if order == "send-first" else recvs + sends], f"exchange with rank {peer}")
+
+    def batch_p2p(self, recvs: list[tuple[torch.Tensor, int]], sends: list[tuple[torch.Tensor, int]],
+                  order: str) -> None:
+        ops: dict[str, list[Any]] = {"recv": [], "send": []}
+        for kind, name, pairs in ((RECV, "recv", recvs), (SEND, "send", sends)):
+            for tensor, peer in pairs:
+                self._check_peer(peer)
+                view = tensor_bytes(tensor)
+                self._last_size_bytes = len(view)
+                ops[name] += schedules.transfer_ops(kind, peer, view, self.settings.chunks_for(len(view)),
+                                                    self.settings.streams)
+        stage = ops["recv"] + ops["send"] if order == "recv-first" else ops["send"] + ops["recv"]
+        self._run([stage], "batch_isend_irecv")
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         self._check_peer(root, allow_self=True)
@@ -307,6 +328,8 @@ class RawTransport:
     def _run(self, stages: list[list[Any]], what: str) -> None:
         if self._closed:
             raise DiagError("the raw transport is closed")
+        if self._skew_s and what != "barrier":
+            _wait_precisely(self._skew_s)
         self._engine.run(stages, what, self.timeout_s)
 
     def _check_peer(self, peer: int, allow_self: bool = False) -> None:
@@ -336,6 +359,17 @@ class RawTransport:
                 if info is not None:
                     self._write_sample(conn, info, "interval", index)
             index += 1
+
+
+SPIN_BELOW_S = 0.0005   # time.sleep overshoots by ~0.1 ms; the last half millisecond is spun
+
+
+def _wait_precisely(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    if seconds > SPIN_BELOW_S:
+        time.sleep(seconds - SPIN_BELOW_S)
+    while time.perf_counter() < end:
+        pass
 
 
 def _reduce(stacked: torch.Tensor, op: str) -> torch.Tensor:
