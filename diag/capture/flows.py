@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from diag.capture.reader import ACK, FIN, RST, SYN, ReadResult, read_capture
-from diag.capture.tcpstate import PacketState, analyze_packets
+from diag.capture.tcpstate import PacketState, analyze_packets, group_order
 from diag.capture.turns import CONTROL_MAX_BYTES, connection_turns, summarize
 
 ANALYSIS_SCHEMA = 1
@@ -82,17 +82,22 @@ def build_packets(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]],
                   results: list[ReadResult]) -> Packets:
     """Connections, directions, handshakes and the per-packet TCP state of the merged table."""
     n = cols["ts_ns"].size
-    src, dst = cols["src"].astype(np.int64), cols["dst"].astype(np.int64)
+    src, dst = cols["src"], cols["dst"]  # int32 endpoint ids: no int64 copies of the two columns
     first_index, conn = _pair_ids(src, dst, len(endpoints))
-    # Number connections in order of first appearance, as tshark's tcp.stream does.
-    rank = np.empty(first_index.size, dtype=np.int32)
-    rank[np.argsort(first_index, kind="stable")] = np.arange(first_index.size)
-    conn = rank[conn] if n else conn.astype(np.int32)
+    if first_index.size > 1:
+        # Number connections in order of first appearance, as tshark's tcp.stream does.
+        rank = np.empty(first_index.size, dtype=np.int32)
+        rank[np.argsort(first_index, kind="stable")] = np.arange(first_index.size)
+        conn = rank[conn]
+    conn = conn.astype(np.int32, copy=False)
     first_of_conn = np.sort(first_index)
-    conn_a = src[first_of_conn] if n else np.zeros(0, np.int64)
-    conn_b = dst[first_of_conn] if n else np.zeros(0, np.int64)
+    conn_a32, conn_b32 = src[first_of_conn], dst[first_of_conn]
+    conn_a, conn_b = conn_a32.astype(np.int64), conn_b32.astype(np.int64)
     # int8/int32 rather than int64: these two live as long as the analysis, one entry per packet.
-    direction = (src != conn_a[conn]).astype(np.int8) if n else np.zeros(0, np.int8)
+    if conn_a32.size == 1:  # one connection: no per-packet lookup of its first sender
+        direction = (src != conn_a32[0]).astype(np.int8)
+    else:
+        direction = (src != conn_a32[conn]).astype(np.int8) if n else np.zeros(0, np.int8)
     del src, dst
     nconn = first_index.size
     wscale, mss, syn_seen, first_rtt = _handshakes(results, cols, conn, direction, conn_a, nconn)
@@ -126,24 +131,22 @@ def _pair_ids(src: np.ndarray, dst: np.ndarray, nendpoints: int) -> tuple[np.nda
     """
     low, high = np.minimum(src, dst), np.maximum(src, dst)
     if 0 < nendpoints <= 2048:
-        key = low * nendpoints + high
+        key = low.astype(np.int32, copy=False) * np.int32(nendpoints) + high  # < 2048**2: fits int32
         present = np.zeros(nendpoints * nendpoints, dtype=bool)
         present[key] = True
         keys = np.flatnonzero(present)
-        lookup = np.zeros(present.size, dtype=np.int64)
+        if keys.size == 1:
+            return np.zeros(1, dtype=np.int64), np.zeros(key.size, dtype=np.int32)
+        lookup = np.zeros(present.size, dtype=np.int32)
         lookup[keys] = np.arange(keys.size)
         conn = lookup[key]
         del key, lookup
-        if keys.size == 1:
-            return np.zeros(1, dtype=np.int64), conn
-        from diag.capture.tcpstate import group_order
-
         order = group_order(conn, keys.size)
         starts = np.flatnonzero(np.r_[True, conn[order][1:] != conn[order][:-1]])
         return order[starts].astype(np.int64), conn
-    pair = low << 32 | high
+    pair = low.astype(np.int64) << 32 | high
     _, first_index, conn = np.unique(pair, return_index=True, return_inverse=True)
-    return first_index, conn.ravel().astype(np.int64)
+    return first_index, conn.ravel().astype(np.int32)
 
 
 def _handshakes(results: list[ReadResult], cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray,
@@ -426,11 +429,12 @@ def aggregate(p: Packets, rows: np.ndarray, bin_s: float, idle_gap_s: float,
     st = p.state
     if rows.size == 0:
         return [], []
-    conn = st.conn[rows]
-    direction = st.direction[rows]
-    order = np.lexsort((np.arange(rows.size), direction, conn))
+    # Rows by (connection, direction), time order within each: a stable counting/radix order of one key.
+    row_key = st.conn[rows].astype(np.int64) * 2 + st.direction[rows]
+    order = group_order(row_key, int(row_key.max()) + 1)
     sorted_rows = rows[order]
-    key = conn[order] * 2 + direction[order]
+    key = row_key[order]
+    del row_key
     bounds = np.flatnonzero(np.diff(key)) + 1
     groups = {int(key[s]): sorted_rows[s:e] for s, e in zip(np.r_[0, bounds], np.r_[bounds, key.size], strict=True)}
     connections = []
@@ -532,12 +536,15 @@ def _hosts(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]], rows: 
     present = np.flatnonzero(counts) if data.size else np.zeros(0, np.int64)
     for index in present.tolist():
         tx, rx = src_addr == index, dst_addr == index
-        dup = duplex(ts_s[tx], plen[tx], ts_s[rx], plen[rx], idle_gap_s)
+        # A host that sends and receives every data packet (one address, e.g. loopback) needs no copies.
+        tx_ts, tx_plen = (ts_s, plen) if tx.all() else (ts_s[tx], plen[tx])
+        rx_ts, rx_plen = (ts_s, plen) if rx.all() else (ts_s[rx], plen[rx])
+        dup = duplex(tx_ts, tx_plen, rx_ts, rx_plen, idle_gap_s)
         seen = names[index] in observed
         hosts.append({
             "address": names[index],
-            "tx_bytes": int(plen[tx].sum()),
-            "rx_bytes": int(plen[rx].sum()),
+            "tx_bytes": int(tx_plen.sum()),
+            "rx_bytes": int(rx_plen.sum()),
             # null where the capture does not see this host's NIC: the traffic seen is only part of it
             "duplex_overlap": dup["duplex_overlap"] if seen else None,
             "nic_observed": seen,
@@ -604,13 +611,7 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
     cols, endpoints, results = read_files(paths)
     n = cols["ts_ns"].size
     rows = np.arange(n)
-    # The hosts' duplex needs only the columns: it runs on a second core beside the TCP state machine
-    # (numpy releases the GIL in the bulk work).
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-hosts") as pool:
-        hosts_future = pool.submit(_hosts, cols, endpoints, rows, idle_gap_s)
-        packets = build_packets(cols, endpoints, results)
-        hosts = hosts_future.result()
-    observed = {host["address"] for host in hosts if host["nic_observed"]}
+    packets = build_packets(cols, endpoints, results)
     warnings: list[str] = []
     files = []
     dropped_total: int | None = None
@@ -629,7 +630,10 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
     if dropped_total:
         warnings.append(f"the kernel dropped {dropped_total} packets during capture: counts are lower bounds "
                         "and retransmission/dup-ACK numbers may be wrong")
-    connections, hosts = aggregate(packets, rows, bin_s, idle_gap_s, with_series, hosts)
+    # The hosts (they need only the columns) are computed by aggregate on a second core beside the
+    # connections, not beside the TCP state machine: there their temporaries added ~140 MB to the peak.
+    connections, hosts = aggregate(packets, rows, bin_s, idle_gap_s, with_series)
+    observed = {host["address"] for host in hosts if host["nic_observed"]}
     phases_out = []
     if records:
         phases = phases_from_records(records)

@@ -302,9 +302,10 @@ class _PcapWalker:
         self.record_index += int(found[0].size)
         return found
 
-    def _headers(self, arr: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        rows = _gather(arr, starts, 16)
-        return rows.view(self.u32).astype(np.int64)
+    def _headers32(self, arr: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """[ts_sec, ts_frac, caplen, orig_len] rows as native uint32 (a byte swap only for a foreign order)."""
+        rows = _gather(arr, starts, 16).view(self.u32)
+        return rows if self.u32.isnative else rows.astype(np.uint32)
 
     def _vectorized(self, buf: bytes, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         n = arr.size
@@ -317,16 +318,21 @@ class _PcapWalker:
         # the chunk (a 64 MB pcap of zeros peaked at 1.2 GB). Walk such a chunk instead.
         if cand.size > n // MAX_CANDIDATE_SHARE:
             return None
-        head = self._headers(arr, cand)
+        # Header fields stay 32-bit while the candidates are screened (most chunks keep every one of
+        # them); only the kept rows are widened to int64.
+        head = self._headers32(arr, cand)
         caplen, orig = head[:, 2], head[:, 3]
         # Records of one chunk lie within hours of each other; a true record that fails this test only
         # ends the chain early, and the chunk is then walked record by record.
-        near = np.abs(head[:, 0] - head[0, 0]) < CHUNK_SPAN_S
+        near = np.abs(head[:, 0].astype(np.int64) - int(head[0, 0])) < CHUNK_SPAN_S
         plausible = ((caplen <= self.limit) & (caplen <= orig) & (head[:, 1] < self.ticks_per_s)
                      & (cand + 16 + caplen <= n) & near)
         if not plausible[0]:
             return None
-        cand, head = cand[plausible], head[plausible]
+        if plausible.all():
+            head = head.astype(np.int64)
+        else:
+            cand, head = cand[plausible], head[plausible].astype(np.int64)
         nxt = cand + 16 + head[:, 2]
         count = cand.size
         if count == 1 or (nxt[:-1] == cand[1:]).all():
@@ -551,10 +557,13 @@ class _ColumnBuilder:
         self.skip("non_ip", int(np.count_nonzero(~ok)))
         if not ok.any():
             return
+        # Every record is IP (the usual case): no compress of each array.
+        pick: np.ndarray | slice = slice(None) if ok.all() else ok
+        net_start = starts[pick] + net[pick]
         # Re-gather from the network header so every later field sits at a fixed column.
-        mat = _gather(arr, starts[ok] + net[ok], DECODE_WIDTH)
-        caplen = caplen[ok] - net[ok]
-        ts_ns, frame, ip_version = ts_ns[ok], frame[ok], ip_version[ok]
+        mat = _gather(arr, net_start, DECODE_WIDTH)
+        caplen = caplen[pick] - net[pick]
+        ts_ns, frame, ip_version = ts_ns[pick], frame[pick], ip_version[pick]
         v4 = ip_version == 4
         v6 = ~v4
         # IPv4
@@ -568,11 +577,12 @@ class _ColumnBuilder:
         tcp_off = np.where(v4, ihl, 40)
         ip_total = np.where(v4, v4_total, v6_total)
         is_tcp = np.where(v4, proto4 == 6, next6 == 6)
-        ext6 = v6 & np.isin(next6, (0, 43, 60, 51, 50, 135, 139, 140))
+        any_v6 = bool(v6.any())
+        ext6 = v6 & np.isin(next6, (0, 43, 60, 51, 50, 135, 139, 140)) if any_v6 else v6
         frag6 = v6 & (next6 == 44)
         bad_ihl = v4 & (ihl < 20)
         short_ip = caplen < np.where(v4, 20, 40)
-        keep = np.ones(int(np.count_nonzero(ok)), dtype=bool)
+        keep = np.ones(mat.shape[0], dtype=bool)
         reasons = [
             ("truncated_headers", short_ip),
             ("bad_header_length", bad_ihl & ~short_ip),
@@ -589,7 +599,6 @@ class _ColumnBuilder:
         short_tcp = keep & (caplen < tcp_off + 20)
         self.skip("truncated_headers", int(np.count_nonzero(short_tcp)))
         keep &= ~short_tcp
-        net_start = starts[ok] + net[ok]
         tmat = _gather(arr, net_start + tcp_off, TCP_WIDTH)  # every TCP field at a fixed column
         thl = (tmat[:, 12] >> 4).astype(np.int64) * 4
         bad_len = keep & ((thl < 20) | (ip_total < tcp_off + thl))
@@ -702,6 +711,12 @@ class _ColumnBuilder:
         """Endpoint ids of IPv4 (address << 16 | port) keys: a lookup in the sorted keys seen so far, so
         a chunk with no new endpoint (nearly all of them) costs a binary search per packet, not a sort."""
         known, ids = self.v4_known
+        if 0 < known.size <= 4:  # a few endpoints (a lab's flows): a compare per known key beats a search
+            out = np.full(key.size, -1, dtype=np.int32)
+            for known_key, known_id in zip(known.tolist(), ids.tolist(), strict=True):
+                np.copyto(out, np.int32(known_id), where=key == known_key)
+            if int(out.min(initial=0)) >= 0:
+                return out
         if known.size:
             pos = np.minimum(np.searchsorted(known, key), known.size - 1)
             if bool((known[pos] == key).all()):
@@ -756,6 +771,9 @@ def _timestamps(tmat: np.ndarray, tcp_off: np.ndarray, thl: np.ndarray,
         match = ~has & fits & (tmat[:, 20 + lead] == 8) & (tmat[:, 21 + lead] == 10)
         if lead:
             match &= (tmat[:, 20] == 1) & (tmat[:, 21] == 1)
+        if match.all():  # every packet in this layout (the usual case): no merge with the other one
+            return (_be(tmat, 22 + lead, 4).astype(np.uint32), _be(tmat, 26 + lead, 4).astype(np.uint32),
+                    match)
         if match.any():
             tsval = np.where(match, _be(tmat, 22 + lead, 4), tsval)
             tsecr = np.where(match, _be(tmat, 26 + lead, 4), tsecr)

@@ -269,12 +269,26 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     def to_time(a: np.ndarray, inverse: np.ndarray = inverse) -> np.ndarray:
         return a[inverse]
 
-    t_seq_rel, t_end_rel, t_next = to_time(seq_rel), to_time(end_rel), to_time(nextseq_before)
+    # One array at a time, each direction-major original freed as soon as its copy exists: the two
+    # orders of every column alive at once were the analysis's peak of memory.
+    t_seq_rel = to_time(seq_rel)
+    del seq_rel
+    t_moves_next = None if moves_next is end_rel else to_time(moves_next)
+    del moves_next
+    t_end_rel = to_time(end_rel)
+    del end_rel
+    if t_moves_next is None:
+        t_moves_next = t_end_rel
+    t_next = to_time(nextseq_before)
+    del nextseq_before, has_nextseq
     t_has_next = t_next > empty
-    t_next_time, t_dupack, t_dupacknum = to_time(nextseq_time), to_time(dup_ack), to_time(dupacknum)
-    t_moves_next = t_end_rel if moves_next is end_rel else to_time(moves_next)
+    t_next_time = to_time(nextseq_time)
+    del nextseq_time
+    t_dupack = to_time(dup_ack)
+    del dup_ack
+    t_dupacknum = to_time(dupacknum)
+    del dupacknum
     new_bytes = to_time(new_bytes)
-    del seq_rel, end_rel, moves_next, nextseq_before, has_nextseq, nextseq_time, dup_ack, dupacknum
 
     if r is None:
         has_rev, r = reverse.result()
@@ -286,7 +300,6 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     rev_ack_rel = ack_rel[r]                  # reverse's lastack, in *this* direction's seq_rel space
     rev_ack32 = ack32[r].astype(np.int64)     # tshark keeps the ACK field even without the ACK flag
     rev_ack_valid = has_rev & has_ack[r]
-    rev_time = ts[r]
     rev_dupacknum = t_dupacknum[r]
     # An ACK beyond everything captured of the other direction resets that direction's counter (rare:
     # the capture missed packets the peer received).
@@ -294,9 +307,7 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     del t_moves_next
     if resets.size:
         rev_dupacknum = _reset_rev_counts(resets, group, order, ack32, t_dupack, r)
-    rev_win = win[r]
-    rev_is_syn = (flags[r] & SYN) != 0
-    del r, t_dupacknum
+    del t_dupacknum
 
     data_or_sf = (plen > 0) | synfin
     if t_keep_alive is not None:
@@ -310,13 +321,14 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     end32 = (seq32 + plen) & _LOW32
     spurious = (data_or_sf & (plen > 0) & has_rev & (rev_ack32 != 0)
                 & ((((end32 - rev_ack32 + _HALF) & _LOW32) - _HALF) <= 0))
-    since_rev = ts - rev_time
+    since_rev = ts - ts[r]
     fast = (not_advanced & ~spurious & has_rev & (rev_dupacknum >= 2) & (rev_ack32 == seq32)
             & (since_rev >= 0) & (since_rev < FAST_RETRANSMISSION_WINDOW_NS))
-    del rev_dupacknum, rev_time, since_rev
-    conn_first_rtt = first_rtt_ns[conn]
-    ooo_threshold = np.where(conn_first_rtt > 0, conn_first_rtt, DEFAULT_OOO_THRESHOLD_NS)
-    del conn_first_rtt
+    del rev_dupacknum, since_rev
+    # Per connection first, then per packet (a scalar when there is one connection).
+    threshold_of_conn = np.where(first_rtt_ns > 0, first_rtt_ns, DEFAULT_OOO_THRESHOLD_NS)
+    ooo_threshold = threshold_of_conn[0] if threshold_of_conn.size == 1 else threshold_of_conn[conn]
+    del threshold_of_conn
     since_next = ts - t_next_time
     ooo = (not_advanced & ~spurious & ~fast & (since_next >= 0) & (since_next < ooo_threshold)
            & (t_next != t_end_rel))
@@ -337,6 +349,10 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     shift_fwd = flat_wscale[group]
     shift_rev = flat_wscale[group ^ 1]
     # The reverse side's window is unscaled while its last packet is its SYN (tshark's is_first_ack).
+    # (Gathered only here, from r, so that these two are not alive through the checks above.)
+    rev_win = win[r]
+    rev_is_syn = (flags[r] & SYN) != 0
+    del r
     rev_shift = np.where(rev_is_syn, 0, np.maximum(shift_rev, 0))
     window_full = ((plen > 0) & checked & has_rev & (shift_rev >= 0)
                    & (end32 == ((rev_ack32 + (rev_win << rev_shift)) & _LOW32)))
@@ -528,30 +544,37 @@ def _ack_rel(g: np.ndarray, starts: np.ndarray, first: np.ndarray, o_seq32: np.n
     a_filled = np.where(fill_idx >= 0, o_ack32[np.maximum(fill_idx, 0)], o_ack32)
     del fill_idx
     a_unwrapped = unwrap(a_filled, starts, first)
-    first_ack_per_row = a_filled[first]
+    # The anchor is one number per direction: its first row's ACK against the reverse direction's base.
+    heads = np.flatnonzero(starts)
+    first_ack = a_filled[heads]
     del a_filled
-    target_group = g ^ 1  # g = conn * 2 + direction, so the reverse direction is g ^ 1
-    target_base = np.where(known_base[target_group], base_seq32[target_group], first_ack_per_row)
-    anchor = ((first_ack_per_row - target_base + _HALF) & _LOW32) - _HALF
-    del target_group, target_base, first_ack_per_row
-    a_unwrapped += anchor
+    target = g[heads] ^ 1  # g = conn * 2 + direction, so the reverse direction is g ^ 1
+    target_base = np.where(known_base[target], base_seq32[target], first_ack)
+    anchor = ((first_ack - target_base + _HALF) & _LOW32) - _HALF
+    a_unwrapped += np.repeat(anchor, np.diff(np.append(heads, g.size)))
     return a_unwrapped[inverse]
 
 
 def _reverse_packets(conn: np.ndarray, direction: np.ndarray, nconn: int, itype: type
                      ) -> tuple[np.ndarray, np.ndarray]:
     """(has a reverse packet, index of it): the reverse direction's last packet before each packet."""
-    n = conn.size
-    corder = group_order(conn, nconn).astype(itype, copy=False)  # connection-major time order
-    cstarts = group_starts(conn[corder])
+    # Connections that never interleave in time (one connection, or one after another) are in
+    # connection-major order already: no permutation to apply and to undo (three gathers and a scatter
+    # of every row).
+    in_order = nconn <= 1 or bool((conn[1:] >= conn[:-1]).all())
+    corder = None if in_order else group_order(conn, nconn).astype(itype, copy=False)  # connection-major
+    cstarts = group_starts(conn if corder is None else conn[corder])
     cfirst = group_first(cstarts)
-    cdir = direction[corder]
-    last_dir1 = last_index_where(cdir == 1, cstarts, cfirst)
-    last_dir0 = last_index_where(cdir == 0, cstarts, cfirst)
-    rev_c = np.where(cdir == 0, last_dir1, last_dir0)
-    del last_dir1, last_dir0, cdir, cstarts, cfirst
-    rev = np.full(n, -1, dtype=itype)
-    rev[corder] = np.where(rev_c >= 0, corder[np.maximum(rev_c, 0)], -1)
+    cdir1 = (direction if corder is None else direction[corder]) == 1
+    last_dir1 = last_index_where(cdir1, cstarts, cfirst)
+    last_dir0 = last_index_where(~cdir1, cstarts, cfirst)
+    rev_c = np.where(cdir1, last_dir0, last_dir1)
+    del last_dir1, last_dir0, cdir1, cstarts, cfirst
+    if corder is None:
+        rev = rev_c
+    else:
+        rev = np.full(conn.size, -1, dtype=itype)
+        rev[corder] = np.where(rev_c >= 0, corder[np.maximum(rev_c, 0)], -1)
     del rev_c, corder
     return rev >= 0, np.maximum(rev, 0)
 
