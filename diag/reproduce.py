@@ -99,6 +99,10 @@ SWEEPS = (
 KNOBS_QUICK = (
     Step("raw-ring-shared-conn-all_gather", "raw", at="n2", volumes="experiment", knobs={"conn": "shared"}),
     Step("raw-ring-alternate-io-all_gather", "raw", at="n2", volumes="experiment", knobs={"io": "alternate"}),
+    # M1's toggle: gloo's protocol model with only the ready notice moved to its own connection, beside the
+    # --emulate gloo sweep row at the same N=2 size (diagnose: notice_behind_data, suspect_m1)
+    Step("raw-ring-emulate-gloo-own-conn-all_gather", "raw", at="n2", volumes="experiment",
+         knobs={"emulate": "gloo", "notice": "own-conn"}),
 )
 KNOBS_FULL = (
     *KNOBS_QUICK,

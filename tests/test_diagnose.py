@@ -593,3 +593,31 @@ def test_m1_notice_behind_own_data_is_a_paired_experiment_row(tmp_path) -> None:
     assert g.status == "clear" and g.statement.startswith("M1 ruled out by experiment")
     (u,) = NOTICE_CHANNEL(run_with(None, "absent"))
     assert u.status == "undecided" and "not isolated" in u.statement
+
+
+def test_suspects_are_shown_or_ruled_out_only_by_their_toggling_experiment() -> None:
+    """M1..M4: a suspect is shown (fired) or ruled out (clear) only by the experiment that toggles it; with no
+    such experiment, or one that could not decide, it is 'not isolated' (undecided), never fired."""
+    from diag.report.diagnose import Evidence, Finding, suspects
+
+    notice_on = Finding("notice_behind_data", "fired", "M1 shown: ...", "strong",
+                        (Evidence("raw N=2 16 MiB: own-conn 22.9 MB/s vs in-band 15.4 MB/s", {"world_size": 2}),))
+    shared_clear = Finding("shared_connection", "clear", "sharing one connection costs nothing measurable: 0.99x")
+    cpu_pinned = Finding("cpu_bound", "fired", "a thread is pinned", "strong", (Evidence("thread 99%"),))
+    verdicts = {f.rule: f for f in suspects([notice_on, shared_clear, cpu_pinned])}
+    assert list(verdicts) == ["suspect_m1", "suspect_m2", "suspect_m3", "suspect_m4"]
+    assert verdicts["suspect_m1"].status == "fired" and "shown by notice_behind_data" in verdicts["suspect_m1"].statement
+    assert verdicts["suspect_m1"].evidence == notice_on.evidence
+    assert verdicts["suspect_m4"].status == "clear" and "ruled out by shared_connection" in verdicts["suspect_m4"].statement
+    # M3 has no toggling experiment: a pinned thread supports a reading but convicts no suspect.
+    assert verdicts["suspect_m3"].status == "undecided" and "not isolated" in verdicts["suspect_m3"].statement
+    assert verdicts["suspect_m2"].status == "undecided"
+
+    # Negative: the experiments absent or undecided -> every suspect is not isolated.
+    unsure = Finding("notice_behind_data", "undecided", "moving the notice may change throughput, but ...")
+    verdicts = {f.rule: f for f in suspects([unsure])}
+    assert all(f.status == "undecided" for f in verdicts.values())
+    assert "notice_behind_data could not decide" in verdicts["suspect_m1"].statement
+    assert "no raw rows with both --conn shared" in verdicts["suspect_m4"].statement
+    ruled = Finding("notice_behind_data", "clear", "M1 ruled out by experiment: 1.01x")
+    assert suspects([ruled])[0].status == "clear"

@@ -30,7 +30,7 @@ from diag.report.diagnose.findings import (
     render_text,
     summary_lines,
 )
-from diag.report.diagnose.mechanism import mechanism
+from diag.report.diagnose.mechanism import SUSPECTS, mechanism, suspects
 from diag.report.diagnose.paired import (
     EXCHANGE_ORDER,
     EXPERIMENTS,
@@ -71,6 +71,7 @@ def diagnose(run: RunData) -> list[Finding]:
     for rule in RULES.values():
         findings.extend(rule(run))
     findings.append(mechanism(findings))
+    findings.extend(suspects(findings))
     return findings
 
 
@@ -79,9 +80,9 @@ def findings_to_json(findings: Sequence[Finding], run: RunData) -> dict[str, Any
 
 
 __all__ = [
-    "EXCHANGE_ORDER", "EXPERIMENTS", "FINDINGS_SCHEMA", "NOTICE_CHANNEL", "RULES", "SHARED_CONNECTION", "STATUSES", "STRENGTHS",
+    "EXCHANGE_ORDER", "EXPERIMENTS", "FINDINGS_SCHEMA", "NOTICE_CHANNEL", "RULES", "SHARED_CONNECTION", "STATUSES", "STRENGTHS", "SUSPECTS",
     "Evidence", "Finding", "FindingsDocument", "PairedExperiment", "Rule", "backend_below_raw", "capture_drops",
     "cpu_bound", "cpu_limited_world_sizes", "data_errors", "diagnose", "findings_to_json", "format_threshold",
     "half_duplex_match", "idle_gaps", "load_findings", "low_duplex_overlap", "mechanism", "n2_busbw_dip",
-    "render_text", "retransmissions", "summary_lines", "turn_taking", "window_limited",
+    "render_text", "retransmissions", "summary_lines", "suspects", "turn_taking", "window_limited",
 ]

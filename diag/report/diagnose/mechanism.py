@@ -4,6 +4,7 @@ that ruled suspects out; undecided when nothing isolates it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from diag.report.diagnose.findings import STRENGTHS, Evidence, Finding
 from diag.report.diagnose.paired import EXPERIMENTS
@@ -77,3 +78,60 @@ def mechanism(findings: Sequence[Finding]) -> Finding:
     if everywhere:
         statement += f" (not counted, seen at N>=3 too: {', '.join(everywhere)})"
     return Finding(name, "fired", statement, strength, evidence)
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """One suspected mechanism behind gloo's N=2 dip and the experiment that switches it on and off."""
+
+    id: str                    # the finding's rule id
+    name: str                  # what the mechanism is, in one phrase
+    experiment: str | None     # the paired-experiment rule that toggles it; None: nothing here can
+    shown: str                 # what a fired experiment means for this suspect
+    ruled_out: str             # what a clear experiment means
+    why_not_isolated: str      # why nothing here isolates it (with no experiment, or an undecided one)
+
+
+# Issue 10's four suspects. Only an experiment that toggles a suspect can show it or rule it out; everything
+# else (CPU samples, the wire) may support a reading but never convicts or clears a suspect on its own.
+SUSPECTS: tuple[Suspect, ...] = (
+    Suspect("suspect_m1", "M1: the ready-to-receive notice queued behind the rank's own data on the shared pair",
+            "notice_behind_data",
+            "the raw protocol model of gloo's pair runs faster with only the notice moved to its own connection",
+            "moving the notice to its own connection changes nothing in the protocol model",
+            "no raw rows toggle --notice in-band / own-conn under --emulate gloo"),
+    Suspect("suspect_m2", "M2: one lock per pair serialising both directions", None, "", "",
+            "no experiment here can switch gloo's per-pair lock from user level; the protocol model drives both "
+            "directions of a pair from one loop, so where M1 is shown, one driver per pair is not enough to slow "
+            "N=2 by itself"),
+    Suspect("suspect_m3", "M3: per-byte copies in PyTorch", None, "", "",
+            "no experiment here switches torch's copies off; see cpu_bound for whether any thread was pinned"),
+    Suspect("suspect_m4", "M4: ACKs queued behind reverse data on one connection", "shared_connection",
+            "raw TCP is slower with both directions (and their ACKs) on one connection than with one per direction; "
+            "ACKs behind reverse data are one cost of sharing, not told apart from the others",
+            "raw TCP with both directions, and each direction's ACKs behind the other's data, on one connection is "
+            "as fast as one connection per direction",
+            "no raw rows with both --conn shared and --conn split at N=2"),
+)
+
+
+def suspects(findings: Sequence[Finding]) -> list[Finding]:
+    """One verdict per suspected mechanism: shown or ruled out only by the experiment that toggles it, else
+    'not isolated' (undecided) with the reason. Runs whether or not a dip fired, so a clean run still says
+    which suspects its experiments cleared."""
+    by_rule = {f.rule: f for f in findings}
+    out: list[Finding] = []
+    for s in SUSPECTS:
+        experiment = by_rule.get(s.experiment) if s.experiment else None
+        if experiment is not None and experiment.status == "fired":
+            out.append(Finding(s.id, "fired", f"{s.name}: shown by {s.experiment} ({s.shown})",
+                               experiment.strength, experiment.evidence, experiment.thresholds))
+        elif experiment is not None and experiment.status == "clear":
+            out.append(Finding(s.id, "clear", f"{s.name}: ruled out by {s.experiment} ({s.ruled_out}): "
+                               f"{experiment.statement}", thresholds=experiment.thresholds))
+        else:
+            why = s.why_not_isolated
+            if experiment is not None:
+                why = f"{s.experiment} could not decide: {experiment.statement}"
+            out.append(Finding(s.id, "undecided", f"{s.name}: not isolated ({why})"))
+    return out
