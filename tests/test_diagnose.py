@@ -621,3 +621,32 @@ def test_suspects_are_shown_or_ruled_out_only_by_their_toggling_experiment() -> 
     assert "no raw rows with both --conn shared" in verdicts["suspect_m4"].statement
     ruled = Finding("notice_behind_data", "clear", "M1 ruled out by experiment: 1.01x")
     assert suspects([ruled])[0].status == "clear"
+
+
+def _advise_doc(speedups: list[tuple[float, float | None, int]]) -> dict:
+    """advise.json as diag.advise writes it: one workaround, one row per (speedup, p, nwrong)."""
+    rows = [{"size_bytes": 16 << 20 << i, "busbw_Bps": 22e6, "baseline_busbw_Bps": 22e6 / s, "speedup": s,
+             "p_value": p, "nwrong": w, "significant": p is not None and p < 0.05}
+            for i, (s, p, w) in enumerate(speedups)]
+    return {"schema": 1, "world_size": 2, "lab": "t", "workarounds": [
+        {"name": "p2p-recv-first", "title": "all_gather from batch_isend_irecv", "code": "x = 1\n", "rows": rows}]}
+
+
+def test_workarounds_rule_fires_only_on_a_significant_checked_speed_up(tmp_path) -> None:
+    from diag.report.diagnose import workarounds
+    from diag.report.render import workaround_blocks
+    from diag.report.rundir import RunData
+
+    def verdict(advise):
+        return workarounds(RunData(None, [], {}, {}, [], [], advise=advise))[0]
+
+    shown = verdict(_advise_doc([(1.48, 0.01, 0), (1.5, 1e-5, 0)]))
+    assert shown.status == "fired" and "1.48x" in shown.statement and shown.evidence[0].values["speedup_min"] == 1.48
+    assert verdict(_advise_doc([(1.48, 0.2, 0)])).status == "clear"          # not significant
+    assert verdict(_advise_doc([(1.03, 1e-6, 0)])).status == "clear"         # significant but too small
+    assert verdict(_advise_doc([(1.5, 1e-6, 3)])).status == "clear"          # wrong data is no fix
+    assert verdict(_advise_doc([(1.5, 1e-6, 0), (1.02, 0.5, 0)])).status == "clear"  # not at every size
+    assert verdict(None).status == "undecided"
+    blocks = workaround_blocks(_advise_doc([(1.48, 0.01, 0)]))
+    assert any(getattr(b, "text", None) == "x = 1\n" for b in blocks)        # the code a user copies
+    assert workaround_blocks(None) == []

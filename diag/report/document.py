@@ -38,6 +38,11 @@ class Table:
 
 
 @dataclass(frozen=True)
+class Code:
+    text: str                             # a snippet a user copies as it is
+
+
+@dataclass(frozen=True)
 class FigureBlock:
     plot: Plot | Skipped
 
@@ -47,7 +52,7 @@ class FindingBlock:
     finding: Finding
 
 
-Block = Heading | Text | Bullets | Table | FigureBlock | FindingBlock
+Block = Heading | Text | Bullets | Table | Code | FigureBlock | FindingBlock
 
 _HEADS = {"fired": "Finding ({strength})", "undecided": "Cannot decide", "clear": "ok"}
 
@@ -63,6 +68,8 @@ def to_markdown(blocks: Sequence[Block]) -> str:
             lines += [f"- **{lead}** {rest}" if lead else f"- {rest}" for lead, rest in block.items] + [""]
         elif isinstance(block, Table):
             lines += [*_md_table(block.header, block.rows), ""]
+        elif isinstance(block, Code):
+            lines += ["```python", *block.text.rstrip("\n").splitlines(), "```", ""]
         elif isinstance(block, FigureBlock):
             p = block.plot
             if isinstance(p, Plot):
@@ -98,7 +105,7 @@ table{border-collapse:collapse;font-size:12px;margin:1em 0}td,th{border:1px soli
 th{background:#eee}.finding{margin:.6em 0;padding:.4em .8em;border-left:4px solid #999}
 .fired{border-color:#c33;background:#fff4f4}.undecided{border-color:#c93;background:#fffbf0}
 .clear{border-color:#3a3}.src,.thr,.muted{color:#666;font-size:12px}figure{margin:1.5em 0}
-figcaption{font-size:13px;color:#444;max-width:900px}img{max-width:100%}"""
+pre{background:#f6f6f6;padding:.6em;font-size:12px;overflow-x:auto}figcaption{font-size:13px;color:#444;max-width:900px}img{max-width:100%}"""
 
 
 def to_html(blocks: Sequence[Block], title: str, out_dir: Path) -> str:
@@ -118,6 +125,8 @@ def to_html(blocks: Sequence[Block], title: str, out_dir: Path) -> str:
             head = "".join(f"<th>{html.escape(h)}</th>" for h in block.header)
             body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in block.rows)
             parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+        elif isinstance(block, Code):
+            parts.append(f"<pre><code>{html.escape(block.text)}</code></pre>")
         elif isinstance(block, FigureBlock):
             p = block.plot
             if isinstance(p, Plot):

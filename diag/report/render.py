@@ -16,6 +16,7 @@ from diag.report.diagnose.findings import ordered, summary_lines
 from diag.report.document import (
     Block,
     Bullets,
+    Code,
     FigureBlock,
     FindingBlock,
     Heading,
@@ -134,6 +135,7 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
     if reference_rows:
         blocks += [Heading(3, "Link reference per N"), Text(reference_intro),
                    Table(LINK_REFERENCE_HEADER, reference_rows)]
+    blocks += workaround_blocks(run.advise)
     blocks += [Heading(2, "Plots"), *(FigureBlock(p) for p in rest)]
     blocks += [Heading(2, "Findings"), *(FindingBlock(f) for f in ordered(findings))]
     blocks += [Heading(2, "Records"), Table(RECORD_HEADER, [record_row(r) for r in records])]
@@ -171,3 +173,32 @@ def write_report(run: RunData, out_dir: Path) -> ReportResult:
     files = [html_path, md_path, findings_path, model_path] + [out_dir / p.filename for p in plots
                                                                if isinstance(p, Plot)]
     return ReportResult(out_dir, files, plots, findings, models)
+
+
+WORKAROUND_HEADER = ("workaround", "N", "per-rank size", "gloo busbw", "workaround busbw", "speed-up", "Welch p",
+                     "#wrong")
+
+
+def workaround_blocks(advise: dict[str, Any] | None) -> list[Block]:
+    """The measured workarounds (advise/advise.json): a table of speed-ups against plain gloo on the same hosts
+    in the same run, then the code a user puts in their script."""
+    if not advise or not advise.get("workarounds"):
+        return []
+    n = advise.get("world_size", 2)
+    rows = [[w["title"], str(n), human_bytes(r["size_bytes"]), human_rate(r["baseline_busbw_Bps"]),
+             human_rate(r["busbw_Bps"]), f"{r['speedup']:.2f}x",
+             f"{r['p_value']:.2g}" if r.get("p_value") is not None else "untested", str(r["nwrong"])]
+            for w in advise["workarounds"] for r in w.get("rows", []) if r.get("speedup") is not None]
+    where = f"lab {advise['lab']}" if advise.get("lab") else "loopback"
+    blocks: list[Block] = [
+        Heading(2, "Workarounds (measured)"),
+        Text(f"Each workaround ran beside plain gloo all_gather on the same hosts ({where}) in this run, through "
+             "the same harness; speed-up = gloo's median time / the workaround's, Welch's t-test on the "
+             "per-iteration times (finding `workarounds`)."),
+        Table(WORKAROUND_HEADER, rows)]
+    for failure in advise.get("failures", []):
+        blocks.append(Text(f"failed: {failure.get('workaround')}: {failure.get('error')}", muted=True))
+    for w in advise["workarounds"]:
+        if w.get("code"):
+            blocks += [Heading(3, w["title"]), Code(w["code"])]
+    return blocks

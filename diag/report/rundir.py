@@ -156,6 +156,8 @@ class RunData:
     captures: dict[str, CaptureSet]
     tcpinfo: list[dict[str, Any]]
     missing: list[str]
+    # advise.json of the run's measured workarounds (diag advise, RUN_DIR/advise), None where none ran
+    advise: dict[str, Any] | None = None
     # Answers of the evidence queries (diag.report.queries), computed once per run for rules and plots.
     memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -322,7 +324,9 @@ def load_run_dir(root: Path) -> RunData:
         missing.append("observe/*.jsonl (no observer samples: no per-thread CPU, no ss/TCP_INFO)")
     if not tcpinfo:
         missing.append("tcpinfo/*.jsonl (no raw transport TCP_INFO side files)")
-    return RunData(root, record_files, meta, captures, tcpinfo, missing)
+    # Read as plain JSON: diag.advise runs torch; the report reads its file only.
+    advise = _read_json(root / "advise" / "advise.json")
+    return RunData(root, record_files, meta, captures, tcpinfo, missing, advise=advise)
 
 
 def load_run(paths: Sequence[str | os.PathLike[str]]) -> RunData:

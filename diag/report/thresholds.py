@@ -37,6 +37,8 @@ ORDER_EFFECT = _t("ORDER_EFFECT", 0.15, "the exchange order (send-first vs recv-
                   "this fraction")
 CONN_SPLIT_EFFECT = _t("CONN_SPLIT_EFFECT", 0.15, "one connection per direction is at least this fraction faster "
                        "than both directions on one connection (raw --conn)")
+WORKAROUND_EFFECT = _t("WORKAROUND_EFFECT", 0.1, "a measured workaround (diag advise) is at least this fraction "
+                       "faster than plain gloo, significantly, before it is advised")
 RWND_LIMITED_FRACTION = _t("RWND_LIMITED_FRACTION", 0.2, "share of busy time a connection spent receive-window "
                            "limited (TCP_INFO) before it is called rwnd limited")
 SNDBUF_LIMITED_FRACTION = _t("SNDBUF_LIMITED_FRACTION", 0.2, "same, send-buffer limited")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from diag.report.diagnose.advice import workarounds
 from diag.report.diagnose.base import Rule
 from diag.report.diagnose.cpu_rules import cpu_bound, cpu_limited_world_sizes
 from diag.report.diagnose.findings import (
@@ -62,7 +63,7 @@ def _register(*rules: Rule) -> dict[str, Rule]:
 # Every rule, under its id, in report order.
 RULES: dict[str, Rule] = _register(
     n2_busbw_dip, backend_below_raw, SHARED_CONNECTION, EXCHANGE_ORDER, NOTICE_CHANNEL, low_duplex_overlap, turn_taking,
-    half_duplex_match, window_limited, retransmissions, idle_gaps, cpu_bound, capture_drops, data_errors,
+    half_duplex_match, window_limited, retransmissions, idle_gaps, cpu_bound, capture_drops, data_errors, workarounds,
 )
 
 
@@ -84,5 +85,5 @@ __all__ = [
     "Evidence", "Finding", "FindingsDocument", "PairedExperiment", "Rule", "backend_below_raw", "capture_drops",
     "cpu_bound", "cpu_limited_world_sizes", "data_errors", "diagnose", "findings_to_json", "format_threshold",
     "half_duplex_match", "idle_gaps", "load_findings", "low_duplex_overlap", "mechanism", "n2_busbw_dip",
-    "render_text", "retransmissions", "summary_lines", "suspects", "turn_taking", "window_limited",
+    "render_text", "retransmissions", "summary_lines", "suspects", "turn_taking", "window_limited", "workarounds",
 ]
