@@ -11,10 +11,12 @@ newer writer survives a read-modify-write. Nested dataclasses, ``list[X]``, ``di
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from collections.abc import Callable
 from functools import cache
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -121,3 +123,14 @@ def to_json(obj: Any) -> dict[str, Any]:
     if has_extra:
         out.update(getattr(obj, EXTRA) or {})
     return out
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A file holding one JSON object; ValueError naming the path otherwise (bad JSON, unreadable, not an object)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return data

@@ -16,25 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from diag.bench.lab_faults import processes_naming  # one /proc scan for the tests and the fault bench
 from diag.records import load_records
 
 DIAG = [sys.executable, "-m", "diag"]
-
-
-def processes_naming(needle: str) -> list[int]:
-    """Live (not zombie) processes whose command line contains needle."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if needle.encode() in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z":
-            found.append(int(entry))
-    return found
 
 
 def wait_gone(needle: str, seconds: float) -> list[int]:

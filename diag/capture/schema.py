@@ -15,12 +15,11 @@ Schema history (``ANALYSIS_SCHEMA``, the ``schema`` key of the document):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diag.typedjson import from_json, to_json
+from diag.typedjson import from_json, read_json_object, to_json
 
 ANALYSIS_SCHEMA = 1
 # The two keys of Connection.directions; side "a" is the sender of the connection's first captured packet.
@@ -267,10 +266,4 @@ class Analysis:
 
 def load_analysis(path: Path) -> Analysis:
     """Read an analysis file; raises ValueError (bad JSON, not an object, too new) with the path."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return Analysis.from_json(data)
+    return Analysis.from_json(read_json_object(path))

@@ -8,13 +8,12 @@ Schema history (``FINDINGS_SCHEMA``, the ``schema`` key of findings.json):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diag.typedjson import from_json, to_json
+from diag.typedjson import from_json, read_json_object, to_json
 
 FINDINGS_SCHEMA = 1
 STATUSES = ("fired", "undecided", "clear")
@@ -79,13 +78,7 @@ class FindingsDocument:
 
 
 def load_findings(path: Path) -> FindingsDocument:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return FindingsDocument.from_json(data)
+    return FindingsDocument.from_json(read_json_object(path))
 
 
 def format_threshold(value: float) -> str:
