@@ -8,6 +8,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from diag.bench.ranks import collect_by_rank
 from tests.common import free_port
 
 RANK_TIMEOUT_S = 60.0
@@ -35,26 +36,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: fl
                  for rank in range(world_size)]
     for process in processes:
         process.start()
-    outcome: dict[int, tuple[str, Any]] = {}
-    try:
-        import queue
-        import time
-
-        deadline = time.monotonic() + timeout_s
-        while len(outcome) < world_size and time.monotonic() < deadline:
-            try:
-                rank, status, value = results.get(timeout=0.2)
-            except queue.Empty:
-                if all(not p.is_alive() for p in processes) and results.empty():
-                    break
-                continue
-            outcome[rank] = (status, value)
-    finally:
-        for process in processes:
-            process.join(timeout=5)
-            if process.is_alive():
-                process.kill()
-                process.join()
+    outcome = collect_by_rank(processes, results, world_size, timeout_s, join_s=5)
     return [outcome.get(rank, ("hung", None)) for rank in range(world_size)]
 
 

@@ -19,7 +19,6 @@ import contextlib
 import json
 import multiprocessing
 import os
-import queue
 import selectors
 import socket
 import statistics
@@ -28,6 +27,8 @@ import threading
 import time
 from datetime import timedelta
 from typing import Any
+
+from diag.bench.ranks import collect_by_rank
 
 READY_KEY = "bench/crowd_ready"
 STORE_PREFIX = "diag_raw/1"   # the first raw transport generation on a fresh store (transport.py)
@@ -155,23 +156,9 @@ def run_once(world_size: int, silent: int, garbage: int, size: int, iters: int, 
     crowd = Crowd(port, world_size, silent, garbage, timeout_s) if gated else None
     if crowd is not None:
         crowd.start()
-    outcome: dict[int, tuple[str, Any]] = {}
-    deadline = time.monotonic() + timeout_s + 60
     try:
-        while len(outcome) < world_size and time.monotonic() < deadline:
-            try:
-                rank, status, value = results.get(timeout=0.2)
-            except queue.Empty:
-                if all(not p.is_alive() for p in processes) and results.empty():
-                    break
-                continue
-            outcome[rank] = (status, value)
+        outcome = collect_by_rank(processes, results, world_size, timeout_s + 60, join_s=10)
     finally:
-        for process in processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-                process.join()
         if crowd is not None:
             crowd.finished.set()
             crowd.join()

@@ -49,32 +49,22 @@ def low_duplex_overlap(run: RunData) -> list[Finding]:
     for c in sorted(captures, key=lambda c: (c.world_size or 0, c.tag)):
         source = f"analysis/{c.tag}.json"
         op = capture_op(c)
-        for conn in c.connections:
-            moved = conn.payload_bytes
-            overlap = conn.duplex_overlap
+        # (kind, bytes each way, overlap, what it is) for every connection and every host the capture sees
+        carriers = [("connection", tuple(conn.payload_bytes), conn.duplex_overlap,
+                     f"connection {conn.a} <-> {conn.b} carries {{}} / {{}} but both directions move at once")
+                    for conn in c.connections]
+        carriers += [("host", (host.tx_bytes, host.rx_bytes), host.duplex_overlap,
+                      f"host {host.address} sends {{}} and receives {{}}, both at once")
+                     for host in c.hosts]
+        for kind, moved, overlap, what in carriers:
             if min(moved) < BIDIR_MIN_BYTES.value or not isinstance(overlap, (int, float)):
                 continue
-            text = (f"{c.label}: connection {conn.a} <-> {conn.b} carries "
-                    f"{human_bytes(moved[0])} / {human_bytes(moved[1])} but both directions move at once "
+            text = (f"{c.label}: {what.format(human_bytes(moved[0]), human_bytes(moved[1]))} "
                     f"{overlap:.0%} of its active time{drop_note(c)}")
             if overlap < DUPLEX_OVERLAP_LOW.value:
                 unreliable |= bool(c.kernel_dropped)
                 low.append(Evidence(text, {"world_size": c.world_size, "transport": c.transport,
-                                           "duplex_overlap": overlap, "kind": "connection", "op": op}, source,
-                                    "duplex_overlap.png"))
-            else:
-                ok.append(text)
-        for host in c.hosts:
-            overlap = host.duplex_overlap
-            tx, rx = host.tx_bytes, host.rx_bytes
-            if min(tx, rx) < BIDIR_MIN_BYTES.value or not isinstance(overlap, (int, float)):
-                continue
-            text = (f"{c.label}: host {host.address} sends {human_bytes(tx)} and receives "
-                    f"{human_bytes(rx)}, both at once {overlap:.0%} of its active time{drop_note(c)}")
-            if overlap < DUPLEX_OVERLAP_LOW.value:
-                unreliable |= bool(c.kernel_dropped)
-                low.append(Evidence(text, {"world_size": c.world_size, "transport": c.transport,
-                                           "duplex_overlap": overlap, "kind": "host", "op": op}, source,
+                                           "duplex_overlap": overlap, "kind": kind, "op": op}, source,
                                     "duplex_overlap.png"))
             else:
                 ok.append(text)
