@@ -28,12 +28,16 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from diag.capture import native
 from diag.errors import DiagError
+
+if TYPE_CHECKING:
+    from diag.capture import reader_native
 
 CHUNK_BYTES = 8 << 20
 # The most any single record may claim; bigger means the record structure is corrupt.
@@ -152,16 +156,29 @@ def read_capture(path: str | os.PathLike[str], first_frame: int = 1) -> ReadResu
             else:
                 handle = source
                 gz = False
-            builder = _ColumnBuilder(first_frame)
+            kernel = native.kernel("_cpcap")
+            builder: _ColumnBuilder | reader_native.NativeBuilder
+            if kernel is None:  # the numpy twin
+                builder = _ColumnBuilder(first_frame)
+            else:
+                from diag.capture import reader_native  # the C kernel's side (it builds on this module)
+
+                builder = reader_native.NativeBuilder(kernel, first_frame, reader_native.row_bound(raw, gz))
             magic = handle.read(4)
             if not magic:
                 raise DiagError(f"{p} is empty; was the capture stopped before any packet arrived?")
             if magic in PCAP_MAGICS:
                 fmt = "pcap"
-                _read_pcap(handle, magic, builder, p)
+                if isinstance(builder, _ColumnBuilder):
+                    _read_pcap(handle, magic, builder, p)
+                else:
+                    reader_native.read_pcap(handle, magic, builder, p)
             elif magic == PCAPNG_SHB:
                 fmt = "pcapng"
-                _read_pcapng(handle, magic, builder, p)
+                if isinstance(builder, _ColumnBuilder):
+                    _read_pcapng(handle, magic, builder, p)
+                else:
+                    reader_native.read_pcapng(handle, magic, builder, p)
             else:
                 raise DiagError(f"{p} is not a pcap or pcapng file (magic {magic.hex()}); "
                                 "capture with tcpdump -w or give .pcap/.pcapng/.pcap.gz")
@@ -206,19 +223,25 @@ def _chunks(handle: IO[bytes], first: bytes = b"") -> Iterator[bytes]:
         yield data
 
 
-def _read_pcap(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path: Path) -> None:
-    endian, ns_per_tick = PCAP_MAGICS[magic]
+def pcap_header(handle: IO[bytes], magic: bytes, path: Path) -> tuple[int, int, int]:
+    """The rest of a pcap file header -> (snaplen, link type, the most bytes a record may claim)."""
+    endian = PCAP_MAGICS[magic][0]
     rest = handle.read(20)
     if len(rest) < 20:
         raise DiagError(f"{path}: pcap header is truncated ({4 + len(rest)} of 24 bytes)")
     _major, _minor, _zone, _sigfigs, snaplen, linktype_field = struct.unpack(endian + "HHiIII", rest)
     linktype = linktype_field & 0x0FFFFFFF
-    builder.snaplen = snaplen
     if linktype not in SUPPORTED_LINKTYPES:
         raise DiagError(f"{path}: link type {linktype} is not supported "
                         f"(supported: {', '.join(sorted(set(SUPPORTED_LINKTYPES.values())))})")
     limit = max(snaplen, 65535 + 64) + 64
-    limit = min(limit, MAX_RECORD_BYTES)
+    return snaplen, linktype, min(limit, MAX_RECORD_BYTES)
+
+
+def _read_pcap(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path: Path) -> None:
+    endian, ns_per_tick = PCAP_MAGICS[magic]
+    snaplen, linktype, limit = pcap_header(handle, magic, path)
+    builder.snaplen = snaplen
     walker = _PcapWalker(endian, ns_per_tick, limit, snaplen, path)
     # Two buffers in turn, and a decoder thread: while the decoder turns chunk k into columns, this
     # thread reads chunk k+1 and finds its records (numpy releases the GIL in the bulk work, so on two
