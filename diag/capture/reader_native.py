@@ -28,8 +28,8 @@ from typing import IO
 
 import numpy as np
 
+from diag.capture import reader
 from diag.capture.reader import (
-    CHUNK_BYTES,
     COLUMN_DTYPES,
     MAX_RECORD_BYTES,
     MIN_BLOCK_BYTES,
@@ -172,7 +172,7 @@ def read_pcap(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: Pat
     big = endian == ">"
     # Each buffer keeps `room` bytes in front of its chunk for the unfinished record of the chunk before.
     room = limit + 16
-    stores = [bytearray(room + CHUNK_BYTES) for _ in range(2)]
+    stores = [bytearray(room + reader.CHUNK_BYTES) for _ in range(2)]
     start = room
     with memoryview(stores[0]) as view:
         got = _read_into(handle, view[room:])
@@ -235,7 +235,8 @@ def read_pcapng(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: P
     carry = b""
     consumed = 0  # file offset of buf[0], for messages
     # Room for every packet block a chunk can hold (the smallest is 16 bytes); rows are written only as found.
-    table = [np.empty((CHUNK_BYTES + MAX_RECORD_BYTES + 64) // 16 + 1, dtype=np.int64) for _ in range(4)]
+    table = [np.empty((reader.CHUNK_BYTES + MAX_RECORD_BYTES + 64) // 16 + 1, dtype=np.int64)
+             for _ in range(4)]
     for data in _chunks(handle, magic):
         buf = carry + data if carry else data
         file_offset = consumed - len(carry)

@@ -1,0 +1,79 @@
+"""Read a capture with the C kernel and with its numpy twin, and hold the two results to each other."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diag.capture import native, reader
+from diag.errors import DiagError
+
+
+@contextlib.contextmanager
+def engine(use_kernel: bool) -> Iterator[None]:
+    """DIAG_NATIVE set for the block (the reader looks at it on every read)."""
+    before = os.environ.get(native.DISABLE_ENV)
+    os.environ[native.DISABLE_ENV] = "1" if use_kernel else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[native.DISABLE_ENV]
+        else:
+            os.environ[native.DISABLE_ENV] = before
+
+
+def read(path: Path, use_kernel: bool, first_frame: int = 1) -> reader.ReadResult | str:
+    """The ReadResult, or the one-line DiagError message."""
+    with engine(use_kernel):
+        try:
+            return reader.read_capture(path, first_frame=first_frame)
+        except DiagError as exc:
+            return f"DiagError: {exc}"
+
+
+def comparable(result: reader.ReadResult | str) -> Any:
+    """Everything of a ReadResult, endpoint ids replaced by their (address, port)."""
+    if isinstance(result, str):
+        return result
+    endpoints = result.endpoints
+    columns = {}
+    for name, column in result.columns.items():
+        assert column.dtype == np.dtype(reader.COLUMN_DTYPES[name]), (name, column.dtype)
+        assert column.ndim == 1 and column.size == result.packets
+        columns[name] = [endpoints[i] for i in column.tolist()] if name in ("src", "dst") else column.tolist()
+    syns = [(s.frame, s.ts_ns, endpoints[s.src], endpoints[s.dst], s.flags, s.mss, s.wscale, s.sack_permitted,
+             s.timestamps) for s in result.syns]
+    return {
+        "columns": columns, "syns": syns, "frames": result.frames,
+        "skipped": list(result.skipped.items()),  # key order too: it reaches the JSON
+        "linktypes": result.linktypes, "snaplen": result.snaplen, "file_format": result.file_format,
+        "warnings": result.warnings, "endpoints": sorted(set(endpoints)),
+    }
+
+
+def assert_twins(path: Path, first_frame: int = 1) -> reader.ReadResult | str:
+    """Kernel and twin give the same result (or the same error) for path; returns the kernel's."""
+    fast = read(path, True, first_frame)
+    twin = read(path, False, first_frame)
+    a, b = comparable(fast), comparable(twin)
+    if a != b:
+        if isinstance(a, str) or isinstance(b, str):
+            raise AssertionError(f"{path}: kernel {str(a)[:300]!r} vs twin {str(b)[:300]!r}")
+        for key in a:
+            if key == "columns":
+                for name in a[key]:
+                    x, y = a[key][name], b[key][name]
+                    if x != y:
+                        first = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+                        raise AssertionError(f"{path}: column {name} differs first at row {first} "
+                                             f"(kernel {x[first:first + 3]}, twin {y[first:first + 3]}; "
+                                             f"{len(x)} vs {len(y)} rows)")
+            elif a[key] != b[key]:
+                raise AssertionError(f"{path}: {key}: kernel {str(a[key])[:300]} vs twin {str(b[key])[:300]}")
+    return fast
