@@ -70,7 +70,7 @@ def assert_twins(path: Path, first_frame: int = 1) -> reader.ReadResult | str:
                 for name in a[key]:
                     x, y = a[key][name], b[key][name]
                     if x != y:
-                        first = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+                        first = next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), min(len(x), len(y)))
                         raise AssertionError(f"{path}: column {name} differs first at row {first} "
                                              f"(kernel {x[first:first + 3]}, twin {y[first:first + 3]}; "
                                              f"{len(x)} vs {len(y)} rows)")

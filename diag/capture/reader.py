@@ -511,10 +511,11 @@ def _gather(arr: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
 
     Rows are copied whole out of a sliding-window view (one memcpy-like copy per row), not byte by byte.
     """
-    if starts.size and int(starts.max()) + width > arr.size:
-        arr = np.concatenate([arr, np.zeros(width, dtype=np.uint8)])
-    if arr.size < width:
-        arr = np.concatenate([arr, np.zeros(width - arr.size, dtype=np.uint8)])
+    # A start can lie past the end: the TCP header of a short last packet of a pcapng chunk (its row is
+    # skipped later, but it is gathered with the others).
+    end = max(int(starts.max()) + width if starts.size else 0, width)
+    if end > arr.size:
+        arr = np.concatenate([arr, np.zeros(end - arr.size, dtype=np.uint8)])
     return sliding_window_view(arr, width)[starts]
 
 
