@@ -17,14 +17,16 @@ and hosts sorted by address).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import stat
 import struct
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
@@ -162,6 +164,23 @@ def _endpoints(keys: bytes) -> list[tuple[str, int]]:
 
 # --- pcap -------------------------------------------------------------------------------------------------
 
+OVERLAP_READS = True
+
+
+class _Inline(contextlib.AbstractContextManager):
+    """An executor that runs each job at once, in this thread."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        try:
+            done.set_result(fn(*args))
+        except BaseException as exc:
+            done.set_exception(exc)
+        return done
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
 
 def read_pcap(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: Path) -> None:
     """pcap records through the kernel, chunk by chunk; reading chunk k+1 overlaps decoding chunk k."""
@@ -176,7 +195,7 @@ def read_pcap(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: Pat
     start = room
     with memoryview(stores[0]) as view:
         got = _read_into(handle, view[room:])
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-decode") as pool:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-decode") if OVERLAP_READS else _Inline() as pool:
         turn = 0
         while got:
             store, following = stores[turn % 2], stores[(turn + 1) % 2]
