@@ -733,7 +733,7 @@ PyDoc_STRVAR(pcapng_blocks_doc,
 "Python to read (2), or a broken block (3 bad length, 4 inconsistent, 5 timestamp past 2262, 6 simple\n"
 "packet before any interface, 7 table full); off is where it stopped.");
 
-static PyObject *pcapng_blocks(PyObject *module, PyObject *args)
+static PyObject *pcapng_blocks(PyObject *Py_UNUSED(module), PyObject *args)
 {
     Py_buffer buf, ifaces_buf;
     Py_ssize_t off, used;

@@ -1,0 +1,67 @@
+"""The capture reader's speed: its C kernel against the numpy twin, on one file, in one process.
+
+    python -m diag.bench.reader_speed FILE [--repeat 5]
+
+Times ``flows.read_files([FILE])`` (file -> columns, what `diag analyze` does before any TCP analysis) with
+the kernel and with DIAG_NATIVE=0, alternately, after the memory settings `diag analyze` uses. Prints CPU
+time (process: every thread) and wall time, best and median of --repeat runs each, and the ratios. The
+file should be in the page cache (the first, untimed read puts it there). The first read of a process also
+pays the page faults of its fresh column memory; it is reported on its own line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m diag.bench.reader_speed", description=__doc__.split("\n\n")[0])
+    parser.add_argument("file", help="a capture (pcap, pcapng, optionally .gz)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed reads per engine (default 5)")
+    args = parser.parse_args(argv)
+
+    from diag.capture.memory import tune_for_one_shot_analysis
+
+    tune_for_one_shot_analysis()
+    from diag.capture import flows, native
+
+    engines = {"kernel": "1", "numpy twin": "0"}
+    os.environ[native.DISABLE_ENV] = "1"
+    if native.kernel("_cpcap") is None:
+        print("the C kernel diag.capture._cpcap is not built: "
+              "python -c 'import setuptools; setuptools.setup()' build_ext --inplace", file=sys.stderr)
+        return 1
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
+    packets = 0
+    for turn in range(args.repeat + 1):
+        for name, switch in engines.items():
+            os.environ[native.DISABLE_ENV] = switch
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            cols, _endpoints, _results = flows.read_files([args.file])
+            cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+            packets = int(cols["ts_ns"].size)
+            del cols, _endpoints, _results
+            if turn == 0:
+                print(f"first read of the process, {name}: cpu {cpu:.3f} s, wall {wall:.3f} s (fresh memory)")
+            else:
+                times[name].append((cpu, wall))
+    print(f"{args.file}: {packets:,} packets, {args.repeat} reads each, alternating; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    medians = {}
+    for name, runs in times.items():
+        cpu = [c for c, _ in runs]
+        wall = [w for _, w in runs]
+        medians[name] = (statistics.median(cpu), statistics.median(wall))
+        print(f"{name:>10}: cpu best {min(cpu):.3f} s median {medians[name][0]:.3f} s | wall best {min(wall):.3f} s "
+              f"median {medians[name][1]:.3f} s = {packets / medians[name][1] / 1e6:.1f} M packets/s")
+    twin, fast = medians["numpy twin"], medians["kernel"]
+    print(f"kernel speed-up (medians): cpu {twin[0] / fast[0]:.1f}x, wall {twin[1] / fast[1]:.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
