@@ -126,6 +126,7 @@ def test_vectorized_record_finder_matches_a_record_by_record_walk(tmp_path: Path
 
     from diag.capture import reader
 
+    monkeypatch.setenv("DIAG_NATIVE", "0")  # the numpy walker (the C kernel is held to it in test_native_pcap.py)
     endian = ">" if big_endian else "<"
     frames: list[tuple[float, bytes]] = []
     seq = 1000
