@@ -329,7 +329,10 @@ def _histogram(values: np.ndarray, edges: list[int]) -> list[int]:
 
 
 def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: int, t0: float, t1: float,
-               bin_s: float, idle_gap_s: float, with_series: bool) -> dict[str, Any]:
+               bin_s: float, idle_gap_s: float, with_series: bool
+               ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """The direction's JSON object, and its data packets' times (s) and payload bytes (float), which the
+    connection's duplex and turn analysis use next."""
     cols, st = p.cols, p.state
     ts_s = cols["ts_ns"][rows] / 1e9
     plen = cols["plen"][rows].astype(np.int64)
@@ -413,9 +416,10 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
         },
         "syn_seen": bool(p.syn_seen[c, d]),
     }
+    data_bytes = sizes.astype(np.float64)
     if with_series:
-        out["throughput"] = _series(data_ts, plen[data].astype(np.float64), t0, t1, bin_s)
-    return out
+        out["throughput"] = _series(data_ts, data_bytes, t0, t1, bin_s)
+    return out, data_ts, data_bytes
 
 
 def aggregate(p: Packets, rows: np.ndarray, bin_s: float, idle_gap_s: float,
@@ -429,14 +433,7 @@ def aggregate(p: Packets, rows: np.ndarray, bin_s: float, idle_gap_s: float,
     st = p.state
     if rows.size == 0:
         return [], []
-    # Rows by (connection, direction), time order within each: a stable counting/radix order of one key.
-    row_key = st.conn[rows].astype(np.int64) * 2 + st.direction[rows]
-    order = group_order(row_key, int(row_key.max()) + 1)
-    sorted_rows = rows[order]
-    key = row_key[order]
-    del row_key
-    bounds = np.flatnonzero(np.diff(key)) + 1
-    groups = {int(key[s]): sorted_rows[s:e] for s, e in zip(np.r_[0, bounds], np.r_[bounds, key.size], strict=True)}
+    groups = _rows_by_direction(st.conn[rows], st.direction[rows], rows)
     connections = []
     empty = np.zeros(0, dtype=np.int64)
     # Hosts need only the columns: they run on a second core while the connections are computed here
@@ -450,6 +447,28 @@ def aggregate(p: Packets, rows: np.ndarray, bin_s: float, idle_gap_s: float,
         return connections, hosts if hosts_future is None else hosts_future.result()
 
 
+def _rows_by_direction(conn: np.ndarray, direction: np.ndarray, rows: np.ndarray) -> dict[int, np.ndarray]:
+    """(connection * 2 + direction) -> its rows, in time order: a stable counting/radix order of one key,
+    or for a few connections one scan per direction (no permutation of every row, no key copies)."""
+    ndirections = 2 * (int(conn.max()) + 1)
+    if ndirections <= 8:
+        whole = rows.size == 0 or (int(rows[0]) == 0 and int(rows[-1]) == rows.size - 1)  # rows = 0..n-1
+        found = {}
+        for key in range(ndirections):
+            same = direction == key % 2
+            hit = np.flatnonzero(same if ndirections == 2 else same & (conn == key // 2))
+            if hit.size:
+                found[key] = hit if whole else rows[hit]
+        return found
+    row_key = conn.astype(np.int64) * 2 + direction
+    order = group_order(row_key, ndirections)
+    sorted_rows = rows[order]
+    key = row_key[order]
+    del row_key
+    bounds = np.flatnonzero(np.diff(key)) + 1
+    return {int(key[s]): sorted_rows[s:e] for s, e in zip(np.r_[0, bounds], np.r_[bounds, key.size], strict=True)}
+
+
 def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float, idle_gap_s: float,
                 with_series: bool, window: tuple[float, float] | None = None) -> dict[str, Any]:
     cols = p.cols
@@ -458,12 +477,9 @@ def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float
                    cols["ts_ns"][ba].min(initial=np.iinfo(np.int64).max))) / 1e9
     t1 = float(max(cols["ts_ns"][ab].max(initial=np.iinfo(np.int64).min),
                    cols["ts_ns"][ba].max(initial=np.iinfo(np.int64).min))) / 1e9
-    dirs = {
-        "a->b": _direction(p, ab, ba, c, 0, t0, t1, bin_s, idle_gap_s, with_series),
-        "b->a": _direction(p, ba, ab, c, 1, t0, t1, bin_s, idle_gap_s, with_series),
-    }
-    x_ts, x_b = _data_times(p, ab)
-    y_ts, y_b = _data_times(p, ba)
+    a_to_b, x_ts, x_b = _direction(p, ab, ba, c, 0, t0, t1, bin_s, idle_gap_s, with_series)
+    b_to_a, y_ts, y_b = _direction(p, ba, ab, c, 1, t0, t1, bin_s, idle_gap_s, with_series)
+    dirs = {"a->b": a_to_b, "b->a": b_to_a}
     dup = duplex(x_ts, x_b, y_ts, y_b, idle_gap_s)
     gaps = (dup["x_gap_s"], dup["y_gap_s"])
     rtts = tuple(_median_s(dirs[name]["rtt_ms"]) for name in ("a->b", "b->a"))
@@ -486,12 +502,6 @@ def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float
 def _median_s(stats_ms: dict[str, Any]) -> float | None:
     median = stats_ms.get("median")
     return median / 1e3 if median else None
-
-
-def _data_times(p: Packets, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    plen = p.cols["plen"][rows]
-    data = rows[plen > 0]
-    return p.cols["ts_ns"][data] / 1e9, p.cols["plen"][data].astype(np.float64)
 
 
 def capture_point(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]]) -> set[str]:
