@@ -271,14 +271,19 @@ def duplex(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y: np.
 
     A stream is busy from one data packet to the next while they are no more than run_gap_s() apart; the
     result also holds each stream's busy time (x_active_s, y_active_s) and run gap (x_gap_s, y_gap_s)."""
-    gap_x, gap_y = run_gap_s(ts_x, bytes_x, idle_gap_s), run_gap_s(ts_y, bytes_y, idle_gap_s)
-    ix, iy = busy_intervals(ts_x, gap_x), busy_intervals(ts_y, gap_y)
+    # A host that sends and receives every data packet (one address: loopback) has one stream both ways:
+    # its second half is the first one again.
+    same = ts_y is ts_x and bytes_y is bytes_x
+    gap_x = run_gap_s(ts_x, bytes_x, idle_gap_s)
+    gap_y = gap_x if same else run_gap_s(ts_y, bytes_y, idle_gap_s)
+    ix = busy_intervals(ts_x, gap_x)
+    iy = ix if same else busy_intervals(ts_y, gap_y)
     both, either = _coverage([ix, iy])
     active_x, _ = _coverage([ix])
-    active_y, _ = _coverage([iy])
+    active_y = active_x if same else _coverage([iy])[0]
     in_x = _inside(ts_x, iy)
-    in_y = _inside(ts_y, ix)
-    over_x, over_y = float(bytes_x[in_x].sum()), float(bytes_y[in_y].sum())
+    over_x = float(bytes_x[in_x].sum())
+    over_y = over_x if same else float(bytes_y[_inside(ts_y, ix)].sum())
     alone_x_s, alone_y_s = active_x - both, active_y - both
     return {
         "duplex_overlap": both / either if either > 0 else 0.0,
@@ -334,15 +339,16 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
     """The direction's JSON object, and its data packets' times (s) and payload bytes (float), which the
     connection's duplex and turn analysis use next."""
     cols, st = p.cols, p.state
-    ts_s = cols["ts_ns"][rows] / 1e9
-    plen = cols["plen"][rows].astype(np.int64)
+    ts_ns = cols["ts_ns"]
+    plen = cols["plen"][rows]  # int32: its sum accumulates in int64 all the same
     flags = cols["flags"][rows]
     data = plen > 0
     unique = int(st.new_bytes[rows].sum())
-    first_ts = float(ts_s[0]) if rows.size else None
-    last_ts = float(ts_s[-1]) if rows.size else None
-    span = (last_ts - first_ts) if rows.size else 0.0
-    data_ts = ts_s[data]
+    # Seconds only for the first and last packet and the data packets: no float copy of every row.
+    first_ts = float(ts_ns[rows[0]] / 1e9) if rows.size else None
+    last_ts = float(ts_ns[rows[-1]] / 1e9) if rows.size else None
+    span = (last_ts - first_ts) if first_ts is not None and last_ts is not None else 0.0
+    data_ts = ts_ns[rows[data]] / 1e9
     starts, ends = busy_intervals(data_ts, idle_gap_s)
     active_s = float((ends - starts).sum())
     gaps = np.diff(data_ts)
@@ -352,11 +358,13 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
     # RTT samples measure this direction's data: ACK RTTs are attributed to the ACKing (reverse) packets.
     ack_rtt = st.ack_rtt_ns[rev_rows]
     ts_rtt = st.ts_rtt_ns[rev_rows]
-    win_sent = st.window_bytes[rows][(flags & SYN) == 0]
+    not_syn = (flags & SYN) == 0
+    every = bool(not_syn.all())  # no SYN among the rows (the usual case): no compress
+    win_sent = st.window_bytes[rows] if every else st.window_bytes[rows][not_syn]
     in_flight = st.in_flight[rows]
     in_flight = in_flight[in_flight >= 0]
     scale = int(p.wscale[c, d])
-    raw_win = cols["win"][rows][(flags & SYN) == 0]
+    raw_win = cols["win"][rows] if every else cols["win"][rows][not_syn]
     # The receiver's window advertised to this direction bounds its in-flight bytes: when the SYNs were
     # missed, the smallest shift that makes the largest in-flight fit is a lower bound on the peer's scale.
     scale_lower_bound = None
