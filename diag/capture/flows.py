@@ -350,7 +350,8 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
     first_ts = float(ts_ns[rows[0]] / 1e9) if rows.size else None
     last_ts = float(ts_ns[rows[-1]] / 1e9) if rows.size else None
     span = (last_ts - first_ts) if first_ts is not None and last_ts is not None else 0.0
-    data_ts = ts_ns[rows[data]] / 1e9
+    data_rows = rows[data]
+    data_ts = ts_ns[data_rows] / 1e9
     starts, ends = busy_intervals(data_ts, idle_gap_s)
     active_s = float((ends - starts).sum())
     gaps = np.diff(data_ts)
@@ -363,7 +364,8 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
     not_syn = (flags & SYN) == 0
     every = bool(not_syn.all())  # no SYN among the rows (the usual case): no compress
     win_sent = st.window_bytes[rows] if every else st.window_bytes[rows][not_syn]
-    in_flight = st.in_flight[rows]
+    # Bytes in flight are defined on data packets only (-1 elsewhere, and where no ACK came back yet).
+    in_flight = st.in_flight[data_rows]
     in_flight = in_flight[in_flight >= 0]
     scale = int(p.wscale[c, d])
     raw_win = cols["win"][rows] if every else cols["win"][rows][not_syn]
@@ -376,6 +378,11 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
         if rev_raw.size:
             ratio = float(in_flight.max()) / float(rev_raw.max())
             scale_lower_bound = max(0, int(np.ceil(np.log2(ratio)))) if ratio > 1 else 0
+    in_flight_max = int(in_flight.max()) if in_flight.size else None
+    # in_flight is this function's own copy: partitioned in place rather than copied twice more
+    in_flight_median = float(np.median(in_flight, overwrite_input=True)) if in_flight.size else None
+    in_flight_p95 = float(np.percentile(in_flight, 95, overwrite_input=True)) if in_flight.size else None
+    del in_flight
     out: dict[str, Any] = {
         "packets": int(rows.size),
         "data_packets": int(np.count_nonzero(data)),
@@ -416,9 +423,9 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
             "raw_max": int(raw_win.max()) if raw_win.size else None,
         },
         "bytes_in_flight": {
-            "median": float(np.median(in_flight)) if in_flight.size else None,
-            "p95": float(np.percentile(in_flight, 95)) if in_flight.size else None,
-            "max": int(in_flight.max()) if in_flight.size else None,
+            "median": in_flight_median,
+            "p95": in_flight_p95,
+            "max": in_flight_max,
         },
         "acks": {
             "pure": int((((flags & ACK) != 0) & ~data & ((flags & (SYN | FIN | RST)) == 0)).sum()),
@@ -539,21 +546,27 @@ def _hosts(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]], rows: 
 
     Needs only the reader's columns, so analyze() runs it beside the TCP state machine. ``observed``: the
     addresses whose NIC the capture sees (capture_point); None: judged from these rows."""
-    data = rows[cols["plen"][rows] > 0]
+    whole = rows.size == cols["src"].size  # rows = 0..n-1 (they are sorted and unique)
+    # Over the whole capture a boolean mask selects the data packets: no index array of every packet.
+    data: np.ndarray = cols["plen"] > 0 if whole else rows[cols["plen"][rows] > 0]
     if observed is None:
-        whole = rows.size == cols["src"].size
         observed = capture_point(cols if whole else {"src": cols["src"][rows], "dst": cols["dst"][rows]}, endpoints)
     # Integer address ids per endpoint, so the per-packet work is integer compares, not string objects.
     names = sorted({address for address, _port in endpoints})
     address_id = {address: i for i, address in enumerate(names)}
     endpoint_address = np.array([address_id[address] for address, _port in endpoints] or [0], dtype=np.int32)
-    src_addr = endpoint_address[cols["src"][data]]
-    dst_addr = endpoint_address[cols["dst"][data]]
     ts_s = cols["ts_ns"][data] / 1e9
     plen = cols["plen"][data].astype(np.float64)
     hosts = []
-    counts = np.bincount(src_addr, minlength=len(names)) + np.bincount(dst_addr, minlength=len(names))
-    present = np.flatnonzero(counts) if data.size else np.zeros(0, np.int64)
+    if len(names) == 1:  # one address (loopback): it sends and receives every data packet
+        src_addr = dst_addr = np.zeros(ts_s.size, dtype=np.int32)
+        present = np.zeros(1 if ts_s.size else 0, dtype=np.int64)
+    else:
+        src_addr = endpoint_address[cols["src"][data]]
+        dst_addr = endpoint_address[cols["dst"][data]]
+        counts = np.bincount(src_addr, minlength=len(names)) + np.bincount(dst_addr, minlength=len(names))
+        present = np.flatnonzero(counts) if ts_s.size else np.zeros(0, np.int64)
+    del data
     for index in present.tolist():
         tx, rx = src_addr == index, dst_addr == index
         # A host that sends and receives every data packet (one address, e.g. loopback) needs no copies.
