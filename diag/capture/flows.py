@@ -356,19 +356,33 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
     active_s = float((ends - starts).sum())
     gaps = np.diff(data_ts)
     idle = gaps[gaps > idle_gap_s]
+    del gaps  # each array of millions of rows is freed once used: they add up to the analysis's peak memory
     sizes = plen[data]
+    payload_bytes = int(plen.sum())
+    del plen
     mss = int(p.mss[c, d]) or DEFAULT_MSS
     # RTT samples measure this direction's data: ACK RTTs are attributed to the ACKing (reverse) packets.
     ack_rtt = st.ack_rtt_ns[rev_rows]
+    rtt_ms = _stats_ms(ack_rtt[ack_rtt >= 0])
+    del ack_rtt
     ts_rtt = st.ts_rtt_ns[rev_rows]
+    ts_rtt_ms = _stats_ms(ts_rtt[ts_rtt >= 0])
+    del ts_rtt
     not_syn = (flags & SYN) == 0
     every = bool(not_syn.all())  # no SYN among the rows (the usual case): no compress
     win_sent = st.window_bytes[rows] if every else st.window_bytes[rows][not_syn]
+    # min and max first: the median then partitions this copy in place
+    window_stats = ((int(win_sent.min()), float(np.median(win_sent, overwrite_input=True)), int(win_sent.max()))
+                    if win_sent.size else (None, None, None))
+    del win_sent
     # Bytes in flight are defined on data packets only (-1 elsewhere, and where no ACK came back yet).
     in_flight = st.in_flight[data_rows]
+    del data_rows
     in_flight = in_flight[in_flight >= 0]
     scale = int(p.wscale[c, d])
     raw_win = cols["win"][rows] if every else cols["win"][rows][not_syn]
+    raw_max = int(raw_win.max()) if raw_win.size else None
+    del raw_win
     # The receiver's window advertised to this direction bounds its in-flight bytes: when the SYNs were
     # missed, the smallest shift that makes the largest in-flight fit is a lower bound on the peer's scale.
     scale_lower_bound = None
@@ -386,7 +400,7 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
     out: dict[str, Any] = {
         "packets": int(rows.size),
         "data_packets": int(np.count_nonzero(data)),
-        "payload_bytes": int(plen.sum()),
+        "payload_bytes": payload_bytes,
         "unique_payload_bytes": unique,
         "retransmissions": _count(st.retransmission, rows),
         "fast_retransmissions": _count(st.fast_retransmission, rows),
@@ -401,8 +415,8 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
         "goodput_Bps": unique / span if span > 0 else 0.0,
         "active_s": active_s,
         "active_goodput_Bps": unique / active_s if active_s > 0 else 0.0,
-        "rtt_ms": _stats_ms(ack_rtt[ack_rtt >= 0]),
-        "ts_rtt_ms": _stats_ms(ts_rtt[ts_rtt >= 0]),
+        "rtt_ms": rtt_ms,
+        "ts_rtt_ms": ts_rtt_ms,
         "idle_gaps": {"threshold_s": idle_gap_s, "count": int(idle.size), "total_s": float(idle.sum()),
                       "max_s": float(idle.max()) if idle.size else 0.0},
         "segment_sizes": {
@@ -417,10 +431,10 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
         "window": {
             "scale": scale if scale >= 0 else None,
             "scale_lower_bound": scale_lower_bound,
-            "min_bytes": int(win_sent.min()) if win_sent.size else None,
-            "median_bytes": float(np.median(win_sent)) if win_sent.size else None,
-            "max_bytes": int(win_sent.max()) if win_sent.size else None,
-            "raw_max": int(raw_win.max()) if raw_win.size else None,
+            "min_bytes": window_stats[0],
+            "median_bytes": window_stats[1],
+            "max_bytes": window_stats[2],
+            "raw_max": raw_max,
         },
         "bytes_in_flight": {
             "median": in_flight_median,
