@@ -224,22 +224,23 @@ def _coverage(lists: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[float, fl
     return float(lengths[depth >= len(lists)].sum()), float(lengths[depth >= 1].sum())
 
 
-def _inside(ts_s: np.ndarray, intervals: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+def _bytes_inside(ts_s: np.ndarray, nbytes: np.ndarray, intervals: tuple[np.ndarray, np.ndarray]) -> float:
+    """Sum of nbytes over the times inside any of the (disjoint, sorted, closed) intervals."""
     starts, ends = intervals
     if starts.size == 0:
-        return np.zeros(ts_s.size, dtype=bool)
+        return 0.0
     if starts.size * 8 < ts_s.size and ts_s.size > 1 and bool((ts_s[1:] >= ts_s[:-1]).all()):
-        # Few intervals, sorted times: mark where each interval's run of times begins and ends, then a
-        # running sum says whether a time is inside one (the intervals are disjoint).
+        # Few intervals, sorted times: each interval covers one run of the times, and a running sum of the
+        # bytes gives each run's total as a difference. The byte counts are whole numbers, so every partial
+        # sum is exact in float64 (below 2**53) and the total equals the sum of the selected elements.
         first = np.searchsorted(ts_s, starts, side="left")
         stop = np.searchsorted(ts_s, ends, side="right")
-        depth = np.cumsum(np.bincount(first, minlength=ts_s.size + 1)
-                          - np.bincount(stop, minlength=ts_s.size + 1))
-        return depth[:ts_s.size] > 0
+        running = np.concatenate([[0.0], np.cumsum(nbytes)])
+        return float((running[stop] - running[first]).sum())
     j = np.searchsorted(starts, ts_s, side="right") - 1
     # Gather with the index clamped, then mask: boolean-compressing millions of rows twice costs more.
-    return (j >= 0) & (ts_s <= ends[np.maximum(j, 0)])
-
+    inside = (j >= 0) & (ts_s <= ends[np.maximum(j, 0)])
+    return float(nbytes[inside].sum())
 
 def run_gap_s(ts_s: np.ndarray, nbytes: np.ndarray, idle_gap_s: float) -> float:
     """The silence that ends a busy run of this stream: idle_gap_s, or longer where the stream's own cadence
@@ -272,7 +273,8 @@ def duplex(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y: np.
     """Fraction of the busy time in which both streams carry data, and each one's rate overlapping vs alone.
 
     A stream is busy from one data packet to the next while they are no more than run_gap_s() apart; the
-    result also holds each stream's busy time (x_active_s, y_active_s) and run gap (x_gap_s, y_gap_s)."""
+    result also holds each stream's busy time (x_active_s, y_active_s) and run gap (x_gap_s, y_gap_s).
+    bytes_x, bytes_y: payload byte counts (whole numbers, as float64)."""
     # A host that sends and receives every data packet (one address: loopback) has one stream both ways:
     # its second half is the first one again.
     same = ts_y is ts_x and bytes_y is bytes_x
@@ -283,9 +285,8 @@ def duplex(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y: np.
     both, either = _coverage([ix, iy])
     active_x, _ = _coverage([ix])
     active_y = active_x if same else _coverage([iy])[0]
-    in_x = _inside(ts_x, iy)
-    over_x = float(bytes_x[in_x].sum())
-    over_y = over_x if same else float(bytes_y[_inside(ts_y, ix)].sum())
+    over_x = _bytes_inside(ts_x, bytes_x, iy)
+    over_y = over_x if same else _bytes_inside(ts_y, bytes_y, ix)
     alone_x_s, alone_y_s = active_x - both, active_y - both
     return {
         "duplex_overlap": both / either if either > 0 else 0.0,
@@ -572,8 +573,8 @@ def _hosts(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]], rows: 
     ts_s = cols["ts_ns"][data] / 1e9
     plen = cols["plen"][data].astype(np.float64)
     hosts = []
-    if len(names) == 1:  # one address (loopback): it sends and receives every data packet
-        src_addr = dst_addr = np.zeros(ts_s.size, dtype=np.int32)
+    one_address = len(names) == 1  # loopback: the one host sends and receives every data packet
+    if one_address:
         present = np.zeros(1 if ts_s.size else 0, dtype=np.int64)
     else:
         src_addr = endpoint_address[cols["src"][data]]
@@ -582,10 +583,13 @@ def _hosts(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]], rows: 
         present = np.flatnonzero(counts) if ts_s.size else np.zeros(0, np.int64)
     del data
     for index in present.tolist():
-        tx, rx = src_addr == index, dst_addr == index
-        # A host that sends and receives every data packet (one address, e.g. loopback) needs no copies.
-        tx_ts, tx_plen = (ts_s, plen) if tx.all() else (ts_s[tx], plen[tx])
-        rx_ts, rx_plen = (ts_s, plen) if rx.all() else (ts_s[rx], plen[rx])
+        if one_address:
+            tx_ts, tx_plen = rx_ts, rx_plen = ts_s, plen
+        else:
+            tx, rx = src_addr == index, dst_addr == index
+            # A host that sends and receives every data packet needs no copies.
+            tx_ts, tx_plen = (ts_s, plen) if tx.all() else (ts_s[tx], plen[tx])
+            rx_ts, rx_plen = (ts_s, plen) if rx.all() else (ts_s[rx], plen[rx])
         dup = duplex(tx_ts, tx_plen, rx_ts, rx_plen, idle_gap_s)
         seen = names[index] in observed
         hosts.append({
