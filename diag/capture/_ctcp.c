@@ -180,6 +180,53 @@ typedef struct {
     size_t len, cap;
 } EarlyAcks;
 
+/* The ends of a direction's first (non-retransmitted) data segments while they only grow - the usual
+ * case - in an array sorted by construction: appending and binary search instead of a hash map insert per
+ * segment (a cache miss each). An end at or below the largest one goes to the hash map (see data_end_seen). */
+typedef struct {
+    int64_t pos;
+    int64_t ts;
+} End;
+
+typedef struct {
+    End *items;
+    uint8_t *acked; /* its first ACK was seen */
+    size_t len, cap;
+} Ends;
+
+static int ends_push(Ends *v, int64_t pos, int64_t ts) {
+    if (v->len == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 256;
+        End *items = (End *)realloc(v->items, cap * sizeof(End));
+        if (!items)
+            return -1;
+        v->items = items;
+        uint8_t *acked = (uint8_t *)realloc(v->acked, cap);
+        if (!acked)
+            return -1;
+        v->acked = acked;
+        v->cap = cap;
+    }
+    v->items[v->len].pos = pos;
+    v->items[v->len].ts = ts;
+    v->acked[v->len] = 0;
+    v->len++;
+    return 0;
+}
+
+/* Index of pos in the sorted ends, or -1. */
+static Py_ssize_t ends_find(const Ends *v, int64_t pos) {
+    size_t lo = 0, hi = v->len;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (v->items[mid].pos < pos)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return (lo < v->len && v->items[lo].pos == pos) ? (Py_ssize_t)lo : -1;
+}
+
 /* ------------------------------------------------------------------------------------------------------
  * Per-direction state.
  */
@@ -218,6 +265,8 @@ typedef struct {
     uint32_t last_tsecr;
     int64_t last_ack_target;
     EarlyAcks early;
+    Ends ends;
+    int64_t ack_map_max; /* the highest ACK target of this direction's data in ack_map (EMPTY: none) */
 } Direction;
 
 typedef struct {
@@ -315,9 +364,40 @@ static int match_second(Map *map, Map *waiting, RowValues *waits, Sink *sink, Ro
     return rv_push(waits, row, ts);
 }
 
+/* An ACK whose target (in the acked direction's seq_rel space) is `target`. */
 static int ack_seen(Analyzer *a, Sink *sink, uint32_t acked_group, int64_t target, int64_t row, int64_t ts) {
+    Ends *ends = &a->dirs[acked_group].ends;
+    if (ends->len && target <= ends->items[ends->len - 1].pos) {
+        Py_ssize_t k = ends_find(ends, target);
+        if (k >= 0) {
+            if (ends->acked[k])
+                return 0;
+            ends->acked[k] = 1;
+            int64_t delta = wrapping_sub(ts, ends->items[k].ts);
+            return delta >= 0 ? emit(sink, &sink->late_ack, sink->ack_rtt, row, delta) : 0;
+        }
+    }
+    if (target > a->dirs[acked_group].ack_map_max)
+        a->dirs[acked_group].ack_map_max = target;
     return match_second(&a->ack_map, &a->ack_waiting, &a->waiting_acks, sink, &sink->late_ack, sink->ack_rtt,
                         acked_group, target, row, ts);
+}
+
+/* A non-retransmitted data segment of `group` ending at `end`. A position lives either in the sorted
+ * array or in the hash map, never in both: an end above the array's last is appended unless the map
+ * already knows it (an earlier ACK waiting for it); an end at or below it that the array lacks goes to
+ * the map. */
+static int data_end_seen(Analyzer *a, Sink *sink, uint32_t group, int64_t end, int64_t ts) {
+    Ends *ends = &a->dirs[group].ends;
+    if (!ends->len || end > ends->items[ends->len - 1].pos) {
+        /* the map can know an end above the array only as the target of an earlier ACK */
+        if (end > a->dirs[group].ack_map_max || !map_find(&a->ack_map, group, end))
+            return ends_push(ends, end, ts);
+    } else if (ends_find(ends, end) >= 0) {
+        return 0; /* not the first segment with this end */
+    }
+    return match_first(&a->ack_map, &a->ack_waiting, &a->waiting_acks, sink, &sink->late_ack, sink->ack_rtt,
+                       group, end, ts);
 }
 
 /* The acked direction's first packet: the ACKs that came before it get their targets. */
@@ -488,11 +568,9 @@ typedef struct {
 
 static int run(Analyzer *a, const Columns *c, Py_ssize_t n, Sink *sink) {
     for (Py_ssize_t i = 0; i < n; i++) {
-        c->ack_rtt[i] = -1;
-        c->ts_rtt[i] = -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
         const int64_t row = sink->first_row + i;
+        c->ack_rtt[i] = -1; /* before this row's matches: they write only this row or earlier ones */
+        c->ts_rtt[i] = -1;
         const Py_ssize_t conn = c->conn[i];
         const Py_ssize_t g = conn * 2 + c->direction[i];
         Direction *d = &a->dirs[g];
@@ -638,9 +716,7 @@ static int run(Analyzer *a, const Columns *c, Py_ssize_t n, Sink *sink) {
         c->window_bytes[i] = (int32_t)(uint32_t)(uint64_t)window;
 
         /* RTTs: data -> the first ACK of exactly its end (Karn: never retransmitted), TSval -> first echo. */
-        if (plen > 0 && !retransmission
-            && match_first(&a->ack_map, &a->ack_waiting, &a->waiting_acks, sink, &sink->late_ack, sink->ack_rtt,
-                           (uint32_t)g, end_rel, ts) < 0)
+        if (plen > 0 && !retransmission && data_end_seen(a, sink, (uint32_t)g, end_rel, ts) < 0)
             return -1;
         if (has_ack) {
             if (has_rev) {
@@ -692,8 +768,11 @@ static int run(Analyzer *a, const Columns *c, Py_ssize_t n, Sink *sink) {
  */
 static void Analyzer_dealloc(Analyzer *a) {
     if (a->dirs) {
-        for (Py_ssize_t g = 0; g < a->ngroups; g++)
+        for (Py_ssize_t g = 0; g < a->ngroups; g++) {
             free(a->dirs[g].early.items);
+            free(a->dirs[g].ends.items);
+            free(a->dirs[g].ends.acked);
+        }
     }
     free(a->dirs);
     free(a->wscale);
@@ -748,6 +827,7 @@ static int Analyzer_init(Analyzer *a, PyObject *args, PyObject *kwargs) {
     for (Py_ssize_t g = 0; g < ngroups; g++) {
         a->dirs[g].nextseq = EMPTY;
         a->dirs[g].data_end = EMPTY;
+        a->dirs[g].ack_map_max = EMPTY;
     }
     a->ngroups = ngroups;
     PyBuffer_Release(&wscale);
