@@ -274,13 +274,13 @@ def test_bad_input_raises_value_error(ctcp: ModuleType) -> None:
     analyzer = ctcp.Analyzer(2, shifts, rtt)
     ins, outs = _valid_feed()
     cases = {
-        "conn has": lambda: (ins[:2] + [ins[2][:-1]] + ins[3:], outs),                      # short ts_ns
-        "needs dtype": lambda: ([ins[0].astype(np.int64)] + ins[1:], outs),                  # int64 conn
-        "seq_rel: needs": lambda: (ins, [outs[0].astype(np.float64)] + outs[1:]),            # float output
-        "outside 0..0": lambda: ([ins[0] + 1] + ins[1:], outs),                              # conn beyond wscale
-        "must be 0 or 1": lambda: (ins[:1] + [ins[1] * 2] + ins[2:], outs),                   # direction 2
-        "C-contiguous": lambda: (ins[:2] + [np.repeat(ins[2], 2)[::2]] + ins[3:], outs),     # strided
-        "writable": lambda: (ins, [np.frombuffer(outs[0].tobytes(), dtype=np.int64)] + outs[1:]),
+        "conn has": lambda: ([*ins[:2], ins[2][:-1], *ins[3:]], outs),                      # short ts_ns
+        "needs dtype": lambda: ([ins[0].astype(np.int64), *ins[1:]], outs),                  # int64 conn
+        "seq_rel: needs": lambda: (ins, [outs[0].astype(np.float64), *outs[1:]]),            # float output
+        "outside 0..0": lambda: ([ins[0] + 1, *ins[1:]], outs),                              # conn beyond wscale
+        "must be 0 or 1": lambda: ([*ins[:1], ins[1] * 2, *ins[2:]], outs),                   # direction 2
+        "C-contiguous": lambda: ([*ins[:2], np.repeat(ins[2], 2)[::2], *ins[3:]], outs),     # strided
+        "writable": lambda: (ins, [np.frombuffer(outs[0].tobytes(), dtype=np.int64), *outs[1:]]),
     }
     for message, make in cases.items():
         bad_ins, bad_outs = make()

@@ -851,10 +851,12 @@ static PyObject *late_list(const RowValues *v) {
 }
 
 static PyObject *Analyzer_feed(Analyzer *a, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[NBUFFERS + 1];
-    for (int k = 0; k < NBUFFERS; k++)
-        kwlist[k] = (char *)SPECS[k].name;
-    kwlist[NBUFFERS] = NULL;
+    static char *kwlist[NBUFFERS + 1] = {
+        "conn", "direction", "ts_ns", "seq", "ack", "plen", "win", "flags", "tsval", "tsecr", "has_ts",
+        "seq_rel", "end_rel", "new_bytes", "retransmission", "fast_retransmission", "spurious_retransmission",
+        "out_of_order", "lost_segment", "dup_ack", "zero_window", "window_full", "in_flight", "window_bytes",
+        "ack_rtt_ns", "ts_rtt_ns", NULL,
+    }; /* the names of SPECS, in order */
     PyObject *objs[NBUFFERS];
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOOOOOOOOOOOOOOOOO:feed", kwlist, &objs[0], &objs[1],
                                      &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7], &objs[8],
