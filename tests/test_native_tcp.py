@@ -317,3 +317,13 @@ def test_dispatch_and_switch(ctcp: ModuleType, monkeypatch: pytest.MonkeyPatch, 
         calls.clear()
         tcpstate.analyze_packets(cols, conn, direction, wscale, first_rtt)
         assert calls == expected, setting
+
+    def twin_with_one_flag_off(*args: object) -> PacketState:
+        state = real_numpy(*args)
+        state.dup_ack = state.dup_ack.copy()
+        state.dup_ack[np.flatnonzero(state.dup_ack)[0]] = False
+        return state
+
+    monkeypatch.setattr(tcpstate, "_analyze_packets_numpy", twin_with_one_flag_off)
+    with pytest.raises(AssertionError, match="differ in dup_ack"):
+        tcpstate.analyze_packets(cols, conn, direction, wscale, first_rtt)
