@@ -232,6 +232,18 @@ def test_random_sequences_reach_every_rule(ctcp: ModuleType) -> None:
     assert all(rtts), rtts
 
 
+def test_many_interleaved_connections(ctcp: ModuleType) -> None:
+    """Forty connections (80 directions: the twin's radix-sort and lifted running-max paths), interleaved
+    packet by packet, and the same connections one after another."""
+    rng = random.Random(40)
+    steps = [(rng.randint(0, 39), *(rng.randint(0, top) for top in (1, 11, 5, 5, 9, 7, 6, 5))) for _ in range(4000)]
+    for sequence in (steps, sorted(steps, key=lambda step: step[0])):
+        cols, conn, direction, shifts, rtt = packet_sequence(list(sequence), [0, (1 << 32) - 3000, 1 << 31],
+                                                             [7, -1, 0], [0, 5_000_000])
+        assert np.unique(conn).size == 40
+        assert_twins(ctcp, cols, conn, direction, shifts, rtt, chunk_sizes=(333,))
+
+
 def test_ack_before_its_segment_gives_a_late_sample(ctcp: ModuleType) -> None:
     """An ACK (and a TSecr echo) earlier in the file than the segment it matches, same timestamp: the
     twin pairs them (delta 0); fed one packet at a time, the kernel returns the sample as a late one."""
