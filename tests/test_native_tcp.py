@@ -244,6 +244,26 @@ def test_many_interleaved_connections(ctcp: ModuleType) -> None:
         assert_twins(ctcp, cols, conn, direction, shifts, rtt, chunk_sizes=(333,))
 
 
+def test_hash_maps_grow(ctcp: ModuleType) -> None:
+    """Tens of thousands of distinct TSvals, echoes of TSvals never sent, and ACKs of ends no segment has
+    (the kernel's hash maps grow several times over), interleaved with data whose ends go back and forth."""
+    n = 60_000
+    rng = np.random.default_rng(7)
+    direction = (np.arange(n) % 2).astype(np.int8)
+    k = np.arange(n, dtype=np.int64)
+    cols = {"ts_ns": 1_000_000 * k + rng.integers(-500_000, 500_000, n),
+            "seq": np.where(direction == 0, 1000 + 100 * (k // 2) - 300 * (k % 7 == 0), 5000).astype(np.uint32),
+            "ack": np.where(direction == 1, 1050 + 50 * k, 1000).astype(np.uint32),
+            "plen": np.where(direction == 0, 100, 0).astype(np.int32),
+            "win": np.full(n, 1000, dtype=np.uint16), "flags": np.full(n, ACK, dtype=np.uint8),
+            "tsval": (10 * k).astype(np.uint32), "tsecr": (10 * k - 10 + 3 * (k % 3 == 0)).astype(np.uint32),
+            "has_ts": np.ones(n, dtype=bool)}
+    conn = np.zeros(n, dtype=np.int32)
+    shifts, rtt = np.full((1, 2), 7, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    twin = assert_twins(ctcp, cols, conn, direction, shifts, rtt, chunk_sizes=(4999,))
+    assert (twin.ack_rtt_ns >= 0).sum() > 100 and (twin.ts_rtt_ns >= 0).sum() > 10_000
+
+
 def test_ack_before_its_segment_gives_a_late_sample(ctcp: ModuleType) -> None:
     """An ACK (and a TSecr echo) earlier in the file than the segment it matches, same timestamp: the
     twin pairs them (delta 0); fed one packet at a time, the kernel returns the sample as a late one."""
@@ -306,6 +326,10 @@ def test_bad_input_raises_value_error(ctcp: ModuleType) -> None:
         ctcp.Analyzer(2, shifts, np.zeros(3, dtype=np.int64))
     with pytest.raises(TypeError):
         analyzer.feed(*ins)  # outputs missing
+    with pytest.raises(RuntimeError, match="already initialised"):
+        analyzer.__init__(2, shifts, rtt)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        ctcp.Analyzer.__new__(ctcp.Analyzer).feed(*ins, *outs)
     # A rejected feed changed nothing: the analyzer still gives a fresh one's result.
     analyzer.feed(*ins, *outs)
     fresh_outs = [np.empty_like(o) for o in outs]
