@@ -9,6 +9,10 @@ reverse packet before it in file order. Two rules feed back on their own state -
 not move nextseq, and an ACK beyond the captured data resets the peer's counter depending on where its
 contiguous data ends - and are settled by short loops over their rare candidates only. The rules, in
 tshark's order, are described in docs/analyzer.md.
+
+This vectorized code is the twin of the C kernel diag.capture._ctcp (_ctcp.c), which walks the packets one
+by one: analyze_packets runs the kernel when it is built (DIAG_NATIVE=0 forces this code) and the tests
+hold both to identical arrays.
 """
 
 from __future__ import annotations
