@@ -83,6 +83,16 @@ def read_files(paths: Sequence[str | os.PathLike[str]]
 def build_packets(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]],
                   results: list[ReadResult]) -> Packets:
     """Connections, directions, handshakes and the per-packet TCP state of the merged table."""
+    conn, direction, conn_a, conn_b, wscale, mss, syn_seen, first_rtt = connections(cols, endpoints, results)
+    state = analyze_packets(cols, conn, direction, wscale, first_rtt)
+    return Packets(cols, state, conn_a, conn_b, endpoints, wscale, mss, syn_seen)
+
+
+def connections(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]], results: list[ReadResult]
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                           np.ndarray]:
+    """(conn, direction, conn_a, conn_b, wscale, mss, syn_seen, first_rtt): everything analyze_packets needs
+    besides the columns (the tests feed the same inputs to the C kernel and its numpy twin)."""
     n = cols["ts_ns"].size
     src, dst = cols["src"], cols["dst"]  # int32 endpoint ids: no int64 copies of the two columns
     first_index, conn = _pair_ids(src, dst, len(endpoints))
@@ -103,8 +113,7 @@ def build_packets(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]],
     del src, dst
     nconn = first_index.size
     wscale, mss, syn_seen, first_rtt = _handshakes(results, cols, conn, direction, conn_a, nconn)
-    state = analyze_packets(cols, conn, direction, wscale, first_rtt)
-    return Packets(cols, state, conn_a, conn_b, endpoints, wscale, mss, syn_seen)
+    return conn, direction, conn_a, conn_b, wscale, mss, syn_seen, first_rtt
 
 
 def _merge(results: list[ReadResult]) -> tuple[dict[str, np.ndarray], list[tuple[str, int]]]:
