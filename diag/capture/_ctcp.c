@@ -444,6 +444,7 @@ typedef struct {
     int kind;
     Py_ssize_t itemsize;
     int writable;
+    int optional; /* None is accepted: the output is not written */
 } Spec;
 
 #define NINPUTS 11
@@ -462,8 +463,8 @@ static const Spec SPECS[NBUFFERS] = {
     {"tsval", UNSIGNED, 4, 0},
     {"tsecr", UNSIGNED, 4, 0},
     {"has_ts", BOOLEAN, 1, 0},
-    {"seq_rel", SIGNED, 8, 1},
-    {"end_rel", SIGNED, 8, 1},
+    {"seq_rel", SIGNED, 8, 1, 1},
+    {"end_rel", SIGNED, 8, 1, 1},
     {"new_bytes", SIGNED, 8, 1},
     {"retransmission", BOOLEAN, 1, 1},
     {"fast_retransmission", BOOLEAN, 1, 1},
@@ -509,6 +510,10 @@ static int format_kind(const char *format) {
 }
 
 static int get_buffer(PyObject *obj, const Spec *spec, Py_buffer *view, Py_ssize_t n) {
+    if (obj == Py_None && spec->optional) {
+        memset(view, 0, sizeof(*view)); /* buf NULL: not written; PyBuffer_Release ignores a NULL obj */
+        return 0;
+    }
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (spec->writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, view, flags) < 0) {
         PyErr_Clear();
@@ -701,8 +706,10 @@ static int run(Analyzer *a, const Columns *c, Py_ssize_t n, Sink *sink) {
                 in_flight = 0;
         }
 
-        c->seq_rel[i] = seq_rel;
-        c->end_rel[i] = end_rel;
+        if (c->seq_rel) /* None when the caller keeps no sequence numbers (only plots draw them) */
+            c->seq_rel[i] = seq_rel;
+        if (c->end_rel)
+            c->end_rel[i] = end_rel;
         c->new_bytes[i] = new_bytes;
         c->retransmission[i] = (uint8_t)retransmission;
         c->fast[i] = (uint8_t)fast;
@@ -954,7 +961,7 @@ static PyMethodDef Analyzer_methods[] = {
      "Analyze the next packets (reader column dtypes: int32 conn, int8 direction, int64 ts_ns, uint32 seq/ack/"
      "tsval/tsecr, int32 plen, uint16 win, uint8 flags, bool has_ts) into the PacketState arrays given (same "
      "length; int64, bool, int32 window_bytes). Returns the RTT samples that fall on rows of earlier feeds, "
-     "as lists of (row, ns)."},
+     "as lists of (row, ns). seq_rel and end_rel may be None: then they are not written."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -81,10 +81,13 @@ def read_files(paths: Sequence[str | os.PathLike[str]]
 
 
 def build_packets(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]],
-                  results: list[ReadResult]) -> Packets:
-    """Connections, directions, handshakes and the per-packet TCP state of the merged table."""
+                  results: list[ReadResult], keep_sequence: bool = True) -> Packets:
+    """Connections, directions, handshakes and the per-packet TCP state of the merged table.
+
+    keep_sequence: keep each packet's relative sequence numbers (state.seq_rel/end_rel; only the plots
+    draw them, and they are 16 bytes a packet)."""
     conn, direction, conn_a, conn_b, wscale, mss, syn_seen, first_rtt = connections(cols, endpoints, results)
-    state = analyze_packets(cols, conn, direction, wscale, first_rtt)
+    state = analyze_packets(cols, conn, direction, wscale, first_rtt, keep_sequence)
     return Packets(cols, state, conn_a, conn_b, endpoints, wscale, mss, syn_seen)
 
 
@@ -655,13 +658,14 @@ def analyze_files(paths: Sequence[str | os.PathLike[str]], records: Sequence[str
                   bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S,
                   with_series: bool = True) -> dict[str, Any]:
     """The `diag analyze --json` object for these capture files (and sweep phases from records)."""
-    return analyze(paths, records, bin_s, idle_gap_s, with_series)[0]
+    return analyze(paths, records, bin_s, idle_gap_s, with_series, keep_sequence=False)[0]
 
 
 def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.PathLike[str]] | None = None,
             bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S,
-            with_series: bool = True) -> tuple[dict[str, Any], Packets]:
-    """analyze_files plus the packet table (for plots)."""
+            with_series: bool = True, keep_sequence: bool = True) -> tuple[dict[str, Any], Packets]:
+    """analyze_files plus the packet table (for plots; keep_sequence=False leaves out the relative
+    sequence numbers, which only the plots draw)."""
     from diag.errors import DiagError
 
     if not paths:
@@ -671,7 +675,7 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
     cols, endpoints, results = read_files(paths)
     n = cols["ts_ns"].size
     rows = np.arange(n)
-    packets = build_packets(cols, endpoints, results)
+    packets = build_packets(cols, endpoints, results, keep_sequence)
     # The TCP state is settled: the aggregation and the plots read only AGGREGATE_COLUMNS; the rest (a third
     # of the columns' bytes) is freed before the aggregation's temporaries are made.
     for name in [name for name in packets.cols if name not in AGGREGATE_COLUMNS]:

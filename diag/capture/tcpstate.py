@@ -44,8 +44,8 @@ class PacketState:
 
     conn: np.ndarray            # connection index
     direction: np.ndarray       # 0: a->b, 1: b->a
-    seq_rel: np.ndarray         # unwrapped, relative to the direction's first sequence number
-    end_rel: np.ndarray         # seq_rel + payload (+1 for SYN/FIN)
+    seq_rel: np.ndarray | None  # unwrapped, relative to the direction's first sequence number (None: not kept)
+    end_rel: np.ndarray | None  # seq_rel + payload (+1 for SYN/FIN) (None: not kept)
     new_bytes: np.ndarray       # payload bytes never seen before in this direction
     retransmission: np.ndarray  # tshark's tcp.analysis.retransmission (includes fast + spurious)
     fast_retransmission: np.ndarray
@@ -159,23 +159,28 @@ def unwrap(values: np.ndarray, starts: np.ndarray, first: np.ndarray | None = No
 
 
 def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray,
-                    wscale: np.ndarray, first_rtt_ns: np.ndarray) -> PacketState:
+                    wscale: np.ndarray, first_rtt_ns: np.ndarray, keep_sequence: bool = True) -> PacketState:
     """cols: reader columns in time order. wscale[conn, dir]: shift of dir's advertised window, -1 unknown.
 
     first_rtt_ns[conn]: handshake RTT (tshark's ts_first_rtt) or 0 when the handshake was not captured.
     The checks follow the order of Wireshark 4.0's tcp_analyze_sequence_number (docs/analyzer.md).
     Runs the C kernel (diag.capture._ctcp, one pass over the packets) when it is built and not disabled
     with DIAG_NATIVE=0, else its numpy twin; both give identical arrays. DIAG_NATIVE=check runs both and
-    raises AssertionError where they differ (for tests and fuzzing).
+    raises AssertionError where they differ (for tests and fuzzing). keep_sequence=False leaves seq_rel and
+    end_rel out (None): only plots draw them, and they are 16 bytes a packet.
     """
     kernel = native.kernel("_ctcp")
     if kernel is None:
-        return _analyze_packets_numpy(cols, conn, direction, wscale, first_rtt_ns)
-    state = analyze_packets_native(kernel, cols, conn, direction, wscale, first_rtt_ns)
+        state = _analyze_packets_numpy(cols, conn, direction, wscale, first_rtt_ns)
+        if not keep_sequence:
+            state.seq_rel = state.end_rel = None
+        return state
+    state = analyze_packets_native(kernel, cols, conn, direction, wscale, first_rtt_ns,
+                                   keep_sequence=keep_sequence)
     if os.environ.get(native.DISABLE_ENV) == "check":
         twin = _analyze_packets_numpy(cols, conn, direction, wscale, first_rtt_ns)
-        differ = [f.name for f in fields(PacketState)
-                  if not np.array_equal(getattr(state, f.name), getattr(twin, f.name))]
+        differ = [f.name for f in fields(PacketState) if getattr(state, f.name) is not None
+                  and not np.array_equal(getattr(state, f.name), getattr(twin, f.name))]
         if differ:
             raise AssertionError(f"_ctcp and its numpy twin differ in {', '.join(differ)}")
     return state
@@ -194,7 +199,7 @@ _KERNEL_OUTPUTS = {"seq_rel": np.int64, "end_rel": np.int64, "new_bytes": np.int
 
 def analyze_packets_native(kernel: ModuleType, cols: dict[str, np.ndarray], conn: np.ndarray,
                            direction: np.ndarray, wscale: np.ndarray, first_rtt_ns: np.ndarray,
-                           chunk_rows: int | None = None) -> PacketState:
+                           chunk_rows: int | None = None, keep_sequence: bool = True) -> PacketState:
     """analyze_packets through the C kernel, writing straight into the PacketState arrays.
 
     chunk_rows: feed the packets in chunks of this many rows (the result is the same as one feed; the
@@ -207,17 +212,21 @@ def analyze_packets_native(kernel: ModuleType, cols: dict[str, np.ndarray], conn
     inputs = {"conn": np.ascontiguousarray(conn, dtype=np.int32),
               "direction": np.ascontiguousarray(direction, dtype=np.int8)}
     inputs.update({name: np.ascontiguousarray(cols[name], dtype=dtype) for name, dtype in _KERNEL_INPUTS.items()})
-    outputs = {name: np.empty(n, dtype=dtype) for name, dtype in _KERNEL_OUTPUTS.items()}
+    outputs: dict[str, np.ndarray | None] = {
+        name: None if name in ("seq_rel", "end_rel") and not keep_sequence else np.empty(n, dtype=dtype)
+        for name, dtype in _KERNEL_OUTPUTS.items()}
     step = n if not chunk_rows else max(1, chunk_rows)
     for start in range(0, max(n, 1), max(step, 1)):
         stop = min(n, start + step)
         late_ack, late_ts = analyzer.feed(*(a[start:stop] for a in inputs.values()),
-                                          *(a[start:stop] for a in outputs.values()))
+                                          *(None if a is None else a[start:stop] for a in outputs.values()))
+        ack_rtt, ts_rtt = outputs["ack_rtt_ns"], outputs["ts_rtt_ns"]
+        assert ack_rtt is not None and ts_rtt is not None
         for row, value in late_ack:  # an ACK before its segment in file order: a sample on an earlier chunk
-            outputs["ack_rtt_ns"][row] = value
+            ack_rtt[row] = value
         for row, value in late_ts:
-            outputs["ts_rtt_ns"][row] = value
-    return PacketState(conn, direction, **outputs)
+            ts_rtt[row] = value
+    return PacketState(conn, direction, **outputs)  # type: ignore[arg-type]
 
 
 def _analyze_packets_numpy(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray,

@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     tune_for_one_shot_analysis()  # before numpy is imported
     from diag.capture.flows import analyze
 
-    result, packets = analyze(args.pcaps, args.records, args.bin_s, args.idle_gap_s, not args.no_series)
+    result, packets = analyze(args.pcaps, args.records, args.bin_s, args.idle_gap_s, not args.no_series,
+                              keep_sequence=bool(args.plot))
     if args.out:
         from pathlib import Path
 
