@@ -38,6 +38,13 @@ STATE_FLAGS = {"retransmissions": "retransmission", "fast_retransmissions": "fas
                "window_full": "window_full"}
 
 
+@pytest.fixture(autouse=True)
+def both_engines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every analysis here runs the C kernel (diag.capture._ctcp) and its numpy twin and fails where their
+    arrays differ (DIAG_NATIVE=check); where the kernel is not built, the twin runs alone."""
+    monkeypatch.setenv("DIAG_NATIVE", "check")
+
+
 def assert_agrees_with_tshark(pcap: Path) -> dict:
     result = analyze_files([pcap])
     theirs = tshark_directions(pcap)

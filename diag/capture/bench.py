@@ -1,11 +1,14 @@
 """Benchmark: `diag analyze` vs `tshark -T fields` on a real loopback capture of >= 2M TCP packets.
 
-    python -m diag.capture.bench [--packets 2000000] [--dir /tmp/diag-bench] [--keep]
+    python -m diag.capture.bench [--packets 2000000] [--dir /tmp/diag-bench] [--keep] [--pcap FILE]
+                                 [--repeat 5] [--numpy] [--no-tshark]
 
 Generates the capture with tcpdump (snaplen 128) from a loopback transfer whose MSS is clamped small so
 there are many packets, then times, in the same run, `diag analyze --json` end to end (a fresh process,
-so imports and JSON output count) and tshark extracting the columns diag reads. Peak memory is the child's
-max RSS. Needs root, tcpdump and tshark.
+so imports and JSON output count; --repeat runs, median and best) and tshark extracting the columns diag
+reads (once: it takes minutes). --numpy also runs the analysis without its C kernels (DIAG_NATIVE=0), the
+runs of the two engines alternating so that machine noise hits both alike, and checks that both print the
+same JSON. Peak memory is each child's max RSS, CPU its user + system time. Needs root, tcpdump and tshark.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,17 +95,37 @@ def generate(path: Path, packets: int, rate_Bps: int = DEFAULT_RATE_BPS) -> Gene
     return Generated(int(info.packets or 0), info.kernel_dropped, time.monotonic() - start)
 
 
-def timed(command: list[str], stdout_path: Path) -> tuple[float, int]:
-    """(wall seconds, peak RSS in KiB) of one child; os.wait4 gives that child's own rusage."""
+@dataclass(frozen=True)
+class Timed:
+    wall_s: float
+    cpu_s: float  # user + system
+    peak_rss_kib: int
+
+
+def timed(command: list[str], stdout_path: Path, env: dict[str, str] | None = None) -> Timed:
+    """Wall and CPU seconds and peak RSS of one child; os.wait4 gives that child's own rusage."""
     start = time.perf_counter()
     with stdout_path.open("wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, env=env)
         _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"{command[0]} failed with exit code {proc.returncode}")
-    return elapsed, int(usage.ru_maxrss)
+    return Timed(elapsed, usage.ru_utime + usage.ru_stime, int(usage.ru_maxrss))
+
+
+def summary(runs: list[Timed], packets: int) -> dict[str, float]:
+    walls = sorted(r.wall_s for r in runs)
+    cpus = sorted(r.cpu_s for r in runs)
+    median_wall = statistics.median(walls)
+    return {
+        "runs": len(runs),
+        "wall_median_s": round(median_wall, 3), "wall_best_s": round(walls[0], 3),
+        "cpu_median_s": round(statistics.median(cpus), 3),
+        "packets_per_s_median": round(packets / median_wall), "packets_per_s_best": round(packets / walls[0]),
+        "peak_rss_max_MB": round(max(r.peak_rss_kib for r in runs) / 1024, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path)
     parser.add_argument("--pcap", type=Path, help="reuse this capture instead of generating one")
     parser.add_argument("--keep", action="store_true", help="keep the capture")
+    parser.add_argument("--repeat", type=int, default=5, help="diag runs (median and best; default %(default)s)")
+    parser.add_argument("--numpy", action="store_true",
+                        help="also time the analysis without its C kernels (DIAG_NATIVE=0), alternating runs")
+    parser.add_argument("--no-tshark", action="store_true", help="skip tshark (it takes minutes)")
     parser.add_argument("--rate", type=float, default=DEFAULT_RATE_BPS / 1e6, metavar="MB/s",
                         help="pace the generating transfer at this payload rate (default %(default)s MB/s)")
     args = parser.parse_args(argv)
@@ -129,29 +157,53 @@ def main(argv: list[str] | None = None) -> int:
             if generated.packets < args.packets or generated.kernel_dropped:
                 print("warning: the capture is short of the target or dropped packets; lower --rate",
                       file=sys.stderr)
+        from diag.capture.native import available
+
+        command = [sys.executable, "-m", "diag", "analyze", str(pcap), "--json"]
+        numpy_env = {**os.environ, "DIAG_NATIVE": "0"}
         load_before_diag = os.getloadavg()[0]
-        diag_s, diag_kb = timed([sys.executable, "-m", "diag", "analyze", str(pcap), "--json"], work / "diag.json")
-        result = json.loads((work / "diag.json").read_text())
+        native_runs: list[Timed] = []
+        numpy_runs: list[Timed] = []
+        outputs: set[bytes] = set()
+        for turn in range(args.repeat):
+            # Alternate which engine goes first in each pair, so a drift of the machine's load hits both.
+            engines = [("native", None), ("numpy", numpy_env)] if args.numpy else [("native", None)]
+            for name, env in engines if turn % 2 == 0 else engines[::-1]:
+                out_path = work / f"diag-{name}.json"
+                (native_runs if name == "native" else numpy_runs).append(timed(command, out_path, env))
+                outputs.add(out_path.read_bytes())
+        result = json.loads((work / "diag-native.json").read_text())
         n = result["capture"]["packets"]
-        fields = [x for f in TSHARK_FIELDS for x in ("-e", f)]
-        load_before_tshark = os.getloadavg()[0]
-        tshark_s, tshark_kb = timed(["tshark", "-n", "-r", str(pcap), "-T", "fields", *fields], work / "tshark.txt")
-        report = {
+        report: dict[str, object] = {
             "packets": n, "file_bytes": pcap.stat().st_size,
             "kernel_dropped": generated.kernel_dropped if generated else result["capture"]["kernel_dropped"],
+            "kernels": available(),
             # Other work on the machine slows both tools; the ratio is fair only if these are alike.
             "load_1m_before_diag": round(load_before_diag, 2),
-            "load_1m_before_tshark": round(load_before_tshark, 2),
-            "load_1m_after": round(os.getloadavg()[0], 2),
-            "diag_s": round(diag_s, 3), "diag_packets_per_s": round(n / diag_s),
-            "diag_peak_rss_MB": round(diag_kb / 1024, 1),
-            "tshark_s": round(tshark_s, 3), "speedup": round(tshark_s / diag_s, 1),
-            "tshark_peak_rss_MB": round(tshark_kb / 1024, 1),
+            "diag": summary(native_runs, n),
+            "json_identical_across_runs": len(outputs) == 1,
         }
+        if args.numpy:
+            report["diag_numpy"] = summary(numpy_runs, n)
+            report["native_speedup_wall"] = round(statistics.median(r.wall_s for r in numpy_runs)
+                                                  / statistics.median(r.wall_s for r in native_runs), 2)
+            report["native_speedup_cpu"] = round(statistics.median(r.cpu_s for r in numpy_runs)
+                                                 / statistics.median(r.cpu_s for r in native_runs), 2)
+        if not args.no_tshark:
+            fields = [x for f in TSHARK_FIELDS for x in ("-e", f)]
+            report["load_1m_before_tshark"] = round(os.getloadavg()[0], 2)
+            tshark = timed(["tshark", "-n", "-r", str(pcap), "-T", "fields", *fields], work / "tshark.txt")
+            report["tshark_s"] = round(tshark.wall_s, 3)
+            report["tshark_cpu_s"] = round(tshark.cpu_s, 3)
+            report["tshark_peak_rss_MB"] = round(tshark.peak_rss_kib / 1024, 1)
+            report["speedup_vs_tshark_median"] = round(tshark.wall_s / statistics.median(r.wall_s for r in native_runs), 1)
+            report["speedup_vs_tshark_cpu"] = round(tshark.cpu_s / statistics.median(r.cpu_s for r in native_runs), 1)
+        report["load_1m_after"] = round(os.getloadavg()[0], 2)
         print(json.dumps(report, indent=1))
     finally:
         if not args.keep and not args.pcap:
-            for name in ("bench.pcap", "bench.pcap.capture.json", "diag.json", "tshark.txt"):
+            for name in ("bench.pcap", "bench.pcap.capture.json", "diag-native.json", "diag-numpy.json",
+                         "tshark.txt"):
                 with_path = work / name
                 if with_path.exists():
                     os.unlink(with_path)

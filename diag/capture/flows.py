@@ -36,6 +36,8 @@ CADENCE_FACTOR = 3.0
 PACING_PACKETS = 16
 CADENCE_MIN_GAPS = 20
 MAX_RUN_GAP_S = 0.05
+# The reader's columns that the aggregation, the phases and the plots read (the TCP state pass reads all).
+AGGREGATE_COLUMNS = ("ts_ns", "src", "dst", "plen", "win", "flags")
 
 
 @dataclass
@@ -79,8 +81,21 @@ def read_files(paths: Sequence[str | os.PathLike[str]]
 
 
 def build_packets(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]],
-                  results: list[ReadResult]) -> Packets:
-    """Connections, directions, handshakes and the per-packet TCP state of the merged table."""
+                  results: list[ReadResult], keep_sequence: bool = True) -> Packets:
+    """Connections, directions, handshakes and the per-packet TCP state of the merged table.
+
+    keep_sequence: keep each packet's relative sequence numbers (state.seq_rel/end_rel; only the plots
+    draw them, and they are 16 bytes a packet)."""
+    conn, direction, conn_a, conn_b, wscale, mss, syn_seen, first_rtt = connections(cols, endpoints, results)
+    state = analyze_packets(cols, conn, direction, wscale, first_rtt, keep_sequence)
+    return Packets(cols, state, conn_a, conn_b, endpoints, wscale, mss, syn_seen)
+
+
+def connections(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]], results: list[ReadResult]
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                           np.ndarray]:
+    """(conn, direction, conn_a, conn_b, wscale, mss, syn_seen, first_rtt): everything analyze_packets needs
+    besides the columns (the tests feed the same inputs to the C kernel and its numpy twin)."""
     n = cols["ts_ns"].size
     src, dst = cols["src"], cols["dst"]  # int32 endpoint ids: no int64 copies of the two columns
     first_index, conn = _pair_ids(src, dst, len(endpoints))
@@ -101,8 +116,7 @@ def build_packets(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]],
     del src, dst
     nconn = first_index.size
     wscale, mss, syn_seen, first_rtt = _handshakes(results, cols, conn, direction, conn_a, nconn)
-    state = analyze_packets(cols, conn, direction, wscale, first_rtt)
-    return Packets(cols, state, conn_a, conn_b, endpoints, wscale, mss, syn_seen)
+    return conn, direction, conn_a, conn_b, wscale, mss, syn_seen, first_rtt
 
 
 def _merge(results: list[ReadResult]) -> tuple[dict[str, np.ndarray], list[tuple[str, int]]]:
@@ -222,22 +236,23 @@ def _coverage(lists: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[float, fl
     return float(lengths[depth >= len(lists)].sum()), float(lengths[depth >= 1].sum())
 
 
-def _inside(ts_s: np.ndarray, intervals: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+def _bytes_inside(ts_s: np.ndarray, nbytes: np.ndarray, intervals: tuple[np.ndarray, np.ndarray]) -> float:
+    """Sum of nbytes over the times inside any of the (disjoint, sorted, closed) intervals."""
     starts, ends = intervals
     if starts.size == 0:
-        return np.zeros(ts_s.size, dtype=bool)
+        return 0.0
     if starts.size * 8 < ts_s.size and ts_s.size > 1 and bool((ts_s[1:] >= ts_s[:-1]).all()):
-        # Few intervals, sorted times: mark where each interval's run of times begins and ends, then a
-        # running sum says whether a time is inside one (the intervals are disjoint).
+        # Few intervals, sorted times: each interval covers one run of the times, and a running sum of the
+        # bytes gives each run's total as a difference. The byte counts are whole numbers, so every partial
+        # sum is exact in float64 (below 2**53) and the total equals the sum of the selected elements.
         first = np.searchsorted(ts_s, starts, side="left")
         stop = np.searchsorted(ts_s, ends, side="right")
-        depth = np.cumsum(np.bincount(first, minlength=ts_s.size + 1)
-                          - np.bincount(stop, minlength=ts_s.size + 1))
-        return depth[:ts_s.size] > 0
+        running = np.concatenate([[0.0], np.cumsum(nbytes)])
+        return float((running[stop] - running[first]).sum())
     j = np.searchsorted(starts, ts_s, side="right") - 1
     # Gather with the index clamped, then mask: boolean-compressing millions of rows twice costs more.
-    return (j >= 0) & (ts_s <= ends[np.maximum(j, 0)])
-
+    inside = (j >= 0) & (ts_s <= ends[np.maximum(j, 0)])
+    return float(nbytes[inside].sum())
 
 def run_gap_s(ts_s: np.ndarray, nbytes: np.ndarray, idle_gap_s: float) -> float:
     """The silence that ends a busy run of this stream: idle_gap_s, or longer where the stream's own cadence
@@ -270,15 +285,20 @@ def duplex(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y: np.
     """Fraction of the busy time in which both streams carry data, and each one's rate overlapping vs alone.
 
     A stream is busy from one data packet to the next while they are no more than run_gap_s() apart; the
-    result also holds each stream's busy time (x_active_s, y_active_s) and run gap (x_gap_s, y_gap_s)."""
-    gap_x, gap_y = run_gap_s(ts_x, bytes_x, idle_gap_s), run_gap_s(ts_y, bytes_y, idle_gap_s)
-    ix, iy = busy_intervals(ts_x, gap_x), busy_intervals(ts_y, gap_y)
+    result also holds each stream's busy time (x_active_s, y_active_s) and run gap (x_gap_s, y_gap_s).
+    bytes_x, bytes_y: payload byte counts (whole numbers, as float64)."""
+    # A host that sends and receives every data packet (one address: loopback) has one stream both ways:
+    # its second half is the first one again.
+    same = ts_y is ts_x and bytes_y is bytes_x
+    gap_x = run_gap_s(ts_x, bytes_x, idle_gap_s)
+    gap_y = gap_x if same else run_gap_s(ts_y, bytes_y, idle_gap_s)
+    ix = busy_intervals(ts_x, gap_x)
+    iy = ix if same else busy_intervals(ts_y, gap_y)
     both, either = _coverage([ix, iy])
     active_x, _ = _coverage([ix])
-    active_y, _ = _coverage([iy])
-    in_x = _inside(ts_x, iy)
-    in_y = _inside(ts_y, ix)
-    over_x, over_y = float(bytes_x[in_x].sum()), float(bytes_y[in_y].sum())
+    active_y = active_x if same else _coverage([iy])[0]
+    over_x = _bytes_inside(ts_x, bytes_x, iy)
+    over_y = over_x if same else _bytes_inside(ts_y, bytes_y, ix)
     alone_x_s, alone_y_s = active_x - both, active_y - both
     return {
         "duplex_overlap": both / either if either > 0 else 0.0,
@@ -329,31 +349,53 @@ def _histogram(values: np.ndarray, edges: list[int]) -> list[int]:
 
 
 def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: int, t0: float, t1: float,
-               bin_s: float, idle_gap_s: float, with_series: bool) -> dict[str, Any]:
+               bin_s: float, idle_gap_s: float, with_series: bool
+               ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """The direction's JSON object, and its data packets' times (s) and payload bytes (float), which the
+    connection's duplex and turn analysis use next."""
     cols, st = p.cols, p.state
-    ts_s = cols["ts_ns"][rows] / 1e9
-    plen = cols["plen"][rows].astype(np.int64)
+    ts_ns = cols["ts_ns"]
+    plen = cols["plen"][rows]  # int32: its sum accumulates in int64 all the same
     flags = cols["flags"][rows]
     data = plen > 0
     unique = int(st.new_bytes[rows].sum())
-    first_ts = float(ts_s[0]) if rows.size else None
-    last_ts = float(ts_s[-1]) if rows.size else None
-    span = (last_ts - first_ts) if rows.size else 0.0
-    data_ts = ts_s[data]
+    # Seconds only for the first and last packet and the data packets: no float copy of every row.
+    first_ts = float(ts_ns[rows[0]] / 1e9) if rows.size else None
+    last_ts = float(ts_ns[rows[-1]] / 1e9) if rows.size else None
+    span = (last_ts - first_ts) if first_ts is not None and last_ts is not None else 0.0
+    data_rows = rows[data]
+    data_ts = ts_ns[data_rows] / 1e9
     starts, ends = busy_intervals(data_ts, idle_gap_s)
     active_s = float((ends - starts).sum())
     gaps = np.diff(data_ts)
     idle = gaps[gaps > idle_gap_s]
+    del gaps  # each array of millions of rows is freed once used: they add up to the analysis's peak memory
     sizes = plen[data]
+    payload_bytes = int(plen.sum())
+    del plen
     mss = int(p.mss[c, d]) or DEFAULT_MSS
     # RTT samples measure this direction's data: ACK RTTs are attributed to the ACKing (reverse) packets.
     ack_rtt = st.ack_rtt_ns[rev_rows]
+    rtt_ms = _stats_ms(ack_rtt[ack_rtt >= 0])
+    del ack_rtt
     ts_rtt = st.ts_rtt_ns[rev_rows]
-    win_sent = st.window_bytes[rows][(flags & SYN) == 0]
-    in_flight = st.in_flight[rows]
+    ts_rtt_ms = _stats_ms(ts_rtt[ts_rtt >= 0])
+    del ts_rtt
+    not_syn = (flags & SYN) == 0
+    every = bool(not_syn.all())  # no SYN among the rows (the usual case): no compress
+    win_sent = st.window_bytes[rows] if every else st.window_bytes[rows][not_syn]
+    # min and max first: the median then partitions this copy in place
+    window_stats = ((int(win_sent.min()), float(np.median(win_sent, overwrite_input=True)), int(win_sent.max()))
+                    if win_sent.size else (None, None, None))
+    del win_sent
+    # Bytes in flight are defined on data packets only (-1 elsewhere, and where no ACK came back yet).
+    in_flight = st.in_flight[data_rows]
+    del data_rows
     in_flight = in_flight[in_flight >= 0]
     scale = int(p.wscale[c, d])
-    raw_win = cols["win"][rows][(flags & SYN) == 0]
+    raw_win = cols["win"][rows] if every else cols["win"][rows][not_syn]
+    raw_max = int(raw_win.max()) if raw_win.size else None
+    del raw_win
     # The receiver's window advertised to this direction bounds its in-flight bytes: when the SYNs were
     # missed, the smallest shift that makes the largest in-flight fit is a lower bound on the peer's scale.
     scale_lower_bound = None
@@ -363,10 +405,15 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
         if rev_raw.size:
             ratio = float(in_flight.max()) / float(rev_raw.max())
             scale_lower_bound = max(0, int(np.ceil(np.log2(ratio)))) if ratio > 1 else 0
+    in_flight_max = int(in_flight.max()) if in_flight.size else None
+    # in_flight is this function's own copy: partitioned in place rather than copied twice more
+    in_flight_median = float(np.median(in_flight, overwrite_input=True)) if in_flight.size else None
+    in_flight_p95 = float(np.percentile(in_flight, 95, overwrite_input=True)) if in_flight.size else None
+    del in_flight
     out: dict[str, Any] = {
         "packets": int(rows.size),
         "data_packets": int(np.count_nonzero(data)),
-        "payload_bytes": int(plen.sum()),
+        "payload_bytes": payload_bytes,
         "unique_payload_bytes": unique,
         "retransmissions": _count(st.retransmission, rows),
         "fast_retransmissions": _count(st.fast_retransmission, rows),
@@ -381,8 +428,8 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
         "goodput_Bps": unique / span if span > 0 else 0.0,
         "active_s": active_s,
         "active_goodput_Bps": unique / active_s if active_s > 0 else 0.0,
-        "rtt_ms": _stats_ms(ack_rtt[ack_rtt >= 0]),
-        "ts_rtt_ms": _stats_ms(ts_rtt[ts_rtt >= 0]),
+        "rtt_ms": rtt_ms,
+        "ts_rtt_ms": ts_rtt_ms,
         "idle_gaps": {"threshold_s": idle_gap_s, "count": int(idle.size), "total_s": float(idle.sum()),
                       "max_s": float(idle.max()) if idle.size else 0.0},
         "segment_sizes": {
@@ -397,15 +444,15 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
         "window": {
             "scale": scale if scale >= 0 else None,
             "scale_lower_bound": scale_lower_bound,
-            "min_bytes": int(win_sent.min()) if win_sent.size else None,
-            "median_bytes": float(np.median(win_sent)) if win_sent.size else None,
-            "max_bytes": int(win_sent.max()) if win_sent.size else None,
-            "raw_max": int(raw_win.max()) if raw_win.size else None,
+            "min_bytes": window_stats[0],
+            "median_bytes": window_stats[1],
+            "max_bytes": window_stats[2],
+            "raw_max": raw_max,
         },
         "bytes_in_flight": {
-            "median": float(np.median(in_flight)) if in_flight.size else None,
-            "p95": float(np.percentile(in_flight, 95)) if in_flight.size else None,
-            "max": int(in_flight.max()) if in_flight.size else None,
+            "median": in_flight_median,
+            "p95": in_flight_p95,
+            "max": in_flight_max,
         },
         "acks": {
             "pure": int((((flags & ACK) != 0) & ~data & ((flags & (SYN | FIN | RST)) == 0)).sum()),
@@ -413,9 +460,10 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
         },
         "syn_seen": bool(p.syn_seen[c, d]),
     }
+    data_bytes = sizes.astype(np.float64)
     if with_series:
-        out["throughput"] = _series(data_ts, plen[data].astype(np.float64), t0, t1, bin_s)
-    return out
+        out["throughput"] = _series(data_ts, data_bytes, t0, t1, bin_s)
+    return out, data_ts, data_bytes
 
 
 def aggregate(p: Packets, rows: np.ndarray, bin_s: float, idle_gap_s: float,
@@ -429,14 +477,7 @@ def aggregate(p: Packets, rows: np.ndarray, bin_s: float, idle_gap_s: float,
     st = p.state
     if rows.size == 0:
         return [], []
-    # Rows by (connection, direction), time order within each: a stable counting/radix order of one key.
-    row_key = st.conn[rows].astype(np.int64) * 2 + st.direction[rows]
-    order = group_order(row_key, int(row_key.max()) + 1)
-    sorted_rows = rows[order]
-    key = row_key[order]
-    del row_key
-    bounds = np.flatnonzero(np.diff(key)) + 1
-    groups = {int(key[s]): sorted_rows[s:e] for s, e in zip(np.r_[0, bounds], np.r_[bounds, key.size], strict=True)}
+    groups = _rows_by_direction(st.conn[rows], st.direction[rows], rows)
     connections = []
     empty = np.zeros(0, dtype=np.int64)
     # Hosts need only the columns: they run on a second core while the connections are computed here
@@ -450,6 +491,28 @@ def aggregate(p: Packets, rows: np.ndarray, bin_s: float, idle_gap_s: float,
         return connections, hosts if hosts_future is None else hosts_future.result()
 
 
+def _rows_by_direction(conn: np.ndarray, direction: np.ndarray, rows: np.ndarray) -> dict[int, np.ndarray]:
+    """(connection * 2 + direction) -> its rows, in time order: a stable counting/radix order of one key,
+    or for a few connections one scan per direction (no permutation of every row, no key copies)."""
+    ndirections = 2 * (int(conn.max()) + 1)
+    if ndirections <= 8:
+        whole = rows.size == 0 or (int(rows[0]) == 0 and int(rows[-1]) == rows.size - 1)  # rows = 0..n-1
+        found = {}
+        for key in range(ndirections):
+            same = direction == key % 2
+            hit = np.flatnonzero(same if ndirections == 2 else same & (conn == key // 2))
+            if hit.size:
+                found[key] = hit if whole else rows[hit]
+        return found
+    row_key = conn.astype(np.int64) * 2 + direction
+    order = group_order(row_key, ndirections)
+    sorted_rows = rows[order]
+    key = row_key[order]
+    del row_key
+    bounds = np.flatnonzero(np.diff(key)) + 1
+    return {int(key[s]): sorted_rows[s:e] for s, e in zip(np.r_[0, bounds], np.r_[bounds, key.size], strict=True)}
+
+
 def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float, idle_gap_s: float,
                 with_series: bool, window: tuple[float, float] | None = None) -> dict[str, Any]:
     cols = p.cols
@@ -458,12 +521,9 @@ def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float
                    cols["ts_ns"][ba].min(initial=np.iinfo(np.int64).max))) / 1e9
     t1 = float(max(cols["ts_ns"][ab].max(initial=np.iinfo(np.int64).min),
                    cols["ts_ns"][ba].max(initial=np.iinfo(np.int64).min))) / 1e9
-    dirs = {
-        "a->b": _direction(p, ab, ba, c, 0, t0, t1, bin_s, idle_gap_s, with_series),
-        "b->a": _direction(p, ba, ab, c, 1, t0, t1, bin_s, idle_gap_s, with_series),
-    }
-    x_ts, x_b = _data_times(p, ab)
-    y_ts, y_b = _data_times(p, ba)
+    a_to_b, x_ts, x_b = _direction(p, ab, ba, c, 0, t0, t1, bin_s, idle_gap_s, with_series)
+    b_to_a, y_ts, y_b = _direction(p, ba, ab, c, 1, t0, t1, bin_s, idle_gap_s, with_series)
+    dirs = {"a->b": a_to_b, "b->a": b_to_a}
     dup = duplex(x_ts, x_b, y_ts, y_b, idle_gap_s)
     gaps = (dup["x_gap_s"], dup["y_gap_s"])
     rtts = tuple(_median_s(dirs[name]["rtt_ms"]) for name in ("a->b", "b->a"))
@@ -486,12 +546,6 @@ def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float
 def _median_s(stats_ms: dict[str, Any]) -> float | None:
     median = stats_ms.get("median")
     return median / 1e3 if median else None
-
-
-def _data_times(p: Packets, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    plen = p.cols["plen"][rows]
-    data = rows[plen > 0]
-    return p.cols["ts_ns"][data] / 1e9, p.cols["plen"][data].astype(np.float64)
 
 
 def capture_point(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]]) -> set[str]:
@@ -519,26 +573,35 @@ def _hosts(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]], rows: 
 
     Needs only the reader's columns, so analyze() runs it beside the TCP state machine. ``observed``: the
     addresses whose NIC the capture sees (capture_point); None: judged from these rows."""
-    data = rows[cols["plen"][rows] > 0]
+    whole = rows.size == cols["src"].size  # rows = 0..n-1 (they are sorted and unique)
+    # Over the whole capture a boolean mask selects the data packets: no index array of every packet.
+    data: np.ndarray = cols["plen"] > 0 if whole else rows[cols["plen"][rows] > 0]
     if observed is None:
-        whole = rows.size == cols["src"].size
         observed = capture_point(cols if whole else {"src": cols["src"][rows], "dst": cols["dst"][rows]}, endpoints)
     # Integer address ids per endpoint, so the per-packet work is integer compares, not string objects.
     names = sorted({address for address, _port in endpoints})
     address_id = {address: i for i, address in enumerate(names)}
     endpoint_address = np.array([address_id[address] for address, _port in endpoints] or [0], dtype=np.int32)
-    src_addr = endpoint_address[cols["src"][data]]
-    dst_addr = endpoint_address[cols["dst"][data]]
     ts_s = cols["ts_ns"][data] / 1e9
     plen = cols["plen"][data].astype(np.float64)
     hosts = []
-    counts = np.bincount(src_addr, minlength=len(names)) + np.bincount(dst_addr, minlength=len(names))
-    present = np.flatnonzero(counts) if data.size else np.zeros(0, np.int64)
+    one_address = len(names) == 1  # loopback: the one host sends and receives every data packet
+    if one_address:
+        present = np.zeros(1 if ts_s.size else 0, dtype=np.int64)
+    else:
+        src_addr = endpoint_address[cols["src"][data]]
+        dst_addr = endpoint_address[cols["dst"][data]]
+        counts = np.bincount(src_addr, minlength=len(names)) + np.bincount(dst_addr, minlength=len(names))
+        present = np.flatnonzero(counts) if ts_s.size else np.zeros(0, np.int64)
+    del data
     for index in present.tolist():
-        tx, rx = src_addr == index, dst_addr == index
-        # A host that sends and receives every data packet (one address, e.g. loopback) needs no copies.
-        tx_ts, tx_plen = (ts_s, plen) if tx.all() else (ts_s[tx], plen[tx])
-        rx_ts, rx_plen = (ts_s, plen) if rx.all() else (ts_s[rx], plen[rx])
+        if one_address:
+            tx_ts, tx_plen = rx_ts, rx_plen = ts_s, plen
+        else:
+            tx, rx = src_addr == index, dst_addr == index
+            # A host that sends and receives every data packet needs no copies.
+            tx_ts, tx_plen = (ts_s, plen) if tx.all() else (ts_s[tx], plen[tx])
+            rx_ts, rx_plen = (ts_s, plen) if rx.all() else (ts_s[rx], plen[rx])
         dup = duplex(tx_ts, tx_plen, rx_ts, rx_plen, idle_gap_s)
         seen = names[index] in observed
         hosts.append({
@@ -595,13 +658,14 @@ def analyze_files(paths: Sequence[str | os.PathLike[str]], records: Sequence[str
                   bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S,
                   with_series: bool = True) -> dict[str, Any]:
     """The `diag analyze --json` object for these capture files (and sweep phases from records)."""
-    return analyze(paths, records, bin_s, idle_gap_s, with_series)[0]
+    return analyze(paths, records, bin_s, idle_gap_s, with_series, keep_sequence=False)[0]
 
 
 def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.PathLike[str]] | None = None,
             bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S,
-            with_series: bool = True) -> tuple[dict[str, Any], Packets]:
-    """analyze_files plus the packet table (for plots)."""
+            with_series: bool = True, keep_sequence: bool = True) -> tuple[dict[str, Any], Packets]:
+    """analyze_files plus the packet table (for plots; keep_sequence=False leaves out the relative
+    sequence numbers, which only the plots draw)."""
     from diag.errors import DiagError
 
     if not paths:
@@ -611,7 +675,12 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
     cols, endpoints, results = read_files(paths)
     n = cols["ts_ns"].size
     rows = np.arange(n)
-    packets = build_packets(cols, endpoints, results)
+    packets = build_packets(cols, endpoints, results, keep_sequence)
+    # The TCP state is settled: the aggregation and the plots read only AGGREGATE_COLUMNS; the rest (a third
+    # of the columns' bytes) is freed before the aggregation's temporaries are made.
+    for name in [name for name in packets.cols if name not in AGGREGATE_COLUMNS]:
+        del packets.cols[name]
+    del cols
     warnings: list[str] = []
     files = []
     dropped_total: int | None = None

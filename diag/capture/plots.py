@@ -66,7 +66,8 @@ def plot_connections(result: dict[str, Any], packets: Packets, out_dir: str | Pa
         ax_hist.set_yscale("log")
         for ax in axes.ravel():
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            if ax.get_legend_handles_labels()[0]:  # a panel with nothing drawn (no data one way) has no legend
+                ax.legend(fontsize=7)
         fig.suptitle(f"{conn['a']}  <->  {conn['b']}")
         fig.tight_layout()
         path = out / f"conn_{c}_{name}.png"

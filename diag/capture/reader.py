@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
@@ -135,8 +136,33 @@ def read_capture(path: str | os.PathLike[str], first_frame: int = 1) -> ReadResu
     """Read a pcap/pcapng (optionally gzip) file into TCP columns. Frame numbers start at first_frame.
 
     The file is read front to back once, never sought: a pipe (``<(zcat x)``, /dev/stdin) works too.
+    The C kernel (diag.capture._cpcap) does the per-record work when it is built, unless DIAG_NATIVE=0;
+    DIAG_NATIVE=check reads a regular file with both and raises AssertionError where they differ (for
+    tests and fuzzing; a pipe cannot be read twice and is read by the kernel alone).
     """
-    p = Path(path)
+    kernel = native.kernel("_cpcap")
+    if kernel is None or os.environ.get(native.DISABLE_ENV) != "check" or not Path(path).is_file():
+        return _read_capture(Path(path), first_frame, kernel)
+    from diag.capture import reader_native
+
+    outcomes: list[ReadResult | str] = []
+    for engine in (kernel, None):
+        try:
+            outcomes.append(_read_capture(Path(path), first_frame, engine))
+        except DiagError as exc:
+            outcomes.append(str(exc))
+    fast, twin = outcomes
+    if isinstance(fast, str) or isinstance(twin, str):
+        if fast != twin:
+            raise AssertionError(f"_cpcap and its numpy twin differ on {path}: {fast!r:.300} vs {twin!r:.300}")
+        raise DiagError(str(fast))
+    differ = reader_native.differences(fast, twin)
+    if differ:
+        raise AssertionError(f"_cpcap and its numpy twin differ on {path} in {', '.join(differ)}")
+    return fast
+
+
+def _read_capture(p: Path, first_frame: int, kernel: ModuleType | None) -> ReadResult:
     try:
         raw = p.open("rb")
     except FileNotFoundError:
@@ -156,7 +182,6 @@ def read_capture(path: str | os.PathLike[str], first_frame: int = 1) -> ReadResu
             else:
                 handle = source
                 gz = False
-            kernel = native.kernel("_cpcap")
             builder: _ColumnBuilder | reader_native.NativeBuilder
             if kernel is None:  # the numpy twin
                 builder = _ColumnBuilder(first_frame)

@@ -146,6 +146,31 @@ class NativeBuilder:
         ]
 
 
+def differences(a: ReadResult, b: ReadResult) -> list[str]:
+    """What differs between two reads of one file (DIAG_NATIVE=check): endpoint ids compared by what they
+    stand for, the order of `skipped`'s keys included (it reaches the JSON)."""
+    out = []
+    for name in COLUMN_DTYPES:
+        x, y = a.columns[name], b.columns[name]
+        if name in ("src", "dst") and x.size == y.size and x.dtype == y.dtype:
+            same = [a.endpoints[i] for i in x.tolist()] == [b.endpoints[i] for i in y.tolist()]
+        else:
+            same = x.dtype == y.dtype and np.array_equal(x, y)
+        if not same:
+            out.append(name)
+    syns = [[(s.frame, s.ts_ns, r.endpoints[s.src], r.endpoints[s.dst], s.flags, s.mss, s.wscale,
+              s.sack_permitted, s.timestamps) for s in r.syns] for r in (a, b)]
+    if syns[0] != syns[1]:
+        out.append("syns")
+    if list(a.skipped.items()) != list(b.skipped.items()):
+        out.append("skipped")
+    out += [name for name in ("frames", "linktypes", "snaplen", "file_format", "warnings")
+            if getattr(a, name) != getattr(b, name)]
+    if sorted(set(a.endpoints)) != sorted(set(b.endpoints)):
+        out.append("endpoints")
+    return out
+
+
 def _endpoints(keys: bytes) -> list[tuple[str, int]]:
     """The kernel's endpoint keys (id order) -> (address, port), the address as ipaddress writes it."""
     import ipaddress

@@ -9,15 +9,22 @@ reverse packet before it in file order. Two rules feed back on their own state -
 not move nextseq, and an ACK beyond the captured data resets the peer's counter depending on where its
 contiguous data ends - and are settled by short loops over their rare candidates only. The rules, in
 tshark's order, are described in docs/analyzer.md.
+
+This vectorized code is the twin of the C kernel diag.capture._ctcp (_ctcp.c), which walks the packets one
+by one: analyze_packets runs the kernel when it is built (DIAG_NATIVE=0 forces this code) and the tests
+hold both to identical arrays.
 """
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from types import ModuleType
 
 import numpy as np
 
+from diag.capture import native
 from diag.capture.reader import ACK, FIN, RST, SYN
 
 # tshark: a retransmission within this time of the reverse direction's last (>=2) duplicate ACK is "fast".
@@ -37,8 +44,8 @@ class PacketState:
 
     conn: np.ndarray            # connection index
     direction: np.ndarray       # 0: a->b, 1: b->a
-    seq_rel: np.ndarray         # unwrapped, relative to the direction's first sequence number
-    end_rel: np.ndarray         # seq_rel + payload (+1 for SYN/FIN)
+    seq_rel: np.ndarray | None  # unwrapped, relative to the direction's first sequence number (None: not kept)
+    end_rel: np.ndarray | None  # seq_rel + payload (+1 for SYN/FIN) (None: not kept)
     new_bytes: np.ndarray       # payload bytes never seen before in this direction
     retransmission: np.ndarray  # tshark's tcp.analysis.retransmission (includes fast + spurious)
     fast_retransmission: np.ndarray
@@ -152,11 +159,80 @@ def unwrap(values: np.ndarray, starts: np.ndarray, first: np.ndarray | None = No
 
 
 def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray,
-                    wscale: np.ndarray, first_rtt_ns: np.ndarray) -> PacketState:
+                    wscale: np.ndarray, first_rtt_ns: np.ndarray, keep_sequence: bool = True) -> PacketState:
     """cols: reader columns in time order. wscale[conn, dir]: shift of dir's advertised window, -1 unknown.
 
     first_rtt_ns[conn]: handshake RTT (tshark's ts_first_rtt) or 0 when the handshake was not captured.
     The checks follow the order of Wireshark 4.0's tcp_analyze_sequence_number (docs/analyzer.md).
+    Runs the C kernel (diag.capture._ctcp, one pass over the packets) when it is built and not disabled
+    with DIAG_NATIVE=0, else its numpy twin; both give identical arrays. DIAG_NATIVE=check runs both and
+    raises AssertionError where they differ (for tests and fuzzing). keep_sequence=False leaves seq_rel and
+    end_rel out (None): only plots draw them, and they are 16 bytes a packet.
+    """
+    kernel = native.kernel("_ctcp")
+    if kernel is None:
+        state = _analyze_packets_numpy(cols, conn, direction, wscale, first_rtt_ns)
+        if not keep_sequence:
+            state.seq_rel = state.end_rel = None
+        return state
+    state = analyze_packets_native(kernel, cols, conn, direction, wscale, first_rtt_ns,
+                                   keep_sequence=keep_sequence)
+    if os.environ.get(native.DISABLE_ENV) == "check":
+        twin = _analyze_packets_numpy(cols, conn, direction, wscale, first_rtt_ns)
+        differ = [f.name for f in fields(PacketState) if getattr(state, f.name) is not None
+                  and not np.array_equal(getattr(state, f.name), getattr(twin, f.name))]
+        if differ:
+            raise AssertionError(f"_ctcp and its numpy twin differ in {', '.join(differ)}")
+    return state
+
+
+# The kernel's input columns and their dtypes (the reader's, see reader.COLUMN_DTYPES).
+_KERNEL_INPUTS = {"ts_ns": np.int64, "seq": np.uint32, "ack": np.uint32, "plen": np.int32, "win": np.uint16,
+                  "flags": np.uint8, "tsval": np.uint32, "tsecr": np.uint32, "has_ts": np.bool_}
+# PacketState's computed fields and their dtypes (those of the numpy twin).
+_KERNEL_OUTPUTS = {"seq_rel": np.int64, "end_rel": np.int64, "new_bytes": np.int64, "retransmission": np.bool_,
+                   "fast_retransmission": np.bool_, "spurious_retransmission": np.bool_,
+                   "out_of_order": np.bool_, "lost_segment": np.bool_, "dup_ack": np.bool_,
+                   "zero_window": np.bool_, "window_full": np.bool_, "in_flight": np.int64,
+                   "window_bytes": np.int32, "ack_rtt_ns": np.int64, "ts_rtt_ns": np.int64}
+
+
+def analyze_packets_native(kernel: ModuleType, cols: dict[str, np.ndarray], conn: np.ndarray,
+                           direction: np.ndarray, wscale: np.ndarray, first_rtt_ns: np.ndarray,
+                           chunk_rows: int | None = None, keep_sequence: bool = True) -> PacketState:
+    """analyze_packets through the C kernel, writing straight into the PacketState arrays.
+
+    chunk_rows: feed the packets in chunks of this many rows (the result is the same as one feed; the
+    tests hold the kernel to that, which bounded-memory streaming relies on).
+    """
+    n = conn.size
+    nconn = int(np.asarray(wscale).shape[0]) if np.asarray(wscale).ndim else 0
+    flat_wscale = np.ascontiguousarray(wscale, dtype=np.int64).reshape(-1)
+    analyzer = kernel.Analyzer(2 * nconn, flat_wscale, np.ascontiguousarray(first_rtt_ns, dtype=np.int64))
+    inputs = {"conn": np.ascontiguousarray(conn, dtype=np.int32),
+              "direction": np.ascontiguousarray(direction, dtype=np.int8)}
+    inputs.update({name: np.ascontiguousarray(cols[name], dtype=dtype) for name, dtype in _KERNEL_INPUTS.items()})
+    outputs: dict[str, np.ndarray | None] = {
+        name: None if name in ("seq_rel", "end_rel") and not keep_sequence else np.empty(n, dtype=dtype)
+        for name, dtype in _KERNEL_OUTPUTS.items()}
+    step = n if not chunk_rows else max(1, chunk_rows)
+    for start in range(0, max(n, 1), max(step, 1)):
+        stop = min(n, start + step)
+        late_ack, late_ts = analyzer.feed(*(a[start:stop] for a in inputs.values()),
+                                          *(None if a is None else a[start:stop] for a in outputs.values()))
+        ack_rtt, ts_rtt = outputs["ack_rtt_ns"], outputs["ts_rtt_ns"]
+        assert ack_rtt is not None and ts_rtt is not None
+        for row, value in late_ack:  # an ACK before its segment in file order: a sample on an earlier chunk
+            ack_rtt[row] = value
+        for row, value in late_ts:
+            ts_rtt[row] = value
+    return PacketState(conn, direction, **outputs)  # type: ignore[arg-type]
+
+
+def _analyze_packets_numpy(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray,
+                           wscale: np.ndarray, first_rtt_ns: np.ndarray) -> PacketState:
+    """The numpy twin of the C kernel: analyze_packets vectorized, without a per-packet loop.
+
     Intermediate arrays are deleted as soon as they are used: at millions of packets each is tens of MB.
     """
     n = conn.size

@@ -28,7 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from diag import validate
     from diag.capture.memory import tune_for_one_shot_analysis
-    from diag.records import load_records
 
     validate.seconds(args.bin_s, "--bin")
     validate.seconds(args.idle_gap_s, "--idle-gap")
@@ -36,13 +35,17 @@ def run(args: argparse.Namespace) -> int:
         validate.output_file(args.out, "--out")
     if args.plot:
         validate.output_dir(args.plot, "--plot")
-    for records in args.records or ():
-        load_records(records)  # a wrong --records file fails now, not after the captures were read
+    if args.records:
+        from diag.records import load_records
+
+        for records in args.records:
+            load_records(records)  # a wrong --records file fails now, not after the captures were read
 
     tune_for_one_shot_analysis()  # before numpy is imported
     from diag.capture.flows import analyze
 
-    result, packets = analyze(args.pcaps, args.records, args.bin_s, args.idle_gap_s, not args.no_series)
+    result, packets = analyze(args.pcaps, args.records, args.bin_s, args.idle_gap_s, not args.no_series,
+                              keep_sequence=bool(args.plot))
     if args.out:
         from pathlib import Path
 
