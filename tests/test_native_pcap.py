@@ -412,3 +412,17 @@ def test_errors_are_one_line_diag_errors(tmp_path: Path) -> None:
         reader.read_capture(path)
     message = read(path, True)
     assert isinstance(message, str) and "\n" not in message
+
+
+def test_check_mode_reads_both_and_names_what_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    frames = [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()]
+    pcap = write_pcap(tmp_path / "f.pcap", frames, 1)
+    monkeypatch.setenv("DIAG_NATIVE", "check")
+    assert reader.read_capture(pcap).packets == len(frames)
+    empty = tmp_path / "e.pcap"
+    empty.write_bytes(b"")
+    with pytest.raises(DiagError, match="empty"):
+        reader.read_capture(empty)
+    monkeypatch.setattr(reader, "parse_tcp_options", lambda data: {})  # the twin loses the SYN options
+    with pytest.raises(AssertionError, match=r"differ on .* in syns"):
+        reader.read_capture(pcap)
