@@ -107,6 +107,15 @@ typedef struct {
 #define V4_PRESENT (1ULL << 48) /* marks a used slot: keys are address << 16 | port, below 2^48 */
 #define HASH_MULT 0x9E3779B97F4A7C15ULL
 
+/* 64 - log2(cap) for a power-of-two cap: the shift that maps a 64-bit hash to a slot. */
+static int slot_shift(size_t cap)
+{
+    int bits = 0;
+    while (((size_t)1 << bits) < cap)
+        bits++;
+    return 64 - bits;
+}
+
 typedef struct {
     PyObject_HEAD
     int busy;
@@ -118,8 +127,10 @@ typedef struct {
     uint64_t *v4_keys;
     int32_t *v4_ids;
     size_t v4_cap, v4_used; /* cap: a power of two */
+    int v4_shift;
     V6Slot *v6;
     size_t v6_cap, v6_used;
+    int v6_shift;
     uint8_t *endpoint_keys;
     size_t endpoints, endpoint_cap;
     SynRow *syns;
@@ -162,7 +173,7 @@ static int v4_grow(Decoder *d)
         PyMem_RawFree(ids);
         return ST_NOMEM;
     }
-    int shift = 64 - __builtin_ctzll((unsigned long long)cap);
+    int shift = slot_shift(cap);
     for (size_t i = 0; i < d->v4_cap; i++) {
         uint64_t k = d->v4_keys[i];
         if (!k)
@@ -178,6 +189,7 @@ static int v4_grow(Decoder *d)
     d->v4_keys = keys;
     d->v4_ids = ids;
     d->v4_cap = cap;
+    d->v4_shift = shift;
     return ST_OK;
 }
 
@@ -185,7 +197,7 @@ static inline int v4_id(Decoder *d, const uint8_t *address, const uint8_t *port,
 {
     uint64_t k = V4_PRESENT | ((uint64_t)be32(address) << 16) | be16(port);
     if (d->v4_cap) {
-        int shift = 64 - __builtin_ctzll((unsigned long long)d->v4_cap);
+        int shift = d->v4_shift;
         size_t slot = (size_t)((k * HASH_MULT) >> shift);
         for (;;) {
             uint64_t there = d->v4_keys[slot];
@@ -202,7 +214,7 @@ static inline int v4_id(Decoder *d, const uint8_t *address, const uint8_t *port,
         return ST_NOMEM;
     if (add_endpoint(d, 4, address, 4, be16(port), id))
         return ST_NOMEM;
-    int shift = 64 - __builtin_ctzll((unsigned long long)d->v4_cap);
+    int shift = d->v4_shift;
     size_t slot = (size_t)((k * HASH_MULT) >> shift);
     while (d->v4_keys[slot])
         slot = (slot + 1) & (d->v4_cap - 1);
@@ -212,7 +224,7 @@ static inline int v4_id(Decoder *d, const uint8_t *address, const uint8_t *port,
     return ST_OK;
 }
 
-static inline size_t v6_hash(const uint8_t *key, size_t cap)
+static inline size_t v6_hash(const uint8_t *key, int shift)
 {
     uint64_t a, b;
     memcpy(&a, key, 8);
@@ -220,7 +232,7 @@ static inline size_t v6_hash(const uint8_t *key, size_t cap)
     uint64_t h = (a * HASH_MULT) ^ (b + 0x632BE59BD9B4E019ULL) * 0xC2B2AE3D27D4EB4FULL ^ ((uint64_t)be16(key + 16) << 7);
     h ^= h >> 29;
     h *= HASH_MULT;
-    return (size_t)(h >> (64 - __builtin_ctzll((unsigned long long)cap)));
+    return (size_t)(h >> shift);
 }
 
 static int v6_grow(Decoder *d)
@@ -229,10 +241,11 @@ static int v6_grow(Decoder *d)
     V6Slot *slots = PyMem_RawCalloc(cap, sizeof(V6Slot));
     if (!slots)
         return ST_NOMEM;
+    int shift = slot_shift(cap);
     for (size_t i = 0; i < d->v6_cap; i++) {
         if (!d->v6[i].used)
             continue;
-        size_t slot = v6_hash(d->v6[i].key, cap);
+        size_t slot = v6_hash(d->v6[i].key, shift);
         while (slots[slot].used)
             slot = (slot + 1) & (cap - 1);
         slots[slot] = d->v6[i];
@@ -240,6 +253,7 @@ static int v6_grow(Decoder *d)
     PyMem_RawFree(d->v6);
     d->v6 = slots;
     d->v6_cap = cap;
+    d->v6_shift = shift;
     return ST_OK;
 }
 
@@ -250,7 +264,7 @@ static inline int v6_id(Decoder *d, const uint8_t *address, const uint8_t *port,
     key[16] = port[0];
     key[17] = port[1];
     if (d->v6_cap) {
-        size_t slot = v6_hash(key, d->v6_cap);
+        size_t slot = v6_hash(key, d->v6_shift);
         while (d->v6[slot].used) {
             if (!memcmp(d->v6[slot].key, key, 18)) {
                 *id = d->v6[slot].id;
@@ -263,7 +277,7 @@ static inline int v6_id(Decoder *d, const uint8_t *address, const uint8_t *port,
         return ST_NOMEM;
     if (add_endpoint(d, 6, address, 16, be16(port), id))
         return ST_NOMEM;
-    size_t slot = v6_hash(key, d->v6_cap);
+    size_t slot = v6_hash(key, d->v6_shift);
     while (d->v6[slot].used)
         slot = (slot + 1) & (d->v6_cap - 1);
     memcpy(d->v6[slot].key, key, 18);
@@ -816,7 +830,7 @@ static PyObject *pcapng_blocks(PyObject *Py_UNUSED(module), PyObject *args)
         /* The interface table comes as bytes; copy it if the buffer is not aligned for int64. */
         Interface *aligned = NULL;
         size_t n_ifaces = (size_t)ifaces_buf.len / sizeof(Interface);
-        if (n_ifaces && ((uintptr_t)ifaces_buf.buf % _Alignof(Interface))) {
+        if (n_ifaces && ((uintptr_t)ifaces_buf.buf % sizeof(int64_t))) {
             aligned = PyMem_Malloc(n_ifaces * sizeof(Interface));
             if (!aligned) {
                 PyErr_NoMemory();
