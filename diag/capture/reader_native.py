@@ -91,7 +91,11 @@ class NativeBuilder:
     def __init__(self, kernel: ModuleType, first_frame: int, rows: int) -> None:
         self.kernel = kernel
         self.decoder = kernel.Decoder(first_frame)
-        self.columns = {name: np.empty(rows, dtype=dtype) for name, dtype in COLUMN_DTYPES.items()}
+        try:
+            self.columns = {name: np.empty(rows, dtype=dtype) for name, dtype in COLUMN_DTYPES.items()}
+        except MemoryError:  # the bound is more address space than the system grants: grow as a pipe does
+            rows = 0
+            self.columns = {name: np.empty(0, dtype=dtype) for name, dtype in COLUMN_DTYPES.items()}
         self.capacity = rows
         self.skipped: dict[str, int] = {}
         self.linktypes: set[int] = set()
