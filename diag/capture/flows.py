@@ -247,7 +247,9 @@ def _bytes_inside(ts_s: np.ndarray, nbytes: np.ndarray, intervals: tuple[np.ndar
         # sum is exact in float64 (below 2**53) and the total equals the sum of the selected elements.
         first = np.searchsorted(ts_s, starts, side="left")
         stop = np.searchsorted(ts_s, ends, side="right")
-        running = np.concatenate([[0.0], np.cumsum(nbytes)])
+        running = np.empty(nbytes.size + 1)
+        running[0] = 0.0
+        np.cumsum(nbytes, out=running[1:])
         return float((running[stop] - running[first]).sum())
     j = np.searchsorted(starts, ts_s, side="right") - 1
     # Gather with the index clamped, then mask: boolean-compressing millions of rows twice costs more.
@@ -330,7 +332,12 @@ def _series(ts_s: np.ndarray, weights: np.ndarray, t0: float, t1: float, bin_s: 
     if bins > MAX_BINS:
         bin_s = (t1 - t0) / MAX_BINS
         bins = MAX_BINS
-    index = np.minimum(((ts_s - t0) / bin_s).astype(np.int64), bins - 1)
+    # The same operations as np.minimum(((ts_s - t0) / bin_s).astype(np.int64), bins - 1), in place.
+    scaled = np.subtract(ts_s, t0)
+    np.divide(scaled, bin_s, out=scaled)
+    index = scaled.astype(np.int64)
+    del scaled
+    np.minimum(index, bins - 1, out=index)
     counts = np.bincount(index, weights=weights, minlength=bins) if ts_s.size else np.zeros(bins)
     return {"bin_s": bin_s, "t0": t0, "Bps": [round(float(v) / bin_s, 1) for v in counts]}
 
@@ -349,10 +356,11 @@ def _histogram(values: np.ndarray, edges: list[int]) -> list[int]:
 
 
 def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: int, t0: float, t1: float,
-               bin_s: float, idle_gap_s: float, with_series: bool
+               bin_s: float, idle_gap_s: float, with_series: bool, whole: bool = False
                ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     """The direction's JSON object, and its data packets' times (s) and payload bytes (float), which the
-    connection's duplex and turn analysis use next."""
+    connection's duplex and turn analysis use next. whole: rows are all of the direction's packets (not
+    one phase's)."""
     cols, st = p.cols, p.state
     ts_ns = cols["ts_ns"]
     plen = cols["plen"][rows]  # int32: its sum accumulates in int64 all the same
@@ -375,9 +383,12 @@ def _direction(p: Packets, rows: np.ndarray, rev_rows: np.ndarray, c: int, d: in
     del plen
     mss = int(p.mss[c, d]) or DEFAULT_MSS
     # RTT samples measure this direction's data: ACK RTTs are attributed to the ACKing (reverse) packets.
-    ack_rtt = st.ack_rtt_ns[rev_rows]
-    rtt_ms = _stats_ms(ack_rtt[ack_rtt >= 0])
-    del ack_rtt
+    if not whole or np.any(data):
+        ack_rtt = st.ack_rtt_ns[rev_rows]
+        rtt_ms = _stats_ms(ack_rtt[ack_rtt >= 0])
+        del ack_rtt
+    else:  # an ACK RTT measures a data segment: a direction that never sent data has none (no gather)
+        rtt_ms = _stats_ms(np.zeros(0, dtype=np.int64))
     ts_rtt = st.ts_rtt_ns[rev_rows]
     ts_rtt_ms = _stats_ms(ts_rtt[ts_rtt >= 0])
     del ts_rtt
@@ -478,6 +489,7 @@ def aggregate(p: Packets, rows: np.ndarray, bin_s: float, idle_gap_s: float,
     if rows.size == 0:
         return [], []
     groups = _rows_by_direction(st.conn[rows], st.direction[rows], rows)
+    whole = rows.size == st.conn.size  # rows are sorted and unique: all of them
     connections = []
     empty = np.zeros(0, dtype=np.int64)
     # Hosts need only the columns: they run on a second core while the connections are computed here
@@ -487,7 +499,7 @@ def aggregate(p: Packets, rows: np.ndarray, bin_s: float, idle_gap_s: float,
                         if hosts is None else None)
         for c in sorted({k // 2 for k in groups}):
             connections.append(_connection(p, c, groups.get(2 * c, empty), groups.get(2 * c + 1, empty),
-                                           bin_s, idle_gap_s, with_series, window))
+                                           bin_s, idle_gap_s, with_series, window, whole))
         return connections, hosts if hosts_future is None else hosts_future.result()
 
 
@@ -514,15 +526,16 @@ def _rows_by_direction(conn: np.ndarray, direction: np.ndarray, rows: np.ndarray
 
 
 def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float, idle_gap_s: float,
-                with_series: bool, window: tuple[float, float] | None = None) -> dict[str, Any]:
+                with_series: bool, window: tuple[float, float] | None = None, whole: bool = False
+                ) -> dict[str, Any]:
     cols = p.cols
     # min/max of the int64 nanoseconds, then seconds: no float copy of every timestamp
     t0 = float(min(cols["ts_ns"][ab].min(initial=np.iinfo(np.int64).max),
                    cols["ts_ns"][ba].min(initial=np.iinfo(np.int64).max))) / 1e9
     t1 = float(max(cols["ts_ns"][ab].max(initial=np.iinfo(np.int64).min),
                    cols["ts_ns"][ba].max(initial=np.iinfo(np.int64).min))) / 1e9
-    a_to_b, x_ts, x_b = _direction(p, ab, ba, c, 0, t0, t1, bin_s, idle_gap_s, with_series)
-    b_to_a, y_ts, y_b = _direction(p, ba, ab, c, 1, t0, t1, bin_s, idle_gap_s, with_series)
+    a_to_b, x_ts, x_b = _direction(p, ab, ba, c, 0, t0, t1, bin_s, idle_gap_s, with_series, whole)
+    b_to_a, y_ts, y_b = _direction(p, ba, ab, c, 1, t0, t1, bin_s, idle_gap_s, with_series, whole)
     dirs = {"a->b": a_to_b, "b->a": b_to_a}
     dup = duplex(x_ts, x_b, y_ts, y_b, idle_gap_s)
     gaps = (dup["x_gap_s"], dup["y_gap_s"])
