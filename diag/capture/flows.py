@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +143,9 @@ def _pair_ids(src: np.ndarray, dst: np.ndarray, nendpoints: int) -> tuple[np.nda
     With a modest number of endpoints the pair key indexes a table directly (linear time); otherwise
     np.unique sorts the keys.
     """
+    if nendpoints == 2 and src.size and bool((src != dst).all()):
+        # Two endpoints and no packet from one to itself: one connection (a capture of one flow).
+        return np.zeros(1, dtype=np.int64), np.zeros(src.size, dtype=np.int32)
     low, high = np.minimum(src, dst), np.maximum(src, dst)
     if 0 < nendpoints <= 2048:
         key = low.astype(np.int32, copy=False) * np.int32(nendpoints) + high  # < 2048**2: fits int32
@@ -201,13 +204,31 @@ def _handshakes(results: list[ReadResult], cols: dict[str, np.ndarray], conn: np
                 wscale[c, 0] = wscale[c, 1] = 0
     # Handshake RTT: most recent SYN to the first non-SYN ACK after it (tshark's ts_first_rtt).
     first_rtt = np.zeros(nconn, dtype=np.int64)
-    flags = cols["flags"]
-    plain_ack = ((flags & ACK) != 0) & ((flags & SYN) == 0)
-    for c in np.flatnonzero(syn_seen.all(axis=1)):
-        rows = np.flatnonzero((conn == c) & plain_ack & (cols["ts_ns"] >= syn_time[c]))
-        if rows.size:
-            first_rtt[c] = int(cols["ts_ns"][rows[0]] - syn_time[c])
+    flags, ts = cols["flags"], cols["ts_ns"]
+    for c in np.flatnonzero(syn_seen.all(axis=1)).tolist():
+        def completes(lo: int, hi: int, c: int = c) -> np.ndarray:
+            hit = ((flags[lo:hi] & ACK) != 0) & ((flags[lo:hi] & SYN) == 0) & (ts[lo:hi] >= syn_time[c])
+            return hit if nconn == 1 else hit & (conn[lo:hi] == c)
+
+        row = _first_where(ts.size, completes)
+        if row >= 0:
+            first_rtt[c] = int(ts[row] - syn_time[c])
     return wscale, mss, syn_seen, first_rtt
+
+
+def _first_where(n: int, test: Callable[[int, int], np.ndarray]) -> int:
+    """The first of rows 0..n-1 where test(lo, hi) (a boolean array for rows lo..hi-1) holds, else -1.
+
+    Scanned in growing windows: the handshake that a test looks for is near the start of its connection,
+    so the work is bounded by the distance to it, not by the capture's length."""
+    lo, step = 0, 4096
+    while lo < n:
+        hi = min(n, lo + step)
+        hit = np.flatnonzero(test(lo, hi))
+        if hit.size:
+            return lo + int(hit[0])
+        lo, step = hi, step * 4
+    return -1
 
 
 # --- busy intervals --------------------------------------------------------------------------------
