@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
         written = plot_connections(result, packets, args.plot)
         print(f"wrote {len(written)} plot(s) to {args.plot}", file=sys.stderr)
     if args.json:
-        json.dump(result, sys.stdout)
-        sys.stdout.write("\n")
+        # One string from the C encoder: json.dump streams thousands of small writes through Python.
+        sys.stdout.write(json.dumps(result) + "\n")
     else:
         from diag.capture.schema import Analysis
         from diag.capture.table import format_table
