@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from diag.capture.reader import ACK, FIN, RST, SYN, ReadResult, read_capture
-from diag.capture.tcpstate import PacketState, analyze_packets, group_order, index_dtype
+from diag.capture.tcpstate import PacketState, analyze_packets, group_order
 from diag.capture.turns import CONTROL_MAX_BYTES, connection_turns, summarize
 
 ANALYSIS_SCHEMA = 1
@@ -709,7 +709,7 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
         raise DiagError("--bin and --idle-gap must be positive seconds")
     cols, endpoints, results = read_files(paths)
     n = cols["ts_ns"].size
-    rows = np.arange(n, dtype=index_dtype(n))  # 32-bit row numbers when they fit: half the bytes
+    rows = np.arange(n)
     packets = build_packets(cols, endpoints, results, keep_sequence)
     # The TCP state is settled: the aggregation and the plots read only AGGREGATE_COLUMNS; the rest (a third
     # of the columns' bytes) is freed before the aggregation's temporaries are made.
