@@ -89,8 +89,9 @@ def cpu_bound(run: RunData) -> list[Finding]:
     busy_note = ""
     if carried:
         who = "raw TCP and iperf3's ring pattern" if run.ring_pattern_Bps else "raw TCP"
+        low, high = f"{min(carried.values()):.0%}", f"{max(carried.values()):.0%}"
         busy_note = (f"the machine's CPUs were busy at N={','.join(str(n) for n in sorted(carried))}, yet {who} "
-                     f"reached {min(carried.values()):.0%}-{max(carried.values()):.0%} of the link there, so the "
+                     f"reached {low if low == high else f'{low}-{high}'} of the link there, so the "
                      f"CPU could carry the traffic")
     thresholds[CPU_LINK_REACHED.name] = CPU_LINK_REACHED.value
     if not hits:
