@@ -1,9 +1,9 @@
 """Benchmark: the TCP state pass in C (diag.capture._ctcp) against its numpy twin, in one run.
 
-    python -m diag.capture.bench_tcpstate FILE [FILE ...] [--reps 5]
+    python -m diag.bench.tcpstate_speed FILE [FILE ...] [--repeat 5]
 
 Reads the capture once, then runs `build_packets` (connections, handshakes and the TCP state pass) with
-the kernel and with the numpy twin alternately, --reps times each, and prints CPU (process time, all
+the kernel and with the numpy twin alternately, --repeat times each, and prints CPU (process time, all
 threads) and wall time of `build_packets` and of the state pass alone (`analyze_packets`): best and
 median, and the ratio of the medians. Both engines' arrays are compared once (they must be identical).
 """
@@ -41,10 +41,10 @@ def _line(label: str, rows: list[tuple[float, float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diag.capture.bench_tcpstate",
+    parser = argparse.ArgumentParser(prog="python -m diag.bench.tcpstate_speed",
                                      description=(__doc__ or "").splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
     kernel = native.kernel("_ctcp")
     if kernel is None:
@@ -52,14 +52,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     cols, endpoints, results = flows.read_files(args.files)
     n = cols["ts_ns"].size
-    engines = {"C kernel": lambda *a: tcpstate.analyze_packets_native(kernel, *a),
-               "numpy twin": tcpstate._analyze_packets_numpy}
+    # build_packets passes keep_sequence (True) after the five inputs: both engines then fill every field.
+    engines = {"C kernel": lambda *a: tcpstate.analyze_packets_native(kernel, *a[:5], keep_sequence=a[5]),
+               "numpy twin": lambda *a: tcpstate._analyze_packets_numpy(*a[:5])}
     build: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
     state: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
     states: dict[str, tcpstate.PacketState] = {}
     real = flows.analyze_packets
     try:
-        for _ in range(args.reps):
+        for _ in range(args.repeat):
             for name, engine in engines.items():
                 flows.analyze_packets = _timed(engine, state[name])
                 cpu, wall = time.process_time(), time.perf_counter()
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         flows.analyze_packets = real
     differ = [f.name for f in dataclasses.fields(tcpstate.PacketState)
               if not np.array_equal(getattr(states["C kernel"], f.name), getattr(states["numpy twin"], f.name))]
-    print(f"{', '.join(map(str, args.files))}: {n:,} packets; {args.reps} runs of each engine, alternated; "
+    print(f"{', '.join(map(str, args.files))}: {n:,} packets; {args.repeat} runs of each engine, alternated; "
           f"1-minute load {os.getloadavg()[0]:.2f}")
     for name in engines:
         print(_line(f"{name} build_packets", build[name]))
