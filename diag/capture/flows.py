@@ -277,6 +277,7 @@ def _bytes_inside(ts_s: np.ndarray, nbytes: np.ndarray, intervals: tuple[np.ndar
     inside = (j >= 0) & (ts_s <= ends[np.maximum(j, 0)])
     return float(nbytes[inside].sum())
 
+
 def run_gap_s(ts_s: np.ndarray, nbytes: np.ndarray, idle_gap_s: float) -> float:
     """The silence that ends a busy run of this stream: idle_gap_s, or longer where the stream's own cadence
     says that a silence of that length is part of moving data.
