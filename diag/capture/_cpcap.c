@@ -28,6 +28,8 @@
 /* --- byte access ------------------------------------------------------------------------------------ */
 
 static inline uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+/* The IP version an EtherType announces (0: not IP), for Ethernet, SLL and SLL2 alike. */
+static inline int ethertype_ip_version(unsigned etype) { return etype == 0x0800 ? 4 : etype == 0x86DD ? 6 : 0; }
 
 static inline uint32_t be32(const uint8_t *p)
 {
@@ -353,23 +355,21 @@ static inline int decode_record(Decoder *d, const uint8_t *p, int64_t caplen, in
             etype = be16(p + net + 2);
             net += 4;
         }
-        version = etype == 0x0800 ? 4 : etype == 0x86DD ? 6 : 0;
+        version = ethertype_ip_version(etype);
         break;
     }
     case LT_LINUX_SLL: {
         net = 16;
         if (caplen <= net)
             goto non_ip;
-        unsigned etype = be16(p + 14);
-        version = etype == 0x0800 ? 4 : etype == 0x86DD ? 6 : 0;
+        version = ethertype_ip_version(be16(p + 14));
         break;
     }
     case LT_LINUX_SLL2: {
         net = 20;
         if (caplen <= net)
             goto non_ip;
-        unsigned etype = be16(p);
-        version = etype == 0x0800 ? 4 : etype == 0x86DD ? 6 : 0;
+        version = ethertype_ip_version(be16(p));
         break;
     }
     case LT_NULL:

@@ -432,6 +432,30 @@ class _Interface:
     ns_den: int
 
 
+def section_byte_order(bom: bytes, path: Path) -> str:
+    """'<' or '>' from a pcapng section header's byte-order mark (both readers: the same error)."""
+    if bom == b"\x4d\x3c\x2b\x1a":
+        return "<"
+    if bom == b"\x1a\x2b\x3c\x4d":
+        return ">"
+    raise DiagError(f"{path}: pcapng section header has a bad byte-order mark; corrupt file")
+
+
+def block_header(buf: bytes, off: int, endian: str, at: int, path: Path) -> tuple[int, int]:
+    """(type, total length) of the pcapng block at buf[off] (file offset at), its length checked."""
+    btype, blen = struct.unpack_from(endian + "II", buf, off)
+    if blen < MIN_BLOCK_BYTES.get(btype, 12) or blen % 4 or blen > MAX_RECORD_BYTES + 64:
+        raise DiagError(f"{path}: pcapng block at byte {at} has a bad length {blen}; corrupt file")
+    return btype, blen
+
+
+def interface_description(buf: bytes, off: int, blen: int, endian: str) -> _Interface:
+    """The interface description block at buf[off]: link type, snaplen and time resolution."""
+    linktype, _reserved, snaplen = struct.unpack_from(endian + "HHI", buf, off + 8)
+    num, den = _tsresol(buf, off + 16, off + blen - 4, endian)
+    return _Interface(linktype, snaplen, num, den)
+
+
 def _read_pcapng(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path: Path) -> None:
     """Walk pcapng blocks. Interfaces (and their link types and time resolutions) are per section."""
     interfaces: list[_Interface] = []
@@ -452,24 +476,14 @@ def _read_pcapng(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path:
                 bom = buf[off + 8:off + 12]
                 if len(bom) < 4:
                     break
-                if bom == b"\x4d\x3c\x2b\x1a":
-                    endian = "<"
-                elif bom == b"\x1a\x2b\x3c\x4d":
-                    endian = ">"
-                else:
-                    raise DiagError(f"{path}: pcapng section header has a bad byte-order mark; corrupt file")
+                endian = section_byte_order(bom, path)
                 interfaces = []
-            btype, blen = struct.unpack_from(endian + "II", buf, off)
-            if blen < MIN_BLOCK_BYTES.get(btype, 12) or blen % 4 or blen > MAX_RECORD_BYTES + 64:
-                raise DiagError(f"{path}: pcapng block at byte {file_offset + off} has a bad length {blen}; "
-                                "corrupt file")
+            btype, blen = block_header(buf, off, endian, file_offset + off, path)
             if off + blen > n:
                 break
             if btype == 1:  # interface description
-                linktype, _reserved, snaplen = struct.unpack_from(endian + "HHI", buf, off + 8)
-                num, den = _tsresol(buf, off + 16, off + blen - 4, endian)
-                interfaces.append(_Interface(linktype, snaplen, num, den))
-                builder.snaplen = max(builder.snaplen, snaplen)
+                interfaces.append(interface_description(buf, off, blen, endian))
+                builder.snaplen = max(builder.snaplen, interfaces[-1].snaplen)
             elif btype in (6, 2):  # enhanced packet / obsolete packet
                 if btype == 6:
                     iface_id, ts_hi, ts_lo, caplen = struct.unpack_from(endian + "IIII", buf, off + 8)

@@ -34,7 +34,6 @@ from diag.capture import reader
 from diag.capture.reader import (
     COLUMN_DTYPES,
     MAX_RECORD_BYTES,
-    MIN_BLOCK_BYTES,
     PCAP_MAGICS,
     PCAPNG_SHB,
     SUPPORTED_LINKTYPES,
@@ -43,8 +42,10 @@ from diag.capture.reader import (
     _chunks,
     _Interface,
     _read_into,
-    _tsresol,
+    block_header,
+    interface_description,
     pcap_header,
+    section_byte_order,
 )
 from diag.errors import DiagError
 
@@ -302,27 +303,16 @@ def read_pcapng(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: P
                 raise _block_error(status, buf, off, endian, interfaces, file_offset + off, path)
             # A section header or an interface description, read as the twin reads it.
             if buf[off:off + 4] == PCAPNG_SHB:
-                bom = buf[off + 8:off + 12]
-                if bom == b"\x4d\x3c\x2b\x1a":
-                    endian = "<"
-                elif bom == b"\x1a\x2b\x3c\x4d":
-                    endian = ">"
-                else:
-                    raise DiagError(f"{path}: pcapng section header has a bad byte-order mark; corrupt file")
+                endian = section_byte_order(buf[off + 8:off + 12], path)
                 interfaces = []
                 interface_table = b""
-            btype, blen = struct.unpack_from(endian + "II", buf, off)
-            if blen < MIN_BLOCK_BYTES.get(btype, 12) or blen % 4 or blen > MAX_RECORD_BYTES + 64:
-                raise DiagError(f"{path}: pcapng block at byte {file_offset + off} has a bad length {blen}; "
-                                "corrupt file")
+            btype, blen = block_header(buf, off, endian, file_offset + off, path)
             if off + blen > n:
                 break
             if btype == 1:  # interface description
-                linktype, _reserved, snaplen = struct.unpack_from(endian + "HHI", buf, off + 8)
-                num, den = _tsresol(buf, off + 16, off + blen - 4, endian)
-                interfaces.append(_Interface(linktype, snaplen, num, den))
+                interfaces.append(interface_description(buf, off, blen, endian))
                 interface_table = _interface_table(interfaces)
-                builder.snaplen = max(builder.snaplen, snaplen)
+                builder.snaplen = max(builder.snaplen, interfaces[-1].snaplen)
             off += blen
         carry = buf[off:]
         if used:
