@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from diag.capture.live import CaptureInfo
 from tests.common import need_root
 
 # tshark's expert-info fields we compare, keyed by the diag per-direction counter they correspond to.
@@ -79,6 +80,24 @@ def flagged_frames(pcap: Path, flag: str) -> list[int]:
 
 
 # --- traffic ---------------------------------------------------------------------------------------
+
+
+def loopback_capture(pcap: Path, snaplen: int, *transfers: tuple[str, int, int]) -> CaptureInfo:
+    """tcpdump on lo while bulk transfers run, one after another, to one free port: each (address, bytes,
+    bytes back). Needs root and tcpdump (skips otherwise)."""
+    from diag.capture import start_capture
+    from tests.common import free_port
+
+    need_root()
+    need_tools("tcpdump")
+    port = free_port()
+    handle = start_capture(pcap, "lo", f"tcp port {port}", snaplen)
+    try:
+        for address, nbytes, reverse_bytes in transfers:
+            bulk_transfer((address, 0), (address, port), nbytes, reverse_bytes=reverse_bytes)
+    finally:
+        info = handle.stop()
+    return info
 
 
 def bulk_transfer(client_addr: tuple[str, int], server_addr: tuple[str, int], nbytes: int,

@@ -21,6 +21,7 @@ from capture_helpers import (
     diag_directions,
     duplex_transfer,
     flagged_frames,
+    loopback_capture,
     need_tools,
     netns_pair,
     routed_path,
@@ -29,7 +30,6 @@ from capture_helpers import (
 )
 
 from diag.capture import analyze_files, start_capture
-from tests.common import free_port, need_root
 
 # diag PacketState attribute for each per-direction counter compared frame by frame.
 STATE_FLAGS = {"retransmissions": "retransmission", "fast_retransmissions": "fast_retransmission",
@@ -63,15 +63,9 @@ def assert_agrees_with_tshark(pcap: Path) -> dict:
 
 
 def test_loopback_bidirectional(tmp_path: Path) -> None:
-    need_root()
-    need_tools("tcpdump", "tshark")
-    port = free_port()
+    need_tools("tshark")
     pcap = tmp_path / "lo.pcap"
-    handle = start_capture(pcap, "lo", f"tcp port {port}", 128)
-    try:
-        bulk_transfer(("127.0.0.1", 0), ("127.0.0.1", port), 4_000_000, reverse_bytes=1_000_000)
-    finally:
-        info = handle.stop()
+    info = loopback_capture(pcap, 128, ("127.0.0.1", 4_000_000, 1_000_000))
     assert info.kernel_dropped == 0 and info.tool == "tcpdump"
     result = assert_agrees_with_tshark(pcap)
     conn = result["connections"][0]

@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from capture_helpers import bulk_transfer, need_tools, netns_pair, tshark_directions
+from capture_helpers import bulk_transfer, loopback_capture, need_tools, netns_pair, tshark_directions
 
 from diag.capture import CaptureInfo, analyze_files, start_capture
 from diag.errors import DiagError
@@ -17,13 +17,8 @@ from tests.common import free_port, need_root
 
 
 def test_tcpdump_capture_writes_sidecar_and_counts(tmp_path: Path) -> None:
-    need_root()
-    need_tools("tcpdump")
-    port = free_port()
     pcap = tmp_path / "c.pcap"
-    handle = start_capture(pcap, "lo", f"tcp port {port}", 96)
-    bulk_transfer(("127.0.0.1", 0), ("127.0.0.1", port), 200_000)
-    info = handle.stop()
+    info = loopback_capture(pcap, 96, ("127.0.0.1", 200_000, 0))
     assert isinstance(info, CaptureInfo)
     meta = json.loads((tmp_path / "c.pcap.capture.json").read_text())
     for key in ("iface", "snaplen", "filter", "start_ns", "stop_ns", "kernel_dropped", "packets", "tool", "host"):

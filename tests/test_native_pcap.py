@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from capture_helpers import LINK_HEADERS, bulk_transfer, need_tools, synthetic_flow, write_pcap
+from capture_helpers import LINK_HEADERS, loopback_capture, synthetic_flow, write_pcap
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from native_helpers import assert_twins, comparable, engine, read
@@ -26,7 +26,6 @@ from native_helpers import assert_twins, comparable, engine, read
 from diag.bench.fuzz_analyze import mutate, pcapng_block, pcapng_option, seed_corpus
 from diag.capture import reader
 from diag.errors import DiagError
-from tests.common import free_port, need_root
 
 try:
     importlib.import_module("diag.capture._cpcap")
@@ -299,16 +298,8 @@ def test_gzip_and_editcap_pcapng(tmp_path: Path) -> None:
 
 def test_real_tcpdump_capture(tmp_path: Path, chunk_bytes: int) -> None:
     """tcpdump on loopback (IPv4 and IPv6 transfers, snaplen 96), as pcap, pcapng (editcap) and gzip."""
-    need_root()
-    need_tools("tcpdump")
-    from diag.capture import start_capture
-
-    port = free_port()
     pcap = tmp_path / "lo.pcap"
-    handle = start_capture(pcap, "lo", f"tcp port {port}", 96)
-    bulk_transfer(("127.0.0.1", 0), ("127.0.0.1", port), 300_000, reverse_bytes=20_000)
-    bulk_transfer(("::1", 0), ("::1", port), 200_000)
-    info = handle.stop()
+    info = loopback_capture(pcap, 96, ("127.0.0.1", 300_000, 20_000), ("::1", 200_000, 0))
     paths = [pcap]
     gz = tmp_path / "lo.pcap.gz"
     gz.write_bytes(gzip.compress(pcap.read_bytes()))

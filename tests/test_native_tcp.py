@@ -21,7 +21,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-from capture_helpers import LINK_HEADERS, bulk_transfer, need_tools, synthetic_flow, write_pcap
+from capture_helpers import LINK_HEADERS, loopback_capture, synthetic_flow, write_pcap
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +29,6 @@ from diag.capture import tcpstate
 from diag.capture.flows import connections, read_files
 from diag.capture.reader import ACK, FIN, PSH, RST, SYN
 from diag.capture.tcpstate import PacketState
-from tests.common import free_port
 
 BUILD_COMMAND = "python -c \"import setuptools; setuptools.setup()\" build_ext --inplace"
 
@@ -97,18 +96,8 @@ def test_tshark_rule_captures(ctcp: ModuleType, tmp_path: Path, name: str) -> No
 
 
 def test_loopback_capture_both_ways(ctcp: ModuleType, tmp_path: Path) -> None:
-    need_tools("tcpdump")
-    from diag.capture import start_capture
-    from tests.common import need_root
-
-    need_root()
-    port = free_port()
     pcap = tmp_path / "lo.pcap"
-    handle = start_capture(pcap, "lo", f"tcp port {port}", 128)
-    try:
-        bulk_transfer(("127.0.0.1", 0), ("127.0.0.1", port), 3_000_000, reverse_bytes=1_000_000)
-    finally:
-        handle.stop()
+    loopback_capture(pcap, 128, ("127.0.0.1", 3_000_000, 1_000_000))
     state = assert_twins_on_capture(ctcp, [pcap])
     assert (state.ack_rtt_ns >= 0).any() and (state.ts_rtt_ns >= 0).any()
 
