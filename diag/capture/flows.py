@@ -699,7 +699,7 @@ def analyze_files(paths: Sequence[str | os.PathLike[str]], records: Sequence[str
 
 def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.PathLike[str]] | None = None,
             bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S,
-            with_series: bool = True, keep_sequence: bool = True) -> tuple[dict[str, Any], Packets]:
+            with_series: bool = True, keep_sequence: bool = True) -> tuple[dict[str, Any], Packets | None]:
     """analyze_files plus the packet table (for plots; keep_sequence=False leaves out the relative
     sequence numbers, which only the plots draw)."""
     from diag.errors import DiagError
@@ -708,6 +708,14 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
         raise DiagError("give at least one capture file")
     if bin_s <= 0 or idle_gap_s <= 0:
         raise DiagError("--bin and --idle-gap must be positive seconds")
+    if not keep_sequence:
+        from diag.capture import stream
+
+        if stream.should_stream(paths):
+            try:
+                return stream.analyze_streaming(paths[0], records, bin_s, idle_gap_s, with_series), None
+            except stream.Fallback:
+                pass  # this file cannot be streamed to the same result: analyzed in memory below
     cols, endpoints, results = read_files(paths)
     n = cols["ts_ns"].size
     rows = np.arange(n)
@@ -717,29 +725,12 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
     for name in [name for name in packets.cols if name not in AGGREGATE_COLUMNS]:
         del packets.cols[name]
     del cols
-    warnings: list[str] = []
-    files = []
-    dropped_total: int | None = None
-    for path, result in zip(paths, results, strict=True):
-        meta = _capture_meta(Path(path))
-        dropped = meta.get("kernel_dropped") if meta else None
-        if dropped is not None:
-            dropped_total = (dropped_total or 0) + int(dropped)
-        files.append({"path": str(path), "format": result.file_format, "linktypes": result.linktypes,
-                      "snaplen": result.snaplen, "frames": result.frames, "tcp_packets": result.packets,
-                      "skipped": result.skipped, "capture": meta})
-        warnings.extend(result.warnings)
-        if result.skipped:
-            warnings.append(f"{path}: skipped " + ", ".join(f"{v} {k}" for k, v in sorted(result.skipped.items())))
-    flagged = bool(dropped_total) or any("truncated_record" in r.skipped for r in results)
-    if dropped_total:
-        warnings.append(f"the kernel dropped {dropped_total} packets during capture: counts are lower bounds "
-                        "and retransmission/dup-ACK numbers may be wrong")
     # The hosts (they need only the columns) are computed by aggregate on a second core beside the
     # connections, not beside the TCP state machine: there their temporaries added ~140 MB to the peak.
     connections, hosts = aggregate(packets, rows, bin_s, idle_gap_s, with_series)
     observed = {host["address"] for host in hosts if host["nic_observed"]}
     phases_out = []
+    extra_warnings = []
     if records:
         phases = phases_from_records(records)
         ts = packets.cols["ts_ns"]
@@ -756,12 +747,45 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
             conns, hs = aggregate(packets, sub, bin_s, idle_gap_s, with_series, window=window, observed=observed)
             phases_out.append({"phase": phase, "packets": int(sub.size), "connections": conns, "hosts": hs})
         if phases and attributed == 0 and n:
-            warnings.append("no packet falls inside any record's iteration window: were the records and the "
-                            "capture made on the same machine, at the same time?")
+            extra_warnings.append(NO_PHASE_PACKETS)
+    return document(paths, results, [r.packets for r in results], connections, hosts, observed, phases_out, extra_warnings, bin_s,
+                    idle_gap_s), packets
+
+
+NO_PHASE_PACKETS = ("no packet falls inside any record's iteration window: were the records and the capture "
+                    "made on the same machine, at the same time?")
+
+
+def document(paths: Sequence[str | os.PathLike[str]], results: list[ReadResult], tcp_packets: list[int],
+             connections: list[dict[str, Any]], hosts: list[dict[str, Any]], observed: set[str],
+             phases_out: list[dict[str, Any]], extra_warnings: list[str], bin_s: float,
+             idle_gap_s: float) -> dict[str, Any]:
+    """The `diag analyze --json` object around the aggregations (in memory here, or stream.py's).
+
+    tcp_packets: each file's TCP rows (a streamed ReadResult holds no columns to count)."""
+    warnings: list[str] = []
+    files = []
+    dropped_total: int | None = None
+    for path, result, packets in zip(paths, results, tcp_packets, strict=True):
+        meta = _capture_meta(Path(path))
+        dropped = meta.get("kernel_dropped") if meta else None
+        if dropped is not None:
+            dropped_total = (dropped_total or 0) + int(dropped)
+        files.append({"path": str(path), "format": result.file_format, "linktypes": result.linktypes,
+                      "snaplen": result.snaplen, "frames": result.frames, "tcp_packets": packets,
+                      "skipped": result.skipped, "capture": meta})
+        warnings.extend(result.warnings)
+        if result.skipped:
+            warnings.append(f"{path}: skipped " + ", ".join(f"{v} {k}" for k, v in sorted(result.skipped.items())))
+    flagged = bool(dropped_total) or any("truncated_record" in r.skipped for r in results)
+    if dropped_total:
+        warnings.append(f"the kernel dropped {dropped_total} packets during capture: counts are lower bounds "
+                        "and retransmission/dup-ACK numbers may be wrong")
+    warnings.extend(extra_warnings)
     return {
         "schema": ANALYSIS_SCHEMA,
         "files": files,
-        "capture": {"kernel_dropped": dropped_total, "flagged": flagged, "packets": int(n),
+        "capture": {"kernel_dropped": dropped_total, "flagged": flagged, "packets": int(sum(tcp_packets)),
                     "frames": int(sum(r.frames for r in results))},
         "parameters": {"bin_s": bin_s, "idle_gap_s": idle_gap_s, "cadence_factor": CADENCE_FACTOR,
                        "cadence_quantile": CADENCE_QUANTILE, "pacing_packets": PACING_PACKETS,
@@ -773,4 +797,4 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
         "phases": phases_out,
         "turn_summary": summarize(phases_out),
         "warnings": warnings,
-    }, packets
+    }
