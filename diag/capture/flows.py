@@ -748,8 +748,14 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
             phases_out.append({"phase": phase, "packets": int(sub.size), "connections": conns, "hosts": hs})
         if phases and attributed == 0 and n:
             extra_warnings.append(NO_PHASE_PACKETS)
-    return document(paths, results, [r.packets for r in results], connections, hosts, observed, phases_out, extra_warnings, bin_s,
-                    idle_gap_s), packets
+    out = document(paths, results, [r.packets for r in results], connections, hosts, observed, phases_out,
+                   extra_warnings, bin_s, idle_gap_s)
+    if not keep_sequence:
+        from diag.capture import stream
+
+        if stream.mode() == "check" and stream.can_stream(paths):
+            stream.check(out, paths[0], records, bin_s, idle_gap_s, with_series)
+    return out, packets
 
 
 NO_PHASE_PACKETS = ("no packet falls inside any record's iteration window: were the records and the capture "

@@ -88,25 +88,73 @@ class Fallback(Exception):
 
 
 def mode() -> str:
+    """DIAG_STREAM: auto (stream files too big to analyze in memory), always, never, or check (tests: analyze
+    in memory, then stream in small chunks and raise AssertionError where the two JSONs differ)."""
     value = os.environ.get(STREAM_ENV, "auto").strip().lower() or "auto"
-    if value not in ("auto", "always", "never"):
+    if value not in ("auto", "always", "never", "check"):
         from diag.errors import DiagError
 
-        raise DiagError(f"{STREAM_ENV}={value!r}: use always, never or auto")
+        raise DiagError(f"{STREAM_ENV}={value!r}: use auto, always, never or check")
     return value
 
 
+def can_stream(paths: Sequence[str | os.PathLike[str]]) -> bool:
+    """One regular file and both C kernels (the TCP state kernel is what can be fed in chunks)."""
+    return (len(paths) == 1 and Path(paths[0]).is_file() and native.kernel("_cpcap") is not None
+            and native.kernel("_ctcp") is not None)
+
+
 def should_stream(paths: Sequence[str | os.PathLike[str]]) -> bool:
-    """Whether analyze() streams these captures: one regular file, both C kernels, and big (or forced)."""
+    """Whether analyze() streams these captures: DIAG_STREAM=always, or auto and a file too big for memory."""
     choice = mode()
-    if choice == "never" or len(paths) != 1 or not Path(paths[0]).is_file():
-        return False
-    if native.kernel("_cpcap") is None or native.kernel("_ctcp") is None:
+    if choice in ("never", "check") or not can_stream(paths):
         return False
     if choice == "always":
         return True
     rows = estimate_rows(paths[0])
     return rows is not None and rows > STREAM_MIN_ROWS
+
+
+def check(expected: dict[str, Any], path: str | os.PathLike[str], records: Sequence[str | os.PathLike[str]] | None,
+          bin_s: float, idle_gap_s: float, with_series: bool, chunk_bytes: int = 4096) -> None:
+    """DIAG_STREAM=check: the streamed JSON (in chunks of chunk_bytes, so that every pass crosses many chunk
+    boundaries) must equal the in-memory one; a Fallback is allowed (it says the file is analyzed in memory)."""
+    from diag.capture import reader
+
+    saved = reader.CHUNK_BYTES
+    reader.CHUNK_BYTES = chunk_bytes
+    try:
+        got = analyze_streaming(path, records, bin_s, idle_gap_s, with_series)
+    except Fallback:
+        return
+    finally:
+        reader.CHUNK_BYTES = saved
+    where = first_difference(expected, got)
+    if where is not None:
+        raise AssertionError(f"streamed analysis of {path} differs from the in-memory one at {where}")
+
+
+def first_difference(a: Any, b: Any, path: str = "") -> str | None:
+    """The JSON path where a and b first differ (values compared as their JSON text), else None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if list(a) != list(b):
+            return f"{path or '/'} (keys {list(a)} vs {list(b)})"
+        for key in a:
+            found = first_difference(a[key], b[key], f"{path}/{key}")
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path} (length {len(a)} vs {len(b)})"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = first_difference(x, y, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    import json
+
+    return None if json.dumps(a) == json.dumps(b) else f"{path} ({json.dumps(a)[:80]} vs {json.dumps(b)[:80]})"
 
 
 # --- the passes ------------------------------------------------------------------------------------------
