@@ -872,32 +872,3 @@ def parse_tcp_options(data: bytes) -> dict[str, Any]:
             out["tsecr"] = int.from_bytes(body[4:], "big")
         off += length
     return out
-
-
-# --- STAND-IN (replaced by the stream-reader branch) ---
-@dataclass
-class CaptureChunk:
-    columns: dict[str, np.ndarray]
-    syns: list[SynInfo]
-    first_row: int
-    endpoints: list[tuple[str, int]]
-
-
-def estimate_rows(path: str | os.PathLike[str]) -> int | None:
-    return os.path.getsize(path) // 100
-
-
-def stream_capture(path: str | os.PathLike[str], consume: Any, first_frame: int = 1,
-                   _rows: int = 50_000) -> ReadResult:
-    result = read_capture(path, first_frame)
-    cols = result.columns
-    n = cols["ts_ns"].size
-    syn_frames = [s.frame for s in result.syns]
-    for lo in range(0, n, _rows):
-        part = {k: v[lo:lo + _rows] for k, v in cols.items()}
-        fr = part["frame"]
-        syns = [s for s in result.syns if fr.size and fr[0] <= s.frame <= fr[-1]]
-        consume(CaptureChunk(part, syns, lo, result.endpoints))
-    del syn_frames
-    return ReadResult({k: v[:0] for k, v in cols.items()}, result.endpoints, result.syns, result.frames,
-                      result.skipped, result.linktypes, result.snaplen, result.file_format, result.warnings)
