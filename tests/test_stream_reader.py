@@ -295,6 +295,9 @@ def test_a_pipe(tmp_path: Path, chunk_bytes: int) -> None:
     finally:
         os.close(writable)
         os.close(readable)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert reader.estimate_rows(fifo) is None  # at once: a named pipe without a writer is not opened
 
 
 def test_fuzz_seed_corpus_and_mutations(tmp_path: Path, chunk_bytes: int) -> None:

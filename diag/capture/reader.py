@@ -227,10 +227,10 @@ def estimate_rows(path: str | os.PathLike[str]) -> int | None:
     (read_capture then gives the reason)."""
     p = Path(path)
     try:
+        if not stat.S_ISREG(os.stat(p).st_mode):  # before opening it: opening a named pipe waits for a writer
+            return None
         with p.open("rb") as raw:
             info = os.fstat(raw.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                return None
             gz = raw.read(2) == GZIP_MAGIC
             raw.seek(0)
             handle: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
