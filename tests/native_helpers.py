@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from diag.bench.fuzz_analyze import pcapng_block, pcapng_option
 from diag.capture import native, reader
 from diag.errors import DiagError
 
@@ -77,3 +79,23 @@ def assert_twins(path: Path, first_frame: int = 1) -> reader.ReadResult | str:
             elif a[key] != b[key]:
                 raise AssertionError(f"{path}: {key}: kernel {str(a[key])[:300]} vs twin {str(b[key])[:300]}")
     return fast
+
+
+def pcapng_capture(sections: list[tuple[str, list[tuple[int, int]], list[tuple[int, int, bytes, bool]]]]) -> bytes:
+    """sections: (byte order, interfaces (link type, if_tsresol byte), packets (interface, ticks, frame,
+    simple block)); a packet's interface -1 means a custom block instead."""
+    out = bytearray()
+    for endian, interfaces, packets in sections:
+        out += pcapng_block(endian, 0x0A0D0D0A, struct.pack(endian + "IHHq", 0x1A2B3C4D, 1, 0, -1))
+        for linktype, resolution in interfaces:
+            options = pcapng_option(endian, 9, bytes([resolution])) + b"\0" * 4 if resolution >= 0 else b""
+            out += pcapng_block(endian, 1, struct.pack(endian + "HHI", linktype, 0, 262144) + options)
+        for iface, ticks, frame, simple in packets:
+            if iface < 0:
+                out += pcapng_block(endian, 0x40000BAD, struct.pack(endian + "I", 1) + frame[:8])
+            elif simple:
+                out += pcapng_block(endian, 3, struct.pack(endian + "I", len(frame)) + frame)
+            else:
+                out += pcapng_block(endian, 6, struct.pack(endian + "IIIII", iface, ticks >> 32, ticks & 0xFFFFFFFF,
+                                                           len(frame), len(frame)) + frame)
+    return bytes(out)

@@ -21,9 +21,9 @@ import pytest
 from capture_helpers import LINK_HEADERS, loopback_capture, synthetic_flow, write_pcap
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from native_helpers import assert_twins, comparable, engine, read
+from native_helpers import assert_twins, comparable, engine, pcapng_capture, read
 
-from diag.bench.fuzz_analyze import mutate, pcapng_block, pcapng_option, seed_corpus
+from diag.bench.fuzz_analyze import mutate, seed_corpus
 from diag.capture import reader
 from diag.errors import DiagError
 
@@ -231,26 +231,6 @@ def test_mutated_captures_give_the_same_result_or_error(tmp_path: Path) -> None:
     assert 30 < errors < 570  # both outcomes occur
 
 
-def _pcapng(sections: list[tuple[str, list[tuple[int, int]], list[tuple[int, int, bytes, bool]]]]) -> bytes:
-    """sections: (byte order, interfaces (link type, if_tsresol byte), packets (interface, ticks, frame,
-    simple block)); a packet's interface -1 means a custom block instead."""
-    out = bytearray()
-    for endian, interfaces, packets in sections:
-        out += pcapng_block(endian, 0x0A0D0D0A, struct.pack(endian + "IHHq", 0x1A2B3C4D, 1, 0, -1))
-        for linktype, resolution in interfaces:
-            options = pcapng_option(endian, 9, bytes([resolution])) + b"\0" * 4 if resolution >= 0 else b""
-            out += pcapng_block(endian, 1, struct.pack(endian + "HHI", linktype, 0, 262144) + options)
-        for iface, ticks, frame, simple in packets:
-            if iface < 0:
-                out += pcapng_block(endian, 0x40000BAD, struct.pack(endian + "I", 1) + frame[:8])
-            elif simple:
-                out += pcapng_block(endian, 3, struct.pack(endian + "I", len(frame)) + frame)
-            else:
-                out += pcapng_block(endian, 6, struct.pack(endian + "IIIII", iface, ticks >> 32, ticks & 0xFFFFFFFF,
-                                                           len(frame), len(frame)) + frame)
-    return bytes(out)
-
-
 def test_pcapng_link_types_resolutions_and_ticks(tmp_path: Path, chunk_bytes: int) -> None:
     """Interfaces of several link types (one unsupported) in one chunk, every if_tsresol form, ticks near the
     int64 nanosecond limit on both sides (an error, word for word the twin's)."""
@@ -264,18 +244,18 @@ def test_pcapng_link_types_resolutions_and_ticks(tmp_path: Path, chunk_bytes: in
         packets.insert(3, (-1, 0, b"custom block", False))
         for endian in "<>":
             path = tmp_path / f"r{resolution}{endian}.pcapng"
-            path.write_bytes(_pcapng([(endian, interfaces, packets)]))
+            path.write_bytes(pcapng_capture([(endian, interfaces, packets)]))
             result = assert_twins(path)
             assert not isinstance(result, str), result
             assert result.frames == len(flow) and result.skipped.get("unsupported_linktype_147", 0) > 0
     for ticks in ((1 << 63) // 1000 - 5, (1 << 63) // 1000 + 5, (1 << 64) - 1):
         path = tmp_path / "t.pcapng"
-        path.write_bytes(_pcapng([("<", [(1, -1)], [(0, ticks, LINK_HEADERS[1](flow[0][1], False), False)])]))
+        path.write_bytes(pcapng_capture([("<", [(1, -1)], [(0, ticks, LINK_HEADERS[1](flow[0][1], False), False)])]))
         fast = assert_twins(path)
         assert isinstance(fast, str) == (ticks * 1000 >= 1 << 63), fast
 
 
-def test_gzip_and_editcap_pcapng(tmp_path: Path) -> None:
+def test_gzip_and_editcappcapng_capture(tmp_path: Path) -> None:
     frames = [(t, LINK_HEADERS[1](ip, v6)) for v6 in (False, True) for t, ip in synthetic_flow(v6)]
     pcap = write_pcap(tmp_path / "f.pcap", frames, 1, nanosecond=True)
     gz = tmp_path / "f.pcap.gz"
@@ -414,7 +394,7 @@ def test_generated_pcapng_streams(tmp_path: Path, interfaces: list[tuple[int, in
         frame = data.draw(packets(interfaces[iface][0]))
         packets_.append((iface, data.draw(st.integers(0, 2**52)), frame, data.draw(st.booleans())))
     path = tmp_path / "gen.pcapng"
-    path.write_bytes(_pcapng([(data.draw(st.sampled_from("<>")), interfaces, packets_)]))
+    path.write_bytes(pcapng_capture([(data.draw(st.sampled_from("<>")), interfaces, packets_)]))
     result = assert_twins(path)
     if not isinstance(result, str):
         assert result.frames == count
@@ -422,7 +402,7 @@ def test_generated_pcapng_streams(tmp_path: Path, interfaces: list[tuple[int, in
 
 def test_errors_are_one_line_diag_errors(tmp_path: Path) -> None:
     path = tmp_path / "bad.pcapng"
-    path.write_bytes(_pcapng([("<", [], [(0, 1, b"x" * 60, False)])]))
+    path.write_bytes(pcapng_capture([("<", [], [(0, 1, b"x" * 60, False)])]))
     with engine(True), pytest.raises(DiagError, match="inconsistent"):
         reader.read_capture(path)
     message = read(path, True)

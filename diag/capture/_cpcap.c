@@ -123,7 +123,8 @@ typedef struct {
     int busy;
     int64_t first_frame;
     int64_t frames;       /* records decoded so far (kept or skipped) */
-    int64_t rows;         /* rows written to the columns */
+    int64_t rows;         /* rows written to the columns (since the last rewind) */
+    int64_t rows_rewound; /* rows given back by rewind(): with rows, the rows decoded so far */
     int64_t record_index; /* pcap records walked so far */
     int64_t bytes_walked; /* pcap chunk bytes walked so far: rows per byte sizes the next prefault */
     uint64_t *v4_keys;
@@ -666,9 +667,11 @@ static PyObject *Decoder_pcap_chunk(Decoder *d, PyObject *args)
     Py_ssize_t off = start;
     int status = ST_OK;
     Py_BEGIN_ALLOW_THREADS
-    /* The rows this chunk will likely add: at the rate of the chunks before (+25%), at most the bound. */
+    /* The rows this chunk will likely add: at the rate of the chunks before (+25%), at most the bound. The
+     * rate counts rewound rows too: after a rewind the chunk lands on rows [0, expect) again. */
     int64_t bound = (int64_t)(stop - start) / 56 + 1;
-    int64_t expect = d->bytes_walked ? (int64_t)((double)(stop - start) * (double)d->rows / (double)d->bytes_walked * 1.25) + 1024 : bound;
+    double rows_so_far = (double)(d->rows_rewound + d->rows);
+    int64_t expect = d->bytes_walked ? (int64_t)((double)(stop - start) * rows_so_far / (double)d->bytes_walked * 1.25) + 1024 : bound;
     int64_t hi = d->rows + (expect < bound ? expect : bound);
     prefault_columns(&cv, d->rows, hi < out.capacity ? hi : out.capacity);
     while (stop - off >= 16) {
@@ -1004,9 +1007,31 @@ static PyObject *Decoder_skip_frames(Decoder *d, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-static PyObject *Decoder_endpoint_keys(Decoder *d, PyObject *Py_UNUSED(ignored))
+static PyObject *Decoder_endpoint_keys(Decoder *d, PyObject *args)
 {
-    return PyBytes_FromStringAndSize((const char *)d->endpoint_keys, (Py_ssize_t)(d->endpoints * ENDPOINT_KEY_BYTES));
+    Py_ssize_t first = 0;
+    if (!PyArg_ParseTuple(args, "|n:endpoint_keys", &first))
+        return NULL;
+    if (first < 0 || (size_t)first > d->endpoints) {
+        PyErr_SetString(PyExc_ValueError, "endpoint_keys: first is past the endpoints numbered");
+        return NULL;
+    }
+    return PyBytes_FromStringAndSize((const char *)d->endpoint_keys + (size_t)first * ENDPOINT_KEY_BYTES,
+                                     (Py_ssize_t)((d->endpoints - (size_t)first) * ENDPOINT_KEY_BYTES));
+}
+
+/* Streaming: the rows written so far have been handed on, so the next chunk writes from row 0 of the same
+ * columns. Frames, endpoint ids, record and byte counters carry on; the SYN table holds the new rows only. */
+static PyObject *Decoder_rewind(Decoder *d, PyObject *Py_UNUSED(ignored))
+{
+    if (d->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "this Decoder is already decoding in another thread");
+        return NULL;
+    }
+    d->rows_rewound += d->rows;
+    d->rows = 0;
+    d->syn_count = 0;
+    Py_RETURN_NONE;
 }
 
 static PyObject *Decoder_syn_rows(Decoder *d, PyObject *Py_UNUSED(ignored))
@@ -1025,7 +1050,7 @@ static int Decoder_init(Decoder *d, PyObject *args, PyObject *kwds)
         return -1;
     }
     d->first_frame = first_frame;
-    d->frames = d->rows = d->record_index = d->bytes_walked = 0;
+    d->frames = d->rows = d->rows_rewound = d->record_index = d->bytes_walked = 0;
     PyMem_RawFree(d->v4_keys);
     PyMem_RawFree(d->v4_ids);
     PyMem_RawFree(d->v6);
@@ -1064,7 +1089,7 @@ static PyObject *Decoder_get_endpoints(Decoder *d, void *Py_UNUSED(closure))
 
 static PyGetSetDef Decoder_getset[] = {
     {"frames", (getter)Decoder_get_frames, NULL, "records decoded so far, kept or skipped", NULL},
-    {"rows", (getter)Decoder_get_rows, NULL, "rows written to the columns so far", NULL},
+    {"rows", (getter)Decoder_get_rows, NULL, "rows written to the columns since the last rewind", NULL},
     {"record_index", (getter)Decoder_get_record_index, NULL, "pcap records walked so far", NULL},
     {"endpoints", (getter)Decoder_get_endpoints, NULL, "endpoints numbered so far", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -1075,8 +1100,12 @@ static PyMethodDef Decoder_methods[] = {
     {"decode_rows", (PyCFunction)Decoder_decode_rows, METH_VARARGS, decode_rows_doc},
     {"skip_frames", (PyCFunction)Decoder_skip_frames, METH_O,
      "skip_frames(n): count n records that are not decoded (an unsupported pcapng link type)"},
-    {"endpoint_keys", (PyCFunction)Decoder_endpoint_keys, METH_NOARGS,
-     "endpoint_keys() -> bytes: 19 bytes per endpoint id (family 4/6, 16 address bytes, big-endian port)"},
+    {"endpoint_keys", (PyCFunction)Decoder_endpoint_keys, METH_VARARGS,
+     "endpoint_keys(first=0) -> bytes: 19 bytes per endpoint id from id first on (family 4/6, 16 address bytes, "
+     "big-endian port)"},
+    {"rewind", (PyCFunction)Decoder_rewind, METH_NOARGS,
+     "rewind(): the next row is written at row 0 again and the SYN table is emptied (streaming: the rows so far "
+     "were handed on); frames, endpoints and the record count carry on"},
     {"syn_rows", (PyCFunction)Decoder_syn_rows, METH_NOARGS,
      "syn_rows() -> bytes: per SYN row int64 row, int32 mss (-1: none), wscale (-1: none), sack_permitted, "
      "timestamps (native order)"},

@@ -11,6 +11,11 @@ Packets that cannot be a complete TCP header are never an error: they are counte
 under a reason (non_ip, non_tcp, fragment, truncated_headers, bad_header_length, ...). A file that is not a
 capture at all, or whose record structure is broken, is a one-line DiagError.
 
+``stream_capture`` reads a capture the same way but hands its rows on chunk by chunk (a ``CaptureChunk`` per
+decoded chunk of the file) instead of keeping them, so a capture of any size is read in bounded memory; it
+needs the C kernel (``streaming_available()``). ``estimate_rows`` guesses a file's TCP rows from its first
+bytes, for choosing between the two.
+
 scapy is deliberately not imported here: it costs about a second to import, which is half the time budget
 of a two-million-packet analysis. The few packets that need option dissection (SYNs) are parsed by
 ``parse_tcp_options``, a TLV walk over the option bytes.
@@ -22,9 +27,10 @@ import gzip
 import io
 import itertools
 import os
+import stat
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +47,8 @@ if TYPE_CHECKING:
     from diag.capture import reader_native
 
 CHUNK_BYTES = 8 << 20
+# estimate_rows decodes this much of a file's (uncompressed) start and scales its rows to the whole file.
+ESTIMATE_BYTES = 1 << 20
 # The most any single record may claim; bigger means the record structure is corrupt.
 MAX_RECORD_BYTES = 1 << 20
 # Bytes from the network header copied into the per-chunk IP matrix (the IPv6 header; IPv4 fields are within it).
@@ -132,6 +140,28 @@ class ReadResult:
         return int(self.columns["ts_ns"].size)
 
 
+@dataclass
+class CaptureChunk:
+    """The TCP rows of one decoded chunk of a capture, as stream_capture hands them to its consume callback.
+
+    ``columns`` are COLUMN_DTYPES arrays (one row per TCP packet, file order) that view the reader's reused
+    column buffers: they are valid only during the callback (copy what must outlive it). The concatenation of
+    every chunk's columns is read_capture's columns, endpoint ids included. ``syns`` are the SYNs among these
+    rows, as read_capture gives them; ``first_row`` is the global (0-based) row index of row 0; ``endpoints``
+    is every endpoint numbered so far in id order - the reader's own list, which only grows (a prefix read
+    now stays valid), so it must not be modified.
+    """
+
+    columns: dict[str, np.ndarray]
+    syns: list[SynInfo]
+    first_row: int
+    endpoints: list[tuple[str, int]]
+
+    @property
+    def rows(self) -> int:
+        return int(self.columns["ts_ns"].size)
+
+
 def read_capture(path: str | os.PathLike[str], first_frame: int = 1) -> ReadResult:
     """Read a pcap/pcapng (optionally gzip) file into TCP columns. Frame numbers start at first_frame.
 
@@ -162,7 +192,96 @@ def read_capture(path: str | os.PathLike[str], first_frame: int = 1) -> ReadResu
     return fast
 
 
-def _read_capture(p: Path, first_frame: int, kernel: ModuleType | None) -> ReadResult:
+def streaming_available() -> bool:
+    """Whether stream_capture can run here: the C reader kernel is built and not disabled (DIAG_NATIVE=0)."""
+    return native.kernel("_cpcap") is not None
+
+
+def stream_capture(path: str | os.PathLike[str], consume: Callable[[CaptureChunk], None],
+                   first_frame: int = 1) -> ReadResult:
+    """Read a capture as read_capture does, handing its TCP rows to consume chunk by chunk instead of keeping
+    them: the memory is one chunk's columns (reused) whatever the capture's size.
+
+    The file (pcap, pcapng, gzip of either, or a pipe) is read front to back once. consume is called once per
+    decoded chunk that holds TCP rows (never with zero rows), in file order; the chunks' columns concatenated
+    are read_capture's columns. The result is read_capture's in every field but ``columns``, which are
+    zero-length. A broken file raises read_capture's DiagError at the same point of the read (after the
+    chunks before it were consumed); what consume raises is raised as it is. Needs the C kernel: without it
+    (see streaming_available) a RuntimeError. DIAG_NATIVE=check does not apply to streaming.
+    """
+    kernel = native.kernel("_cpcap")
+    if kernel is None:
+        raise RuntimeError("streaming needs the _cpcap kernel")
+    from diag.capture import reader_native
+
+    try:
+        return _read_capture(Path(path), first_frame, kernel, consume)
+    except reader_native.ConsumerFailed as failed:
+        raise failed.error from None
+
+
+def estimate_rows(path: str | os.PathLike[str]) -> int | None:
+    """About how many TCP rows a capture file holds, from decoding only its first ESTIMATE_BYTES (scaled by
+    the file's size; a gzip file's uncompressed size from its trailer). Cheap: a few milliseconds whatever
+    the file's size. None for what is not a regular file (a pipe), or a file that does not read as a capture
+    (read_capture then gives the reason)."""
+    p = Path(path)
+    try:
+        if not stat.S_ISREG(os.stat(p).st_mode):  # before opening it: opening a named pipe waits for a writer
+            return None
+        with p.open("rb") as raw:
+            info = os.fstat(raw.fileno())
+            gz = raw.read(2) == GZIP_MAGIC
+            raw.seek(0)
+            handle: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+            head = handle.read(ESTIMATE_BYTES)
+            compressed_read = raw.tell()
+            whole = len(head) < ESTIMATE_BYTES
+            size = len(head) if whole else _uncompressed_size(raw, info.st_size, compressed_read, len(head), gz)
+    except (OSError, EOFError, zlib.error):
+        return None
+    if len(head) < 4:
+        return None
+    kernel = native.kernel("_cpcap")
+    rows = 0
+
+    def count(chunk: CaptureChunk) -> None:
+        nonlocal rows
+        rows += chunk.rows
+
+    try:
+        if kernel is None:  # the numpy twin keeps its columns: they are one MiB's worth
+            builder: _ColumnBuilder | reader_native.NativeBuilder = _ColumnBuilder(1)
+        else:
+            from diag.capture import reader_native
+
+            builder = reader_native.NativeBuilder(kernel, 1, len(head) // reader_native.MIN_ROW_FILE_BYTES + 1,
+                                                  count)
+        # Buffers for the sample, not for CHUNK_BYTES: zeroing two chunk-sized buffers costs more than the rest.
+        _read_format(io.BytesIO(head[4:]), head[:4], builder, p, len(head))
+        if isinstance(builder, _ColumnBuilder):
+            rows = sum(part.size for part in builder.parts["ts_ns"])
+    except DiagError:
+        return None
+    return rows if whole else round(rows * size / len(head))
+
+
+def _uncompressed_size(raw: IO[bytes], size: int, compressed_read: int, uncompressed_read: int, gz: bool) -> int:
+    """The bytes a capture file reads as: its size, or for gzip the size in the trailer (mod 2^32) plus the
+    multiple of 2^32 nearest to what the compression ratio of the start suggests."""
+    if not gz:
+        return size
+    trailer = os.pread(raw.fileno(), 4, size - 4) if size >= 4 else b""
+    if len(trailer) < 4:
+        return size
+    modulo = int.from_bytes(trailer, "little")
+    guess = size * uncompressed_read / max(compressed_read, 1)
+    wraps = max(0, round((guess - modulo) / (1 << 32)))
+    return modulo + wraps * (1 << 32)
+
+
+def _read_capture(p: Path, first_frame: int, kernel: ModuleType | None,
+                  consume: Callable[[CaptureChunk], None] | None = None) -> ReadResult:
     try:
         raw = p.open("rb")
     except FileNotFoundError:
@@ -188,30 +307,44 @@ def _read_capture(p: Path, first_frame: int, kernel: ModuleType | None) -> ReadR
             else:
                 from diag.capture import reader_native  # the C kernel's side (it builds on this module)
 
-                builder = reader_native.NativeBuilder(kernel, first_frame, reader_native.row_bound(raw, gz))
+                # Streaming: columns for the largest chunk (a chunk and the record carried into it), reused.
+                rows = (reader_native.row_bound(raw, gz) if consume is None
+                        else (CHUNK_BYTES + MAX_RECORD_BYTES + 16) // reader_native.MIN_ROW_FILE_BYTES + 1)
+                builder = reader_native.NativeBuilder(kernel, first_frame, rows, consume)
             magic = handle.read(4)
             if not magic:
                 raise DiagError(f"{p} is empty; was the capture stopped before any packet arrived?")
-            if magic in PCAP_MAGICS:
-                fmt = "pcap"
-                if isinstance(builder, _ColumnBuilder):
-                    _read_pcap(handle, magic, builder, p)
-                else:
-                    reader_native.read_pcap(handle, magic, builder, p)
-            elif magic == PCAPNG_SHB:
-                fmt = "pcapng"
-                if isinstance(builder, _ColumnBuilder):
-                    _read_pcapng(handle, magic, builder, p)
-                else:
-                    reader_native.read_pcapng(handle, magic, builder, p)
-            else:
-                raise DiagError(f"{p} is not a pcap or pcapng file (magic {magic.hex()}); "
-                                "capture with tcpdump -w or give .pcap/.pcapng/.pcap.gz")
+            fmt = _read_format(handle, magic, builder, p)
         except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
             raise DiagError(f"{p}: cannot read compressed data ({exc}); the file is damaged") from None
         except OSError as exc:
             raise DiagError(f"{p}: cannot read ({exc.strerror or exc}); the file or device is damaged") from None
         return builder.finish(fmt + (".gz" if gz else ""))
+
+
+def _read_format(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder | reader_native.NativeBuilder,
+                 p: Path, pcap_chunk_bytes: int | None = None) -> str:
+    """The records after the 4-byte magic into builder, by the twin or the kernel; -> "pcap" or "pcapng".
+
+    pcap_chunk_bytes: the pcap readers' chunk (and so their buffers') size, if not CHUNK_BYTES."""
+    if magic in PCAP_MAGICS:
+        if isinstance(builder, _ColumnBuilder):
+            _read_pcap(handle, magic, builder, p, pcap_chunk_bytes)
+        else:
+            from diag.capture import reader_native
+
+            reader_native.read_pcap(handle, magic, builder, p, pcap_chunk_bytes)
+        return "pcap"
+    if magic == PCAPNG_SHB:
+        if isinstance(builder, _ColumnBuilder):
+            _read_pcapng(handle, magic, builder, p)
+        else:
+            from diag.capture import reader_native
+
+            reader_native.read_pcapng(handle, magic, builder, p)
+        return "pcapng"
+    raise DiagError(f"{p} is not a pcap or pcapng file (magic {magic.hex()}); "
+                    "capture with tcpdump -w or give .pcap/.pcapng/.pcap.gz")
 
 
 class _Prefixed(io.RawIOBase):
@@ -263,7 +396,10 @@ def pcap_header(handle: IO[bytes], magic: bytes, path: Path) -> tuple[int, int, 
     return snaplen, linktype, min(limit, MAX_RECORD_BYTES)
 
 
-def _read_pcap(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path: Path) -> None:
+def _read_pcap(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path: Path,
+               chunk_bytes: int | None = None) -> None:
+    """pcap records into builder, in chunks of chunk_bytes (default CHUNK_BYTES)."""
+    chunk = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
     endian, ns_per_tick = PCAP_MAGICS[magic]
     snaplen, linktype, limit = pcap_header(handle, magic, path)
     builder.snaplen = snaplen
@@ -274,7 +410,7 @@ def _read_pcap(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path: P
     # ids come out as in a sequential read. Reusing the buffers spares a fresh multi-MB allocation (and
     # its page faults) per chunk; everything kept from a chunk is copied out of it by the decoder.
     # GATHER_PAD zero bytes after the data let the decoder read fixed-width rows past the last record.
-    stores = [bytearray(CHUNK_BYTES + limit + 16 + GATHER_PAD) for _ in range(2)]
+    stores = [bytearray(chunk + limit + 16 + GATHER_PAD) for _ in range(2)]
     pending: list[Future[None] | None] = [None, None]
     tail = b""  # the unfinished last record of the previous chunk, moved to the front of the next
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-decode") as decoder:
@@ -288,7 +424,7 @@ def _read_pcap(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path: P
             carry = len(tail)
             store[:carry] = tail
             with memoryview(store) as view:
-                got = _read_into(handle, view[carry:carry + CHUNK_BYTES])
+                got = _read_into(handle, view[carry:carry + chunk])
             if not got:
                 break
             n = carry + got

@@ -8,6 +8,11 @@ bytes of file: a 16-byte record header and 40 bytes of IP and TCP headers) and t
 read's memory is the columns plus two chunk buffers. The kernel releases the GIL: while it decodes chunk k,
 this thread reads chunk k+1 into the other buffer.
 
+Streaming (``reader.stream_capture``): the same read with a ``consume`` callback. The columns are then sized
+for one chunk; after each decoded chunk its rows are handed to ``consume`` as a ``reader.CaptureChunk`` and the
+Decoder is rewound (the next chunk is written from row 0 again, frames and endpoint ids carry on), so the
+read's memory no longer grows with the capture.
+
 What stays in Python: file headers, pcapng section headers and interface descriptions (the kernel stops at
 them), error messages (built from the block or record the kernel stopped at, word for word the twin's),
 endpoint addresses as text, and SynInfo objects. Endpoint ids are numbered in order of first appearance
@@ -37,6 +42,7 @@ from diag.capture.reader import (
     PCAP_MAGICS,
     PCAPNG_SHB,
     SUPPORTED_LINKTYPES,
+    CaptureChunk,
     ReadResult,
     SynInfo,
     _chunks,
@@ -86,11 +92,29 @@ def row_bound(raw: IO[bytes], gz: bool) -> int:
     return size // MIN_ROW_FILE_BYTES + 1
 
 
-class NativeBuilder:
-    """The kernel's Decoder and the columns it writes into, plus what the twin's _ColumnBuilder keeps."""
+class ConsumerFailed(Exception):
+    """What a stream's consume raised, carried past the reader's handlers (which turn OSError and EOFError
+    into the file's DiagError) to stream_capture, which raises it again."""
 
-    def __init__(self, kernel: ModuleType, first_frame: int, rows: int) -> None:
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(repr(error))
+        self.error = error
+
+
+class NativeBuilder:
+    """The kernel's Decoder and the columns it writes into, plus what the twin's _ColumnBuilder keeps.
+
+    With ``consume`` it streams: the columns hold one chunk's rows, which flush() hands on before the Decoder
+    is rewound; the SYNs and endpoints are collected as they are flushed.
+    """
+
+    def __init__(self, kernel: ModuleType, first_frame: int, rows: int,
+                 consume: Callable[[CaptureChunk], None] | None = None) -> None:
         self.kernel = kernel
+        self.consume = consume
+        self.rows_flushed = 0  # streaming: the global row index of the columns' row 0
+        self.streamed_syns: list[SynInfo] = []
+        self.streamed_endpoints: list[tuple[str, int]] = []
         self.decoder = kernel.Decoder(first_frame)
         try:
             self.columns = {name: np.empty(rows, dtype=dtype) for name, dtype in COLUMN_DTYPES.items()}
@@ -121,12 +145,41 @@ class NativeBuilder:
         Call only while no kernel call is writing into them."""
         need = int(self.decoder.rows) + rows
         if need > self.capacity:
-            self.capacity = max(need, self.capacity * 2)
+            # Streaming sizes the columns for one chunk: exactly what it needs, no doubling.
+            self.capacity = need if self.consume is not None else max(need, self.capacity * 2)
             for column in self.columns.values():
                 column.resize(self.capacity, refcheck=False)
         return list(self.columns.values())
 
+    def flush(self) -> None:
+        """Streaming: hand the rows decoded since the last flush to consume, then rewind the Decoder so the
+        next chunk reuses the columns. Call only between kernel calls; without consume, nothing to do."""
+        if self.consume is None:
+            return
+        rows = int(self.decoder.rows)
+        if not rows:  # no call for a chunk without TCP rows (its frames and skips are counted all the same)
+            return
+        syns = self._syns()
+        self.streamed_syns += syns
+        known = len(self.streamed_endpoints)
+        self.streamed_endpoints += _endpoints(self.decoder.endpoint_keys(known))
+        chunk = CaptureChunk({name: column[:rows] for name, column in self.columns.items()}, syns,
+                             self.rows_flushed, self.streamed_endpoints)
+        try:
+            self.consume(chunk)
+        except Exception as exc:
+            raise ConsumerFailed(exc) from exc
+        self.rows_flushed += rows
+        self.decoder.rewind()
+
     def finish(self, file_format: str) -> ReadResult:
+        if self.consume is not None:
+            self.flush()  # every chunk was flushed as it was decoded; this is only a safeguard
+            self.streamed_endpoints += _endpoints(self.decoder.endpoint_keys(len(self.streamed_endpoints)))
+            empty = {name: np.zeros(0, dtype=dtype) for name, dtype in COLUMN_DTYPES.items()}
+            self.columns = empty  # the chunk columns are no longer needed: return their memory
+            return ReadResult(empty, self.streamed_endpoints, self.streamed_syns, self.frames, self.skipped,
+                              sorted(self.linktypes), self.snaplen, file_format, self.warnings)
         rows = int(self.decoder.rows)
         for column in self.columns.values():
             if column.size != rows:
@@ -135,6 +188,7 @@ class NativeBuilder:
                           self.skipped, sorted(self.linktypes), self.snaplen, file_format, self.warnings)
 
     def _syns(self) -> list[SynInfo]:
+        """The SYN rows the Decoder noted (since the last rewind), as SynInfo."""
         table = np.frombuffer(self.decoder.syn_rows(), dtype=_SYN_ROW)
         if not table.size:
             return []
@@ -212,8 +266,10 @@ class _Inline(contextlib.AbstractContextManager):
         return None
 
 
-def read_pcap(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: Path) -> None:
-    """pcap records through the kernel, chunk by chunk; reading chunk k+1 overlaps decoding chunk k."""
+def read_pcap(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: Path,
+              chunk_bytes: int | None = None) -> None:
+    """pcap records through the kernel, chunk by chunk (chunk_bytes, default reader.CHUNK_BYTES); reading
+    chunk k+1 overlaps decoding chunk k."""
     endian, ns_per_tick = PCAP_MAGICS[magic]
     snaplen, linktype, limit = pcap_header(handle, magic, path)
     builder.snaplen = snaplen
@@ -221,7 +277,7 @@ def read_pcap(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: Pat
     big = endian == ">"
     # Each buffer keeps `room` bytes in front of its chunk for the unfinished record of the chunk before.
     room = limit + 16
-    stores = [bytearray(room + reader.CHUNK_BYTES) for _ in range(2)]
+    stores = [bytearray(room + (reader.CHUNK_BYTES if chunk_bytes is None else chunk_bytes)) for _ in range(2)]
     start = room
     with memoryview(stores[0]) as view:
         got = _read_into(handle, view[room:])
@@ -243,6 +299,7 @@ def read_pcap(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: Pat
             if records:
                 builder.linktypes.add(linktype)
                 builder.count(counts)
+            builder.flush()
             tail = stop - end
             following[room - tail:room] = store[end:stop]
             start = room - tail
@@ -317,6 +374,7 @@ def read_pcapng(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: P
         carry = buf[off:]
         if used:
             _decode_table(builder, buf, [column[:used] for column in table])
+            builder.flush()
     if carry:
         builder.skip("truncated_record", 1)
         builder.warnings.append(f"{path}: the last block is cut short ({len(carry)} bytes); it was skipped")
