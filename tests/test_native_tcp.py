@@ -45,15 +45,16 @@ def ctcp() -> ModuleType:
 
 
 def assert_twins(ctcp: ModuleType, cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray,
-                 wscale: np.ndarray, first_rtt: np.ndarray, chunk_sizes: tuple[int, ...] = (1, 7, 1000)
-                 ) -> PacketState:
-    """Kernel (one feed and chunked; and without the sequence numbers) == numpy twin, field by field,
-    values and dtypes."""
+                 wscale: np.ndarray, first_rtt: np.ndarray, chunk_sizes: tuple[int, ...] = (1, 7, 1000),
+                 spill_window: int = 2) -> PacketState:
+    """Kernel (one feed and chunked; without the sequence numbers; chunked with the segment ends spilled to
+    disk beyond spill_window, as streaming runs it) == numpy twin, field by field, values and dtypes."""
     twin = tcpstate._analyze_packets_numpy(cols, conn, direction, wscale, first_rtt)
-    runs = [(chunk, True) for chunk in (None, *chunk_sizes)] + [(None, False)]
-    for chunk, keep_sequence in runs:
+    runs = [(chunk, True, 0) for chunk in (None, *chunk_sizes)] + [(None, False, 0)]
+    runs.append((chunk_sizes[-1], False, spill_window))
+    for chunk, keep_sequence, spill in runs:
         state = tcpstate.analyze_packets_native(ctcp, cols, conn, direction, wscale, first_rtt, chunk_rows=chunk,
-                                                keep_sequence=keep_sequence)
+                                                keep_sequence=keep_sequence, spill_window=spill)
         for field in dataclasses.fields(PacketState):
             ours, theirs = getattr(state, field.name), getattr(twin, field.name)
             if not keep_sequence and field.name in ("seq_rel", "end_rel"):
@@ -62,7 +63,7 @@ def assert_twins(ctcp: ModuleType, cols: dict[str, np.ndarray], conn: np.ndarray
             assert ours.dtype == theirs.dtype, (field.name, chunk)
             if not np.array_equal(ours, theirs):
                 rows = np.flatnonzero(ours != theirs)[:5]
-                raise AssertionError(f"{field.name} differs (chunk_rows={chunk}) at rows {rows.tolist()}: "
+                raise AssertionError(f"{field.name} differs (chunk_rows={chunk}, spill={spill}) at rows {rows.tolist()}: "
                                      f"kernel {ours[rows].tolist()}, numpy {theirs[rows].tolist()}")
     return twin
 
@@ -71,7 +72,8 @@ def assert_twins_on_capture(ctcp: ModuleType, paths: list[Path]) -> PacketState:
     cols, endpoints, results = read_files(paths)
     conn, direction, _, _, wscale, _, _, first_rtt = connections(cols, endpoints, results)
     n = conn.size
-    return assert_twins(ctcp, cols, conn, direction, wscale, first_rtt, chunk_sizes=(max(1, n // 3), 4096))
+    return assert_twins(ctcp, cols, conn, direction, wscale, first_rtt, chunk_sizes=(max(1, n // 3), 4096),
+                        spill_window=64)
 
 
 # --- real captures ---------------------------------------------------------------------------------------
@@ -358,3 +360,29 @@ def test_dispatch_and_switch(ctcp: ModuleType, monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setattr(tcpstate, "_analyze_packets_numpy", twin_with_one_flag_off)
     with pytest.raises(AssertionError, match="differ in dup_ack"):
         tcpstate.analyze_packets(cols, conn, direction, wscale, first_rtt)
+
+
+def test_spilled_segment_ends_answer_like_kept_ones(ctcp: ModuleType) -> None:
+    """With spill_window=2 nearly every segment end lives in the temporary file when its ACKs come: a
+    repeated ACK of an old end gives no second RTT sample, a retransmission of an old segment is not taken
+    for a first one, and every array equals the all-in-memory run and the numpy twin."""
+    rows = []
+    t = 1_700_000_000_000_000_000
+    for k in range(12):  # a->b: twelve 100-byte segments
+        rows.append((t + k * 1000, 1000 + 100 * k, 5000, 100, 0))
+    t += 100_000
+    for k, end in enumerate([1, 1, 2, 5, 5, 3, 12, 12]):  # b->a: ACKs of old ends, some repeated
+        rows.append((t + k * 1000, 5000, 1000 + 100 * end, 0, 1))
+    rows.append((t + 20_000, 1000 + 100 * 4, 5000, 100, 0))   # a retransmission of segment 5 (end 500)
+    rows.append((t + 21_000, 5000, 1000 + 100 * 5, 0, 1))     # its ACK: the end was already acked
+    ts, seq, ack, plen, direction = (np.array(column) for column in zip(*rows, strict=True))
+    n = ts.size
+    cols = {"ts_ns": ts.astype(np.int64), "seq": seq.astype(np.uint32), "ack": ack.astype(np.uint32),
+            "plen": plen.astype(np.int32), "win": np.full(n, 1000, np.uint16), "flags": np.full(n, ACK, np.uint8),
+            "tsval": np.zeros(n, np.uint32), "tsecr": np.zeros(n, np.uint32), "has_ts": np.zeros(n, bool)}
+    conn, direction = np.zeros(n, np.int32), direction.astype(np.int8)
+    wscale, first_rtt = np.zeros((1, 2), np.int64), np.zeros(1, np.int64)
+    twin = assert_twins(ctcp, cols, conn, direction, wscale, first_rtt, chunk_sizes=(1, 5), spill_window=2)
+    samples = twin.ack_rtt_ns[twin.ack_rtt_ns >= 0]
+    assert samples.size == 5, twin.ack_rtt_ns   # ends 1, 2, 5, 3, 12: one sample each
+    assert bool(twin.retransmission[-2])

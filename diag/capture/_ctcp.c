@@ -16,8 +16,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define TH_FIN 0x01
 #define TH_SYN 0x02
@@ -192,9 +194,53 @@ typedef struct {
     End *items;
     uint8_t *acked; /* its first ACK was seen */
     size_t len, cap;
+    /* Bounded memory (Analyzer(spill_window=W)): when the array holds W ends, its older half goes to a
+     * temporary file, still sorted (every end there lies below the array's first), as 24-byte records
+     * (pos, ts, acked). tshark's analysis never forgets an end - a retransmission or a late ACK of any age
+     * must find it - so the old ends are kept, on disk; they are read back only for such rare packets. */
+    FILE *disk;
+    int64_t on_disk;
+    int io_error;
 } Ends;
 
-static int ends_push(Ends *v, int64_t pos, int64_t ts) {
+#define END_RECORD_BYTES 24
+#define SPILL_BATCH 4096
+
+static int ends_spill(Ends *v) {
+    if (!v->disk) {
+        v->disk = tmpfile();
+        if (!v->disk) {
+            v->io_error = 1;
+            return -1;
+        }
+    }
+    size_t half = v->len / 2;
+    int fd = fileno(v->disk);
+    int64_t batch[3 * SPILL_BATCH];
+    for (size_t k = 0; k < half; k += SPILL_BATCH) {
+        size_t n = half - k < SPILL_BATCH ? half - k : SPILL_BATCH;
+        for (size_t i = 0; i < n; i++) {
+            batch[3 * i] = v->items[k + i].pos;
+            batch[3 * i + 1] = v->items[k + i].ts;
+            batch[3 * i + 2] = v->acked[k + i];
+        }
+        size_t bytes = n * END_RECORD_BYTES;
+        off_t at = (off_t)(v->on_disk + (int64_t)k) * END_RECORD_BYTES;
+        if (pwrite(fd, batch, bytes, at) != (ssize_t)bytes) {
+            v->io_error = 1;
+            return -1;
+        }
+    }
+    memmove(v->items, v->items + half, (v->len - half) * sizeof(End));
+    memmove(v->acked, v->acked + half, v->len - half);
+    v->len -= half;
+    v->on_disk += (int64_t)half;
+    return 0;
+}
+
+static int ends_push(Ends *v, int64_t pos, int64_t ts, size_t window) {
+    if (window && v->len >= window && ends_spill(v) < 0)
+        return -1;
     if (v->len == v->cap) {
         size_t cap = v->cap ? v->cap * 2 : 256;
         End *items = (End *)realloc(v->items, cap * sizeof(End));
@@ -214,17 +260,80 @@ static int ends_push(Ends *v, int64_t pos, int64_t ts) {
     return 0;
 }
 
-/* Index of pos in the sorted ends, or -1. */
-static Py_ssize_t ends_find(const Ends *v, int64_t pos) {
-    size_t lo = 0, hi = v->len;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (v->items[mid].pos < pos)
-            lo = mid + 1;
-        else
-            hi = mid;
+/* Where an end was found: in the array (index) or on disk (record), with its time and ACK flag. */
+typedef struct {
+    int found;
+    int on_disk;
+    int64_t index;
+    int64_t ts;
+    int acked;
+} EndRef;
+
+/* Find pos among the ends (array, then disk). Returns -1 on a read error, else 0 (ref->found says). */
+static int ends_lookup(Ends *v, int64_t pos, EndRef *ref) {
+    ref->found = 0;
+    if (v->len && pos >= v->items[0].pos) {
+        size_t lo = 0, hi = v->len;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (v->items[mid].pos < pos)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo < v->len && v->items[lo].pos == pos) {
+            ref->found = 1;
+            ref->on_disk = 0;
+            ref->index = (int64_t)lo;
+            ref->ts = v->items[lo].ts;
+            ref->acked = v->acked[lo];
+        }
+        return 0;
     }
-    return (lo < v->len && v->items[lo].pos == pos) ? (Py_ssize_t)lo : -1;
+    if (!v->on_disk)
+        return 0;
+    int fd = fileno(v->disk);
+    int64_t lo = 0, hi = v->on_disk, record[3];
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (pread(fd, record, END_RECORD_BYTES, (off_t)mid * END_RECORD_BYTES) != END_RECORD_BYTES) {
+            v->io_error = 1;
+            return -1;
+        }
+        if (record[0] < pos) {
+            lo = mid + 1;
+        } else if (record[0] > pos) {
+            hi = mid;
+        } else {
+            ref->found = 1;
+            ref->on_disk = 1;
+            ref->index = mid;
+            ref->ts = record[1];
+            ref->acked = record[2] != 0;
+            return 0;
+        }
+    }
+    return 0;
+}
+
+static int ends_set_acked(Ends *v, const EndRef *ref) {
+    if (!ref->on_disk) {
+        v->acked[ref->index] = 1;
+        return 0;
+    }
+    int64_t one = 1;
+    if (pwrite(fileno(v->disk), &one, sizeof one, (off_t)ref->index * END_RECORD_BYTES + 16) != sizeof one) {
+        v->io_error = 1;
+        return -1;
+    }
+    return 0;
+}
+
+static void ends_free(Ends *v) {
+    free(v->items);
+    free(v->acked);
+    if (v->disk)
+        fclose(v->disk);
 }
 
 /* ------------------------------------------------------------------------------------------------------
@@ -282,6 +391,7 @@ typedef struct {
     Map ts_waiting;
     RowValues waiting_echoes;
     int64_t rows;       /* packets fed so far */
+    size_t spill_window; /* ends kept in memory per direction before the older half goes to disk (0: all) */
     int busy;
     int broken;
 } Analyzer;
@@ -368,12 +478,15 @@ static int match_second(Map *map, Map *waiting, RowValues *waits, Sink *sink, Ro
 static int ack_seen(Analyzer *a, Sink *sink, uint32_t acked_group, int64_t target, int64_t row, int64_t ts) {
     Ends *ends = &a->dirs[acked_group].ends;
     if (ends->len && target <= ends->items[ends->len - 1].pos) {
-        Py_ssize_t k = ends_find(ends, target);
-        if (k >= 0) {
-            if (ends->acked[k])
+        EndRef ref;
+        if (ends_lookup(ends, target, &ref) < 0)
+            return -1;
+        if (ref.found) {
+            if (ref.acked)
                 return 0;
-            ends->acked[k] = 1;
-            int64_t delta = wrapping_sub(ts, ends->items[k].ts);
+            if (ends_set_acked(ends, &ref) < 0)
+                return -1;
+            int64_t delta = wrapping_sub(ts, ref.ts);
             return delta >= 0 ? emit(sink, &sink->late_ack, sink->ack_rtt, row, delta) : 0;
         }
     }
@@ -392,9 +505,13 @@ static int data_end_seen(Analyzer *a, Sink *sink, uint32_t group, int64_t end, i
     if (!ends->len || end > ends->items[ends->len - 1].pos) {
         /* the map can know an end above the array only as the target of an earlier ACK */
         if (end > a->dirs[group].ack_map_max || !map_find(&a->ack_map, group, end))
-            return ends_push(ends, end, ts);
-    } else if (ends_find(ends, end) >= 0) {
-        return 0; /* not the first segment with this end */
+            return ends_push(ends, end, ts, a->spill_window);
+    } else {
+        EndRef ref;
+        if (ends_lookup(ends, end, &ref) < 0)
+            return -1;
+        if (ref.found)
+            return 0; /* not the first segment with this end */
     }
     return match_first(&a->ack_map, &a->ack_waiting, &a->waiting_acks, sink, &sink->late_ack, sink->ack_rtt,
                        group, end, ts);
@@ -777,8 +894,7 @@ static void Analyzer_dealloc(Analyzer *a) {
     if (a->dirs) {
         for (Py_ssize_t g = 0; g < a->ngroups; g++) {
             free(a->dirs[g].early.items);
-            free(a->dirs[g].ends.items);
-            free(a->dirs[g].ends.acked);
+            ends_free(&a->dirs[g].ends);
         }
     }
     free(a->dirs);
@@ -794,15 +910,20 @@ static void Analyzer_dealloc(Analyzer *a) {
 }
 
 static int Analyzer_init(Analyzer *a, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"ngroups", "wscale", "first_rtt_ns", NULL};
-    Py_ssize_t ngroups;
+    static char *kwlist[] = {"ngroups", "wscale", "first_rtt_ns", "spill_window", NULL};
+    Py_ssize_t ngroups, spill_window = 0;
     PyObject *wscale_obj, *rtt_obj;
     if (a->dirs) {
         PyErr_SetString(PyExc_RuntimeError, "Analyzer is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nOO:Analyzer", kwlist, &ngroups, &wscale_obj, &rtt_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nOO|n:Analyzer", kwlist, &ngroups, &wscale_obj, &rtt_obj,
+                                     &spill_window))
         return -1;
+    if (spill_window < 0 || spill_window == 1) {
+        PyErr_SetString(PyExc_ValueError, "spill_window must be 0 (keep every end in memory) or at least 2");
+        return -1;
+    }
     if (ngroups < 0 || ngroups % 2 || ngroups > ((Py_ssize_t)1 << 32)) {
         PyErr_Format(PyExc_ValueError, "ngroups must be 2 x the number of connections (0 .. 2**32), got %zd",
                      ngroups);
@@ -837,6 +958,7 @@ static int Analyzer_init(Analyzer *a, PyObject *args, PyObject *kwargs) {
         a->dirs[g].ack_map_max = EMPTY;
     }
     a->ngroups = ngroups;
+    a->spill_window = (size_t)spill_window;
     PyBuffer_Release(&wscale);
     PyBuffer_Release(&rtt);
     return 0;
@@ -929,7 +1051,14 @@ static PyObject *Analyzer_feed(Analyzer *a, PyObject *args, PyObject *kwargs) {
     a->busy = 0;
     if (rc < 0) {
         a->broken = 1;
-        PyErr_NoMemory();
+        int io_error = 0;
+        for (Py_ssize_t g = 0; g < a->ngroups; g++)
+            io_error |= a->dirs[g].ends.io_error;
+        if (io_error)
+            PyErr_SetString(PyExc_OSError, "Analyzer could not write or read its temporary file of segment ends "
+                                           "(is the temporary directory full?)");
+        else
+            PyErr_NoMemory();
     } else {
         a->rows += n;
         PyObject *late_ack = late_list(&sink.late_ack);
@@ -976,9 +1105,11 @@ static PyTypeObject AnalyzerType = {
     .tp_basicsize = sizeof(Analyzer),
     .tp_dealloc = (destructor)Analyzer_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Analyzer(ngroups, wscale, first_rtt_ns): tshark's per-packet TCP analysis, fed in chunks.\n\n"
+    .tp_doc = "Analyzer(ngroups, wscale, first_rtt_ns, spill_window=0): tshark's per-packet TCP analysis, fed in "
+              "chunks.\n\n"
               "ngroups = 2 x connections; wscale: int64[ngroups] (shift per conn*2+direction, -1 unknown); "
-              "first_rtt_ns: int64[ngroups // 2] (handshake RTT, 0 unknown).",
+              "first_rtt_ns: int64[ngroups // 2] (handshake RTT, 0 unknown); spill_window: the data segment ends "
+              "a direction keeps in memory before the older half goes to a temporary file (0: all in memory).",
     .tp_methods = Analyzer_methods,
     .tp_getset = Analyzer_getset,
     .tp_init = (initproc)Analyzer_init,

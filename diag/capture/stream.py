@@ -81,6 +81,9 @@ _STATE_DTYPES = {"new_bytes": np.int64, **{name: np.bool_ for name in VERDICTS},
 _KERNEL_INPUTS = {"ts_ns": np.int64, "seq": np.uint32, "ack": np.uint32, "plen": np.int32, "win": np.uint16,
                   "flags": np.uint8, "tsval": np.uint32, "tsecr": np.uint32, "has_ts": np.bool_}
 _EDGES = np.array(SEGMENT_SIZE_EDGES, dtype=np.int64)
+# The TCP state kernel keeps every data segment's end (a retransmission or late ACK of any age must find
+# it): 17 bytes a segment. Streaming, it keeps this many a direction in memory and the older ones on disk.
+SPILL_WINDOW = 1 << 20
 
 
 class Fallback(Exception):
@@ -292,7 +295,8 @@ class Streamer:
             kernel = native.kernel("_ctcp")
             assert kernel is not None
             analyzer = kernel.Analyzer(2 * self.nconn, np.ascontiguousarray(self.wscale, dtype=np.int64).reshape(-1),
-                                       np.ascontiguousarray(self.first_rtt, dtype=np.int64))
+                                       np.ascontiguousarray(self.first_rtt, dtype=np.int64),
+                                       spill_window=SPILL_WINDOW)
 
         def on_chunk(raw: CaptureChunk) -> None:
             cols = raw.columns

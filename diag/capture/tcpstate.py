@@ -199,16 +199,20 @@ _KERNEL_OUTPUTS = {"seq_rel": np.int64, "end_rel": np.int64, "new_bytes": np.int
 
 def analyze_packets_native(kernel: ModuleType, cols: dict[str, np.ndarray], conn: np.ndarray,
                            direction: np.ndarray, wscale: np.ndarray, first_rtt_ns: np.ndarray,
-                           chunk_rows: int | None = None, keep_sequence: bool = True) -> PacketState:
+                           chunk_rows: int | None = None, keep_sequence: bool = True,
+                           spill_window: int = 0) -> PacketState:
     """analyze_packets through the C kernel, writing straight into the PacketState arrays.
 
     chunk_rows: feed the packets in chunks of this many rows (the result is the same as one feed; the
-    tests hold the kernel to that, which bounded-memory streaming relies on).
+    tests hold the kernel to that, which bounded-memory streaming relies on). spill_window: keep this many
+    data segment ends a direction in memory, the older ones in a temporary file (0: all in memory; the
+    result is the same).
     """
     n = conn.size
     nconn = int(np.asarray(wscale).shape[0]) if np.asarray(wscale).ndim else 0
     flat_wscale = np.ascontiguousarray(wscale, dtype=np.int64).reshape(-1)
-    analyzer = kernel.Analyzer(2 * nconn, flat_wscale, np.ascontiguousarray(first_rtt_ns, dtype=np.int64))
+    analyzer = kernel.Analyzer(2 * nconn, flat_wscale, np.ascontiguousarray(first_rtt_ns, dtype=np.int64),
+                               spill_window=spill_window)
     inputs = {"conn": np.ascontiguousarray(conn, dtype=np.int32),
               "direction": np.ascontiguousarray(direction, dtype=np.int8)}
     inputs.update({name: np.ascontiguousarray(cols[name], dtype=dtype) for name, dtype in _KERNEL_INPUTS.items()})
