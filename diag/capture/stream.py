@@ -847,13 +847,18 @@ class Aggregation:
         ts = chunk.ts_ns[data] / 1e9
         nbytes = chunk.plen[data].astype(np.int64)
         src, dst = chunk.src_addr[data], chunk.dst_addr[data]
-        for index in np.unique(np.concatenate([src, dst])).tolist():
+        naddresses = len(self.top.streamer.addresses)
+        present = np.flatnonzero(np.bincount(src, minlength=naddresses) + np.bincount(dst, minlength=naddresses))
+        for index in present.tolist():
             host = self.hosts.get(index)
             if host is None:
                 if number != 1:
                     raise AssertionError("a host appeared after pass 1")
                 host = self.hosts[index] = _Host(self.top.idle_gap_s)
-            for stream, mask in ((host.tx, src == index), (host.rx, dst == index)):
+            pairs = [(host.tx, src == index)]
+            if host.rx is not host.tx:  # one address (loopback): one stream both ways, as flows.duplex has it
+                pairs.append((host.rx, dst == index))
+            for stream, mask in pairs:
                 t, b = (ts, nbytes) if mask.all() else (ts[mask], nbytes[mask])
                 if number == 1:
                     stream.pass1(t, b)
@@ -868,8 +873,11 @@ class Aggregation:
 
     def settle(self, number: int) -> None:
         """What one pass's end decides for the next."""
+        if number == 1 and len(self.top.streamer.addresses) == 1:
+            for host in self.hosts.values():
+                host.rx = host.tx  # every data packet is the one host's, sent and received: computed once
         streams = [s for conn in self.connections.values() for s in (conn.dirs[0].stream, conn.dirs[1].stream)]
-        streams += [s for host in self.hosts.values() for s in (host.tx, host.rx)]
+        streams += [s for host in self.hosts.values() for s in ((host.tx,) if host.rx is host.tx else (host.tx, host.rx))]
         if number == 1:
             self.whole = self.rows == self.top.streamer.rows
             for stream in streams:
