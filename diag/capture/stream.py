@@ -119,19 +119,23 @@ def should_stream(paths: Sequence[str | os.PathLike[str]]) -> bool:
 
 
 def check(expected: dict[str, Any], path: str | os.PathLike[str], records: Sequence[str | os.PathLike[str]] | None,
-          bin_s: float, idle_gap_s: float, with_series: bool, chunk_bytes: int = 4096) -> None:
+          bin_s: float, idle_gap_s: float, with_series: bool, chunk_bytes: int = 4096,
+          spill_window: int = 16) -> None:
     """DIAG_STREAM=check: the streamed JSON (in chunks of chunk_bytes, so that every pass crosses many chunk
     boundaries) must equal the in-memory one; a Fallback is allowed (it says the file is analyzed in memory)."""
+    global SPILL_WINDOW
     from diag.capture import reader
 
-    saved = reader.CHUNK_BYTES
-    reader.CHUNK_BYTES = chunk_bytes
+    saved = reader.CHUNK_BYTES, SPILL_WINDOW
+    # small chunks and a small window of segment ends: every pass crosses chunk boundaries and reads ends
+    # back from the temporary file
+    reader.CHUNK_BYTES, SPILL_WINDOW = chunk_bytes, spill_window
     try:
         got = analyze_streaming(path, records, bin_s, idle_gap_s, with_series)
     except Fallback:
         return
     finally:
-        reader.CHUNK_BYTES = saved
+        reader.CHUNK_BYTES, SPILL_WINDOW = saved
     where = first_difference(expected, got)
     if where is not None:
         raise AssertionError(f"streamed analysis of {path} differs from the in-memory one at {where}")
