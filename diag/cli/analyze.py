@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-gap", dest="idle_gap_s", type=float, default=0.002, metavar="SECONDS",
                         help="a silence longer than this ends a direction's busy period (default 0.002 s)")
     parser.add_argument("--no-series", action="store_true", help="leave the throughput series out of the JSON")
+    parser.epilog = ("A capture too big to hold in memory (over ~2.25 M TCP packets) is read five times in chunks,\n"
+                     "in bounded memory, to the same JSON (DIAG_STREAM=auto|always|never; docs/analyzer.md).\n"
+                     "Several files, a pipe and --plot are analyzed in memory.")
 
 
 def run(args: argparse.Namespace) -> int:
