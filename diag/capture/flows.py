@@ -36,6 +36,8 @@ CADENCE_FACTOR = 3.0
 PACING_PACKETS = 16
 CADENCE_MIN_GAPS = 20
 MAX_RUN_GAP_S = 0.05
+# Rows per block where _bytes_inside binary-searches unsorted times.
+INSIDE_BLOCK = 1 << 18
 # The reader's columns that the aggregation, the phases and the plots read (the TCP state pass reads all).
 AGGREGATE_COLUMNS = ("ts_ns", "src", "dst", "plen", "win", "flags")
 
@@ -272,10 +274,16 @@ def _bytes_inside(ts_s: np.ndarray, nbytes: np.ndarray, intervals: tuple[np.ndar
         running[0] = 0.0
         np.cumsum(nbytes, out=running[1:])
         return float((running[stop] - running[first]).sum())
-    j = np.searchsorted(starts, ts_s, side="right") - 1
-    # Gather with the index clamped, then mask: boolean-compressing millions of rows twice costs more.
-    inside = (j >= 0) & (ts_s <= ends[np.maximum(j, 0)])
-    return float(nbytes[inside].sum())
+    # In blocks, so the temporaries stay small (this runs beside the connections' analysis); the byte counts
+    # are whole numbers, so the blocks' float sums add up exactly to the one sum of every selected element.
+    total = 0.0
+    for lo in range(0, ts_s.size, INSIDE_BLOCK):
+        times = ts_s[lo:lo + INSIDE_BLOCK]
+        j = np.searchsorted(starts, times, side="right") - 1
+        # Gather with the index clamped, then mask: boolean-compressing millions of rows twice costs more.
+        inside = (j >= 0) & (times <= ends[np.maximum(j, 0)])
+        total += float(nbytes[lo:lo + INSIDE_BLOCK][inside].sum())
+    return total
 
 
 def run_gap_s(ts_s: np.ndarray, nbytes: np.ndarray, idle_gap_s: float) -> float:
@@ -299,7 +307,8 @@ def run_gap_s(ts_s: np.ndarray, nbytes: np.ndarray, idle_gap_s: float) -> float:
         return idle_gap_s
     gaps = np.diff(ts_s) if npairs == pairs.size else np.diff(ts_s)[pairs]
     k_median, k_cadence = (gaps.size - 1) // 2, int((gaps.size - 1) * CADENCE_QUANTILE / 100)
-    ranked = np.partition(gaps, [k_median, k_cadence])
+    gaps.partition([k_median, k_cadence])  # gaps is this function's own array: in place, no copy
+    ranked = gaps
     gap = max(idle_gap_s, CADENCE_FACTOR * float(ranked[k_cadence]), PACING_PACKETS * float(ranked[k_median]))
     return min(gap, MAX_RUN_GAP_S)
 
