@@ -595,7 +595,6 @@ class _Direction:
         self.largest = 0.0
         self.first_data_s: float | None = None
         self.last_data_s: float | None = None
-        self.first_data_bytes = 0
         self.bulk_bytes = 0
         self.first_bulk_s: float | None = None
         self.control_count = 0
@@ -622,10 +621,8 @@ class _Host:
 class Aggregation:
     """flows.aggregate over the rows of the whole capture, or of one phase's time window, fed by passes."""
 
-    def __init__(self, top: Analysis, window_ns: tuple[int, int] | None, window_s: tuple[float, float] | None,
-                 whole: bool = False) -> None:
+    def __init__(self, top: Analysis, window_s: tuple[float, float] | None, whole: bool = False) -> None:
         self.top = top
-        self.window_ns = window_ns
         self.window_s = window_s
         self.rows = 0
         self.connections: dict[int, _Connection] = {}
@@ -743,7 +740,7 @@ class Aggregation:
             out.max_size = max(out.max_size, int(sizes.max()))
             out.largest = max(out.largest, float(sizes.max()))
             if out.first_data_s is None:
-                out.first_data_s, out.first_data_bytes = float(data_ts[0]), int(sizes[0])
+                out.first_data_s = float(data_ts[0])
             out.last_data_s = float(data_ts[-1])
         has_ack = (flags & ACK) != 0
         out.pure_acks += int(np.count_nonzero(has_ack & ~data & ((flags & (SYN | FIN | RST)) == 0)))
@@ -1224,6 +1221,7 @@ class _Turns:
         self._own: list[_Searcher] = []
         self._peer: list[_Searcher] = []
         self._tx: list[_Searcher] = []
+        self._queued = [False, False]
         self._cum = [0, 0]
 
     def _bulk(self, sizes: np.ndarray) -> np.ndarray:
@@ -1307,7 +1305,7 @@ class _Turns:
                 self.peer_next[d].want(median_ranks(self.peer_next[d].n))
         self._searchers()
         self._tx = [_Searcher("right", width=2), _Searcher("right", width=2)]
-        self._queued = [False, False]
+        self._queued = [False, False]  # y's candidate times go to x's searcher with x's first chunk
 
     def _locate(self, x: int, tx: np.ndarray, bx: np.ndarray) -> None:
         """Pass 5: where y's candidate times fall among x's data packets (turns._handoffs' searchsorted)."""
@@ -1436,10 +1434,9 @@ class Analysis:
         self.idle_gap_s = idle_gap_s
         self.with_series = with_series
         self.streamer = Streamer(path)
-        self.whole = Aggregation(self, None, None, whole=True)
+        self.whole = Aggregation(self, None, whole=True)
         self.phases = phases_from_records(records) if records else []
-        self.phase_aggs = [Aggregation(self, (p["t_start_ns"], p["t_end_ns"]),
-                                       (p["t_start_ns"] / 1e9, p["t_end_ns"] / 1e9)) for p in self.phases]
+        self.phase_aggs = [Aggregation(self, (p["t_start_ns"] / 1e9, p["t_end_ns"] / 1e9)) for p in self.phases]
 
     def run(self) -> dict[str, Any]:
         streamer = self.streamer
