@@ -537,8 +537,9 @@ def test_control_frame_stamped_back_at_the_lookup_tail(tmp_path: Path, monkeypat
 
 
 def test_more_endpoints_than_the_dense_pair_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """1,030 short connections between 2,060 endpoints: past 2,048 endpoints both paths number the pairs
-    without the dense table (stream._Connections switches to its dict in the middle of the file)."""
+    """1,133 short connections between 2,163 endpoints: past 2,048 endpoints both paths number the pairs
+    without the dense table (stream._Connections switches to its dict in the middle of the file), in order
+    of first appearance also where a chunk brings several new ones whose pair keys sort otherwise."""
     capture = Capture()
     for k in range(1030):
         conn = capture.conn(f"10.{8 + k % 2}.{k // 250}.{k % 250 + 1}", f"10.30.{k // 250}.{k % 250 + 1}",
@@ -548,9 +549,14 @@ def test_more_endpoints_than_the_dense_pair_table(tmp_path: Path, monkeypatch: p
             conn.handshake(start)
         conn.data(start + 100_000, "A", 500)
         conn.data(start + 150_000, "B", MSS if k % 5 else 48)
+        if k % 10 == 9:  # a new client of an older server: its pair sorts before pairs first seen earlier
+            older = k - 5
+            cross = capture.conn(f"10.{8 + k % 2}.{k // 250}.{k % 250 + 1}",
+                                 f"10.30.{older // 250}.{older % 250 + 1}", 30000 + k, 80 + older % 3)
+            cross.data(start + 170_000, "A", 300)
     pcap = write_ns_pcap(tmp_path / "many.pcap", capture.frames(), snaplen=96)
     out = assert_same(pcap, monkeypatch, chunk_sizes=(1 << 16,), also_check=False)  # ~10 chunks: it is slow
-    assert len(out["connections"]) == 1030 and len(out["hosts"]) == 2060
+    assert len(out["connections"]) == 1133 and len(out["hosts"]) == 2060
 
 
 @pytest.mark.parametrize("kind", ["one-packet", "one-syn", "no-tcp", "empty"])
