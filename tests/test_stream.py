@@ -424,7 +424,7 @@ def test_turn_scenarios(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, builder
     pcap = write_pcap(tmp_path / "flow.pcap", frames, 101)
     ns = [(round(t * 1e6) * 1000, data) for t, data in frames]
     records = write_records(tmp_path / "run.jsonl", ns)
-    out = assert_same(pcap, monkeypatch, [records])
+    out = assert_same(pcap, monkeypatch, [records], also_check=builder == "gloo")  # check mode: once is enough
     assert out["connections"][0]["turns"]["handoff_count"] == {"gloo": 1, "ping-pong": 5, "both-ways": 0,
                                                                "ring": 0, "slow-reaction": 1}[builder]
 
@@ -439,10 +439,11 @@ def test_synthetic_flow_handshake_and_losses(tmp_path: Path, monkeypatch: pytest
     assert out["connections"][0]["directions"]["b->a"]["dup_acks"] == 4
 
 
+@pytest.mark.slow
 def test_large_capture_many_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """~25k packets, snaplen 80 (headers only): ~600 chunks of 4 KiB, so every stream is split hundreds of times,
+    """~21k packets, snaplen 80 (headers only): ~600 chunks of 4 KiB, so every stream is split hundreds of times,
     the turn lookups' tails (256 elements) roll over many times, and eleven phases cut it too."""
-    frames = multi_capture(rounds=3, segments=600, seed=3).frames()
+    frames = multi_capture(rounds=3, segments=520, seed=3).frames()
     pcap = write_ns_pcap(tmp_path / "large.pcap", frames, snaplen=80)
     records = write_records(tmp_path / "run.jsonl", frames)
     assert len(frames) > 20_000
@@ -536,6 +537,7 @@ def test_control_frame_stamped_back_at_the_lookup_tail(tmp_path: Path, monkeypat
     assert frames["count"] == 1 and frames["after_own_burst"] == 0
 
 
+@pytest.mark.slow
 def test_more_endpoints_than_the_dense_pair_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """1,133 short connections between 2,163 endpoints: past 2,048 endpoints both paths number the pairs
     without the dense table (stream._Connections switches to its dict in the middle of the file), in order
@@ -555,7 +557,7 @@ def test_more_endpoints_than_the_dense_pair_table(tmp_path: Path, monkeypatch: p
                                  f"10.30.{older // 250}.{older % 250 + 1}", 30000 + k, 80 + older % 3)
             cross.data(start + 170_000, "A", 300)
     pcap = write_ns_pcap(tmp_path / "many.pcap", capture.frames(), snaplen=96)
-    out = assert_same(pcap, monkeypatch, chunk_sizes=(1 << 16,), also_check=False)  # ~10 chunks: it is slow
+    out = assert_same(pcap, monkeypatch, with_series=False, chunk_sizes=(1 << 16,), also_check=False)  # slow
     assert len(out["connections"]) == 1133 and len(out["hosts"]) == 2060
 
 
