@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -23,8 +24,8 @@ def need_tool(name: str) -> str:
 
 
 # --stream-check: the analyzer tests with DIAG_STREAM=check, so every in-memory analysis of one capture file is
-# also streamed (diag/capture/stream.py, in 4 KiB chunks) and must give the same JSON. Off by default: it
-# adds about half to these modules' time (the streamed passes pay per chunk); CI can run it as its own job.
+# also streamed (diag/capture/stream.py, in 4 KiB chunks) and must give the same JSON. On in CI (env CI set),
+# off by default elsewhere: it adds about half to these modules' time (the streamed passes pay per chunk).
 STREAM_CHECK_MODULES = ("test_analyze", "test_turns", "test_capture_live", "test_fuzz_analyze")
 
 
@@ -36,5 +37,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.fixture(autouse=True)
 def _stream_check(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    if request.config.getoption("--stream-check") and request.node.path.name.startswith(STREAM_CHECK_MODULES):
+    wanted = request.config.getoption("--stream-check") or bool(os.environ.get("CI"))
+    if wanted and request.node.path.name.startswith(STREAM_CHECK_MODULES):
         monkeypatch.setenv("DIAG_STREAM", "check")  # subprocesses (common.run_diag) inherit it
