@@ -571,7 +571,7 @@ def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float
     dirs = {"a->b": a_to_b, "b->a": b_to_a}
     dup = duplex(x_ts, x_b, y_ts, y_b, idle_gap_s)
     gaps = (dup["x_gap_s"], dup["y_gap_s"])
-    rtts = tuple(_median_s(dirs[name]["rtt_ms"]) for name in ("a->b", "b->a"))
+    rtts = tuple(median_s(dirs[name]["rtt_ms"]) for name in ("a->b", "b->a"))
     return {
         "stream": c,
         "a": _endpoint(p.endpoints, int(p.conn_a[c])),
@@ -588,7 +588,8 @@ def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float
     }
 
 
-def _median_s(stats_ms: dict[str, Any]) -> float | None:
+def median_s(stats_ms: dict[str, Any]) -> float | None:
+    """An RTT statistic's median in seconds (None when unknown or zero)."""
     median = stats_ms.get("median")
     return median / 1e3 if median else None
 
@@ -648,23 +649,27 @@ def _hosts(cols: dict[str, np.ndarray], endpoints: list[tuple[str, int]], rows: 
             tx_ts, tx_plen = (ts_s, plen) if tx.all() else (ts_s[tx], plen[tx])
             rx_ts, rx_plen = (ts_s, plen) if rx.all() else (ts_s[rx], plen[rx])
         dup = duplex(tx_ts, tx_plen, rx_ts, rx_plen, idle_gap_s)
-        seen = names[index] in observed
-        hosts.append({
-            "address": names[index],
-            "tx_bytes": int(tx_plen.sum()),
-            "rx_bytes": int(rx_plen.sum()),
-            # null where the capture does not see this host's NIC: the traffic seen is only part of it
-            "duplex_overlap": dup["duplex_overlap"] if seen else None,
-            "nic_observed": seen,
-            "seen_traffic_overlap": dup["duplex_overlap"],
-            "tx_Bps_overlap": dup["x_overlap_Bps"],
-            "rx_Bps_overlap": dup["y_overlap_Bps"],
-            "tx_Bps_alone": dup["x_alone_Bps"],
-            "rx_Bps_alone": dup["y_alone_Bps"],
-            "active_s": dup["active_s"],
-            "overlap_s": dup["overlap_s"],
-        })
+        hosts.append(host_json(names[index], int(tx_plen.sum()), int(rx_plen.sum()), dup, names[index] in observed))
     return hosts
+
+
+def host_json(address: str, tx_bytes: int, rx_bytes: int, dup: dict[str, Any], seen: bool) -> dict[str, Any]:
+    """One host's object from its transmit-vs-receive duplex() (in memory here, or streamed)."""
+    return {
+        "address": address,
+        "tx_bytes": tx_bytes,
+        "rx_bytes": rx_bytes,
+        # null where the capture does not see this host's NIC: the traffic seen is only part of it
+        "duplex_overlap": dup["duplex_overlap"] if seen else None,
+        "nic_observed": seen,
+        "seen_traffic_overlap": dup["duplex_overlap"],
+        "tx_Bps_overlap": dup["x_overlap_Bps"],
+        "rx_Bps_overlap": dup["y_overlap_Bps"],
+        "tx_Bps_alone": dup["x_alone_Bps"],
+        "rx_Bps_alone": dup["y_alone_Bps"],
+        "active_s": dup["active_s"],
+        "overlap_s": dup["overlap_s"],
+    }
 
 
 # --- phases ----------------------------------------------------------------------------------------

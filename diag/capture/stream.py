@@ -51,6 +51,8 @@ from diag.capture.flows import (
     _coverage,
     _endpoint,
     document,
+    host_json,
+    median_s,
     phases_from_records,
 )
 from diag.capture.quantile import OrderStats, median_ranks, np_median, np_percentile, percentile_ranks
@@ -64,8 +66,9 @@ from diag.capture.turns import (
     HANDOFF_FLOOR_S,
     HANDOFF_MAX_RTT,
     HANDOFF_SILENCE_SHARE,
-    MAX_LISTED_HANDOFFS,
     TURN_MIN_SILENCE_FRACTION,
+    finish_turns,
+    turns_summary,
 )
 
 STREAM_ENV = "DIAG_STREAM"  # always | never | auto (default)
@@ -993,7 +996,7 @@ class Aggregation:
         dirs = {"a->b": self._direction_json(conn, 0, t0, t1), "b->a": self._direction_json(conn, 1, t0, t1)}
         dup = duplex(conn.dirs[0].stream, conn.dirs[1].stream)
         gaps = (dup["x_gap_s"], dup["y_gap_s"])
-        rtts = tuple(_median_s(dirs[name]["rtt_ms"]) for name in DIRECTIONS)
+        rtts = tuple(median_s(dirs[name]["rtt_ms"]) for name in DIRECTIONS)
         assert conn.turns is not None
         return {
             "stream": conn.c,
@@ -1015,28 +1018,9 @@ class Aggregation:
         hosts = []
         for index in sorted(self.hosts, key=lambda i: names[i]):
             host = self.hosts[index]
-            dup = duplex(host.tx, host.rx)
-            seen = names[index] in observed
-            hosts.append({
-                "address": names[index],
-                "tx_bytes": host.tx.bytes,
-                "rx_bytes": host.rx.bytes,
-                "duplex_overlap": dup["duplex_overlap"] if seen else None,
-                "nic_observed": seen,
-                "seen_traffic_overlap": dup["duplex_overlap"],
-                "tx_Bps_overlap": dup["x_overlap_Bps"],
-                "rx_Bps_overlap": dup["y_overlap_Bps"],
-                "tx_Bps_alone": dup["x_alone_Bps"],
-                "rx_Bps_alone": dup["y_alone_Bps"],
-                "active_s": dup["active_s"],
-                "overlap_s": dup["overlap_s"],
-            })
+            hosts.append(host_json(names[index], host.tx.bytes, host.rx.bytes, duplex(host.tx, host.rx),
+                                   names[index] in observed))
         return hosts
-
-
-def _median_s(stats_ms: dict[str, Any]) -> float | None:
-    median = stats_ms.get("median")
-    return median / 1e3 if median else None
 
 
 # --- turns ------------------------------------------------------------------------------------------------
@@ -1391,34 +1375,11 @@ class _Turns:
 
     def json(self, busy_s: tuple[float, float], both: float, either: float,
              rtt_s: tuple[float | None, ...]) -> dict[str, Any]:
-        alone = [busy - both for busy in busy_s]
-        first = self.first_bulk
-        leader = None
-        if first[0] is not None or first[1] is not None:
-            leader = 0 if first[1] is None or (first[0] is not None and first[0] <= first[1]) else 1
-        lead = leader if leader is not None else 0
-        follow = 1 - lead
-        out: dict[str, Any] = {
-            "span_s": self.span,
-            "active_s": either,
-            "idle_s": max(self.span - either, 0.0),
-            "one_way_s": {DIRECTIONS[d]: alone[d] for d in (0, 1)},
-            "both_s": both,
-            "leader": DIRECTIONS[leader] if leader is not None else None,
-            "leader_only_fraction": alone[lead] / either if either > 0 else None,
-            "both_fraction": both / either if either > 0 else None,
-            "follower_only_fraction": alone[follow] / either if either > 0 else None,
-            "bulk_bytes": {DIRECTIONS[d]: int(self.bulk_bytes[d]) for d in (0, 1)},
-        }
+        out = turns_summary(self.span, busy_s, both, either, self.first_bulk, self.bulk_bytes)
         events: list[dict[str, Any]] = []
         for x in (0, 1):
             events.extend(self._handoffs(x, rtt_s[x]))
-        events.sort(key=lambda e: e["t"])
-        out["handoff_count"] = len(events)
-        out["handoffs"] = events[:MAX_LISTED_HANDOFFS]
-        out["control_frames"] = {DIRECTIONS[d]: self._control_json(d) for d in (0, 1)}
-        out["turn_taking"] = bool(events)
-        return out
+        return finish_turns(out, events, [self._control_json(d) for d in (0, 1)])
 
 
 # --- the whole analysis ------------------------------------------------------------------------------------

@@ -73,14 +73,29 @@ def connection_turns(ts: tuple[np.ndarray, np.ndarray], nbytes: tuple[np.ndarray
     t_last = max(float(t[-1]) for t, p in zip(ts, present, strict=True) if p) if any(present) else 0.0
     start = window[0] if window else t_first
     span = max(t_last - t_first, 0.0)
-    both, either = both_s, either_s
+    out = turns_summary(span, busy_s, both_s, either_s, first, bulk_bytes)
+    bulk_ts = [t if m.all() else t[m] for t, m in zip(ts, bulk, strict=True)]
+    events: list[dict[str, Any]] = []
+    for x in (0, 1):
+        y = 1 - x
+        events.extend(_handoffs(ts[x], nbytes[x], bulk_ts[y], gaps_s[x], gaps_s[y], rtt_s[x], span, start,
+                                DIRECTIONS[x]))
+    control = [_control_frames(ts[d], nbytes[d], bulk[d], bulk_ts[d], bulk_ts[1 - d], gaps_s[d]) for d in (0, 1)]
+    return finish_turns(out, events, control)
+
+
+def turns_summary(span: float, busy_s: tuple[float, float], both: float, either: float,
+                  first_bulk: list[float | None], bulk_bytes: list[float] | list[int]) -> dict[str, Any]:
+    """The turn object's time split and leader (connection_turns; stream.py's streamed turns too).
+
+    first_bulk: each direction's first bulk segment time (None: none), a->b first."""
     alone = [busy - both for busy in busy_s]
     leader = None
-    if first[0] is not None or first[1] is not None:
-        leader = 0 if first[1] is None or (first[0] is not None and first[0] <= first[1]) else 1
+    if first_bulk[0] is not None or first_bulk[1] is not None:
+        leader = 0 if first_bulk[1] is None or (first_bulk[0] is not None and first_bulk[0] <= first_bulk[1]) else 1
     lead = leader if leader is not None else 0
     follow = 1 - lead
-    out: dict[str, Any] = {
+    return {
         "span_s": span,
         "active_s": either,
         "idle_s": max(span - either, 0.0),
@@ -92,17 +107,15 @@ def connection_turns(ts: tuple[np.ndarray, np.ndarray], nbytes: tuple[np.ndarray
         "follower_only_fraction": alone[follow] / either if either > 0 else None,
         "bulk_bytes": {DIRECTIONS[d]: int(bulk_bytes[d]) for d in (0, 1)},
     }
-    bulk_ts = [t if m.all() else t[m] for t, m in zip(ts, bulk, strict=True)]
-    events: list[dict[str, Any]] = []
-    for x in (0, 1):
-        y = 1 - x
-        events.extend(_handoffs(ts[x], nbytes[x], bulk_ts[y], gaps_s[x], gaps_s[y], rtt_s[x], span, start,
-                                DIRECTIONS[x]))
+
+
+def finish_turns(out: dict[str, Any], events: list[dict[str, Any]], control: list[dict[str, Any]]
+                 ) -> dict[str, Any]:
+    """turns_summary's object with the handoffs (both directions', sorted by time) and control frames."""
     events.sort(key=lambda e: e["t"])
     out["handoff_count"] = len(events)
     out["handoffs"] = events[:MAX_LISTED_HANDOFFS]
-    out["control_frames"] = {DIRECTIONS[d]: _control_frames(ts[d], nbytes[d], bulk[d], bulk_ts[d], bulk_ts[1 - d],
-                                                            gaps_s[d]) for d in (0, 1)}
+    out["control_frames"] = {DIRECTIONS[d]: control[d] for d in (0, 1)}
     out["turn_taking"] = bool(events)
     return out
 
