@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import struct
 from collections.abc import Iterator
@@ -10,10 +11,28 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from diag.bench.fuzz_analyze import pcapng_block, pcapng_option
 from diag.capture import native, reader
 from diag.errors import DiagError
+
+BUILD_COMMAND = "python -c 'import setuptools; setuptools.setup()' build_ext --inplace"
+
+
+def need_kernels(*names: str) -> None:
+    """Skip (with the build command) when a C kernel is not built; under CI (CI set) fail instead."""
+    missing = []
+    for name in names:
+        try:
+            importlib.import_module(f"diag.capture.{name}")
+        except ImportError as exc:
+            missing.append(f"{name} ({exc})")
+    if missing:
+        message = f"the C kernel(s) {', '.join(missing)} not built; build them with `{BUILD_COMMAND}`"
+        if os.environ.get("CI"):
+            pytest.fail(message + " - under CI the kernels must be built")
+        pytest.skip(message)
 
 
 @contextlib.contextmanager

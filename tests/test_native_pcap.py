@@ -9,7 +9,6 @@ measure the fast path.
 from __future__ import annotations
 
 import gzip
-import importlib
 import os
 import random
 import shutil
@@ -21,26 +20,16 @@ import pytest
 from capture_helpers import LINK_HEADERS, loopback_capture, synthetic_flow, write_pcap
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from native_helpers import assert_twins, comparable, engine, pcapng_capture, read
+from native_helpers import assert_twins, comparable, engine, need_kernels, pcapng_capture, read
 
 from diag.bench.fuzz_analyze import mutate, seed_corpus
 from diag.capture import reader
 from diag.errors import DiagError
 
-try:
-    importlib.import_module("diag.capture._cpcap")
-    KERNEL_MISSING = ""
-except ImportError as exc:
-    KERNEL_MISSING = (f"the C kernel diag.capture._cpcap is not built ({exc}); build it with "
-                      "`python -c 'import setuptools; setuptools.setup()' build_ext --inplace`")
-
 
 @pytest.fixture(autouse=True)
 def _need_kernel() -> None:
-    if KERNEL_MISSING:
-        if os.environ.get("CI"):
-            pytest.fail(KERNEL_MISSING + " - under CI the kernel must be built")
-        pytest.skip(KERNEL_MISSING)
+    need_kernels("_cpcap")
 
 
 @pytest.fixture(params=[reader.CHUNK_BYTES, 512], ids=["chunk-8MiB", "chunk-512B"])

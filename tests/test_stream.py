@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import importlib
 import itertools
 import json
 import os
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 from capture_helpers import LINK_HEADERS, need_tools, synthetic_flow, write_pcap
+from native_helpers import need_kernels
 from test_turns import MSS, Flow, _bursty, _gloo_like_turn
 
 from diag.capture import flows, native, reader, stream
@@ -38,19 +38,6 @@ from diag.errors import DiagError
 from diag.records import Record, RecordWriter
 from tests.common import need_root, run_diag
 
-
-def _missing_kernels() -> list[str]:
-    """The C kernels not built (whatever DIAG_NATIVE says: the tests clear it)."""
-    missing = []
-    for name in native.KERNELS:
-        try:
-            importlib.import_module(f"diag.capture.{name}")
-        except ImportError:
-            missing.append(name)
-    return missing
-
-
-KERNELS_MISSING = _missing_kernels()
 CHUNK = 4096  # stream.check's chunk size
 T0_NS = 1_700_000_000 * 10**9
 
@@ -59,12 +46,7 @@ T0_NS = 1_700_000_000 * 10**9
 def _need_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(native.DISABLE_ENV, raising=False)
     monkeypatch.delenv(stream.STREAM_ENV, raising=False)
-    if KERNELS_MISSING:
-        message = (f"the C kernels {KERNELS_MISSING} are not built; build them with "
-                   "`python -c 'import setuptools; setuptools.setup()' build_ext --inplace`")
-        if os.environ.get("CI"):
-            pytest.fail(message + " - under CI the kernels must be built")
-        pytest.skip(message)
+    need_kernels(*native.KERNELS)
 
 
 # --- captures built byte by byte (scapy is too slow for the large ones) ----------------------------------------

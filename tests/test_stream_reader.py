@@ -10,7 +10,6 @@ except under CI (CI set), where they fail, as tests/test_native_pcap.py does.
 from __future__ import annotations
 
 import gzip
-import importlib
 import os
 import random
 import shutil
@@ -23,19 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from capture_helpers import LINK_HEADERS, loopback_capture, synthetic_flow, write_pcap
-from native_helpers import engine, pcapng_capture
+from native_helpers import engine, need_kernels, pcapng_capture
 
 from diag.bench.fuzz_analyze import mutate, seed_corpus
 from diag.capture import reader
 from diag.capture.reader_native import MIN_ROW_FILE_BYTES
 from diag.errors import DiagError
-
-try:
-    importlib.import_module("diag.capture._cpcap")
-    KERNEL_MISSING = ""
-except ImportError as exc:
-    KERNEL_MISSING = (f"the C kernel diag.capture._cpcap is not built ({exc}); build it with "
-                      "`python -c 'import setuptools; setuptools.setup()' build_ext --inplace`")
 
 # The largest record or block the test captures hold (a frame of synthetic_flow plus headers), with room.
 LARGEST_RECORD = 2048
@@ -43,10 +35,7 @@ LARGEST_RECORD = 2048
 
 @pytest.fixture(autouse=True)
 def _need_kernel() -> None:
-    if KERNEL_MISSING:
-        if os.environ.get("CI"):
-            pytest.fail(KERNEL_MISSING + " - under CI the kernel must be built")
-        pytest.skip(KERNEL_MISSING)
+    need_kernels("_cpcap")
 
 
 @pytest.fixture(params=[4096, 65536], ids=["chunk-4KiB", "chunk-64KiB"])

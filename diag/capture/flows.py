@@ -332,6 +332,15 @@ def duplex(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y: np.
     active_y = active_x if same else _coverage([iy])[0]
     over_x = _bytes_inside(ts_x, bytes_x, iy)
     over_y = over_x if same else _bytes_inside(ts_y, bytes_y, ix)
+    return duplex_result(both, either, (active_x, active_y), (over_x, over_y),
+                         (float(bytes_x.sum()), float(bytes_y.sum())), (gap_x, gap_y))
+
+
+def duplex_result(both: float, either: float, active: tuple[float, float], over: tuple[float, float],
+                  total: tuple[float, float], gaps: tuple[float, float]) -> dict[str, Any]:
+    """duplex()'s object from its parts (stream.py builds it from streamed parts): the time both and either
+    stream are busy, each one's busy time, bytes sent inside the other's busy runs, bytes, and run gap."""
+    (active_x, active_y), (over_x, over_y), (total_x, total_y) = active, over, total
     alone_x_s, alone_y_s = active_x - both, active_y - both
     return {
         "duplex_overlap": both / either if either > 0 else 0.0,
@@ -339,12 +348,12 @@ def duplex(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y: np.
         "overlap_s": both,
         "x_overlap_Bps": over_x / both if both > 0 else 0.0,
         "y_overlap_Bps": over_y / both if both > 0 else 0.0,
-        "x_alone_Bps": (float(bytes_x.sum()) - over_x) / alone_x_s if alone_x_s > 0 else 0.0,
-        "y_alone_Bps": (float(bytes_y.sum()) - over_y) / alone_y_s if alone_y_s > 0 else 0.0,
+        "x_alone_Bps": (total_x - over_x) / alone_x_s if alone_x_s > 0 else 0.0,
+        "y_alone_Bps": (total_y - over_y) / alone_y_s if alone_y_s > 0 else 0.0,
         "x_active_s": active_x,
         "y_active_s": active_y,
-        "x_gap_s": gap_x,
-        "y_gap_s": gap_y,
+        "x_gap_s": gaps[0],
+        "y_gap_s": gaps[1],
     }
 
 

@@ -51,6 +51,7 @@ from diag.capture.flows import (
     _coverage,
     _endpoint,
     document,
+    duplex_result,
     host_json,
     median_s,
     phases_from_records,
@@ -532,21 +533,9 @@ def duplex(x: DataStream, y: DataStream) -> dict[str, Any]:
     both, either = _coverage([ix, iy])
     active_x, _ = _coverage([ix])
     active_y = _coverage([iy])[0]
-    over_x, over_y = float(x.bytes_inside_other), float(y.bytes_inside_other)
-    alone_x_s, alone_y_s = active_x - both, active_y - both
-    return {
-        "duplex_overlap": both / either if either > 0 else 0.0,
-        "active_s": either,
-        "overlap_s": both,
-        "x_overlap_Bps": over_x / both if both > 0 else 0.0,
-        "y_overlap_Bps": over_y / both if both > 0 else 0.0,
-        "x_alone_Bps": (float(x.bytes) - over_x) / alone_x_s if alone_x_s > 0 else 0.0,
-        "y_alone_Bps": (float(y.bytes) - over_y) / alone_y_s if alone_y_s > 0 else 0.0,
-        "x_active_s": active_x,
-        "y_active_s": active_y,
-        "x_gap_s": x.run_gap,
-        "y_gap_s": y.run_gap,
-    }
+    return duplex_result(both, either, (active_x, active_y),
+                         (float(x.bytes_inside_other), float(y.bytes_inside_other)), (float(x.bytes), float(y.bytes)),
+                         (x.run_gap, y.run_gap))
 
 
 # --- directions, connections, hosts ------------------------------------------------------------------------
@@ -767,21 +756,8 @@ class Aggregation:
             out.unique += int(st["new_bytes"][idx].sum())
             for k, name in enumerate(VERDICTS):
                 out.verdicts[k] += int(np.count_nonzero(st[name][idx]))
-            not_syn = (chunk.flags[idx] & SYN) == 0
-            win = st["window_bytes"][idx][not_syn]
-            if win.size:
-                out.window.add(win.astype(np.int64))
-                low, high = int(win.min()), int(win.max())
-                out.window_min = low if out.window_min is None else min(out.window_min, low)
-                out.window_max = high if out.window_max is None else max(out.window_max, high)
-            self._rtts(conn, d, st, idx, add=True)
+        self._order_stats(conn, d, chunk, idx, data_rows, add=True)
         if data_rows.size:
-            flight = st["in_flight"][data_rows]
-            flight = flight[flight >= 0]
-            if flight.size:
-                out.in_flight.add(flight)
-                high = int(flight.max())
-                out.in_flight_max = high if out.in_flight_max is None else max(out.in_flight_max, high)
             mss = self.top.streamer.mss_of(conn.c, d) or DEFAULT_MSS
             out.super_segments += int(np.count_nonzero(sizes > mss))
             if self.top.with_series:
@@ -810,21 +786,36 @@ class Aggregation:
 
     def _direction4(self, conn: _Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
                     data_ts: np.ndarray) -> None:
+        self._order_stats(conn, d, chunk, idx, data_rows, add=False)
+        conn.dirs[d].stream.pass4(data_ts)
+
+    def _order_stats(self, conn: _Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
+                     add: bool) -> None:
+        """The values of the window, in-flight and RTT order statistics: counted (pass 3, with their minimum
+        and maximum) or collected (pass 4)."""
         out = conn.dirs[d]
         st = chunk.state
         assert st is not None
         if idx.size:
             not_syn = (chunk.flags[idx] & SYN) == 0
             win = st["window_bytes"][idx][not_syn]
-            if win.size:
+            if win.size and add:
+                out.window.add(win.astype(np.int64))
+                low, high = int(win.min()), int(win.max())
+                out.window_min = low if out.window_min is None else min(out.window_min, low)
+                out.window_max = high if out.window_max is None else max(out.window_max, high)
+            elif win.size:
                 out.window.collect(win.astype(np.int64))
-            self._rtts(conn, d, st, idx, add=False)
+            self._rtts(conn, d, st, idx, add)
         if data_rows.size:
             flight = st["in_flight"][data_rows]
             flight = flight[flight >= 0]
-            if flight.size:
+            if flight.size and add:
+                out.in_flight.add(flight)
+                high = int(flight.max())
+                out.in_flight_max = high if out.in_flight_max is None else max(out.in_flight_max, high)
+            elif flight.size:
                 out.in_flight.collect(flight)
-        out.stream.pass4(data_ts)
 
     def _bins(self, conn: _Connection) -> tuple[float, float, float, int]:
         t0, t1 = self._span_s(conn)
