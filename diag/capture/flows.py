@@ -580,20 +580,28 @@ def _connection(p: Packets, c: int, ab: np.ndarray, ba: np.ndarray, bin_s: float
     dirs = {"a->b": a_to_b, "b->a": b_to_a}
     dup = duplex(x_ts, x_b, y_ts, y_b, idle_gap_s)
     gaps = (dup["x_gap_s"], dup["y_gap_s"])
-    rtts = tuple(median_s(dirs[name]["rtt_ms"]) for name in ("a->b", "b->a"))
+    rtts = (median_s(a_to_b["rtt_ms"]), median_s(b_to_a["rtt_ms"]))
+    turns = connection_turns((x_ts, y_ts), (x_b, y_b), (dup["x_active_s"], dup["y_active_s"]), dup["overlap_s"],
+                             dup["active_s"], gaps, rtts, window)
+    return connection_json(c, _endpoint(p.endpoints, int(p.conn_a[c])), _endpoint(p.endpoints, int(p.conn_b[c])),
+                           dirs, dup, turns)
+
+
+def connection_json(c: int, a: str, b: str, dirs: dict[str, Any], dup: dict[str, Any], turns: dict[str, Any]
+                    ) -> dict[str, Any]:
+    """One connection's object from its directions, duplex() and turns (in memory here, or streamed)."""
     return {
         "stream": c,
-        "a": _endpoint(p.endpoints, int(p.conn_a[c])),
-        "b": _endpoint(p.endpoints, int(p.conn_b[c])),
+        "a": a,
+        "b": b,
         "directions": dirs,
         "duplex_overlap": dup["duplex_overlap"],
         "active_s": dup["active_s"],
         "overlap_s": dup["overlap_s"],
         "overlap_Bps": {"a->b": dup["x_overlap_Bps"], "b->a": dup["y_overlap_Bps"]},
         "alone_Bps": {"a->b": dup["x_alone_Bps"], "b->a": dup["y_alone_Bps"]},
-        "run_gap_s": {"a->b": gaps[0], "b->a": gaps[1]},
-        "turns": connection_turns((x_ts, y_ts), (x_b, y_b), (dup["x_active_s"], dup["y_active_s"]),
-                                  dup["overlap_s"], dup["active_s"], gaps, rtts, window),
+        "run_gap_s": {"a->b": dup["x_gap_s"], "b->a": dup["y_gap_s"]},
+        "turns": turns,
     }
 
 

@@ -50,6 +50,7 @@ from diag.capture.flows import (
     SEGMENT_SIZE_EDGES,
     _coverage,
     _endpoint,
+    connection_json,
     document,
     duplex_result,
     host_json,
@@ -986,23 +987,11 @@ class Aggregation:
         t0, t1 = self._span_s(conn)
         dirs = {"a->b": self._direction_json(conn, 0, t0, t1), "b->a": self._direction_json(conn, 1, t0, t1)}
         dup = duplex(conn.dirs[0].stream, conn.dirs[1].stream)
-        gaps = (dup["x_gap_s"], dup["y_gap_s"])
         rtts = tuple(median_s(dirs[name]["rtt_ms"]) for name in DIRECTIONS)
         assert conn.turns is not None
-        return {
-            "stream": conn.c,
-            "a": _endpoint(streamer.endpoints, streamer.connections.conn_a[conn.c]),
-            "b": _endpoint(streamer.endpoints, streamer.connections.conn_b[conn.c]),
-            "directions": dirs,
-            "duplex_overlap": dup["duplex_overlap"],
-            "active_s": dup["active_s"],
-            "overlap_s": dup["overlap_s"],
-            "overlap_Bps": {"a->b": dup["x_overlap_Bps"], "b->a": dup["y_overlap_Bps"]},
-            "alone_Bps": {"a->b": dup["x_alone_Bps"], "b->a": dup["y_alone_Bps"]},
-            "run_gap_s": {"a->b": gaps[0], "b->a": gaps[1]},
-            "turns": conn.turns.json((dup["x_active_s"], dup["y_active_s"]), dup["overlap_s"], dup["active_s"],
-                                     rtts),
-        }
+        turns = conn.turns.json((dup["x_active_s"], dup["y_active_s"]), dup["overlap_s"], dup["active_s"], rtts)
+        return connection_json(conn.c, _endpoint(streamer.endpoints, streamer.connections.conn_a[conn.c]),
+                               _endpoint(streamer.endpoints, streamer.connections.conn_b[conn.c]), dirs, dup, turns)
 
     def _hosts_json(self, observed: set[str]) -> list[dict[str, Any]]:
         names = self.top.streamer.addresses
