@@ -35,6 +35,16 @@ def need_kernels(*names: str) -> None:
         pytest.skip(message)
 
 
+def claim_caplen(pcap: bytes, record: int, claim: int) -> bytes:
+    """A copy of a little-endian pcap whose record number `record` (0-based) claims `claim` captured bytes."""
+    bad = bytearray(pcap)
+    at = 24
+    for _ in range(record):
+        at += 16 + struct.unpack_from("<I", bad, at + 8)[0]
+    struct.pack_into("<I", bad, at + 8, claim)
+    return bytes(bad)
+
+
 @contextlib.contextmanager
 def engine(use_kernel: bool) -> Iterator[None]:
     """DIAG_NATIVE set for the block (the reader looks at it on every read)."""

@@ -20,7 +20,7 @@ import pytest
 from capture_helpers import LINK_HEADERS, loopback_capture, synthetic_flow, write_pcap
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from native_helpers import assert_twins, comparable, engine, need_kernels, pcapng_capture, read
+from native_helpers import assert_twins, claim_caplen, comparable, engine, need_kernels, pcapng_capture, read
 
 from diag.bench.fuzz_analyze import mutate, seed_corpus
 from diag.capture import reader
@@ -153,12 +153,7 @@ def test_truncated_and_corrupt_records(tmp_path: Path, chunk_bytes: int) -> None
         outcomes.add(result if isinstance(result, str) else tuple(result.skipped))
     assert ("truncated_record",) in outcomes and () in outcomes
     for record, claim in ((0, 50_000_000), (7, 65535 + 129), (len(frames) - 1, (1 << 20) + 1)):
-        bad = bytearray(good)
-        at = 24
-        for _ in range(record):
-            at += 16 + struct.unpack_from("<I", bad, at + 8)[0]
-        struct.pack_into("<I", bad, at + 8, claim)
-        path.write_bytes(bytes(bad))
+        path.write_bytes(claim_caplen(good, record, claim))
         result = assert_twins(path)
         assert isinstance(result, str) and f"record {record + 1} claims {claim} bytes" in result, result
     for head in (b"", b"\xd4\xc3\xb2\xa1\x02\x00", b"nonsense!", good[:24]):

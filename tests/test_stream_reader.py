@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from capture_helpers import LINK_HEADERS, loopback_capture, synthetic_flow, write_pcap
-from native_helpers import engine, need_kernels, pcapng_capture
+from native_helpers import claim_caplen, engine, need_kernels, pcapng_capture
 
 from diag.bench.fuzz_analyze import mutate, seed_corpus
 from diag.capture import reader
@@ -181,12 +181,7 @@ def test_corrupt_record_gives_the_same_error(tmp_path: Path, chunk_bytes: int) -
     good = write_pcap(tmp_path / "g.pcap", frames, 1).read_bytes()
     path = tmp_path / "bad.pcap"
     for record, claim in ((0, 50_000_000), (len(frames) // 2, 65535 + 129), (len(frames) - 1, (1 << 20) + 1)):
-        bad = bytearray(good)
-        at = 24
-        for _ in range(record):
-            at += 16 + struct.unpack_from("<I", bad, at + 8)[0]
-        struct.pack_into("<I", bad, at + 8, claim)
-        path.write_bytes(bytes(bad))
+        path.write_bytes(claim_caplen(good, record, claim))
         full, seen = stream_and_compare(path)
         assert isinstance(full, str) and f"record {record + 1} claims {claim} bytes" in full, full
         # Rows handed on before the error are rows of the records before the corrupt one.
