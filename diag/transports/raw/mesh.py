@@ -345,7 +345,27 @@ def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes
     return accepted
 
 
-def close_all(conns: list[Conn]) -> None:
+# How long close_all waits, over all connections, for the peers to finish with them.
+CLOSE_LINGER_S = 2.0
+
+
+def close_all(conns: list[Conn], linger_s: float = CLOSE_LINGER_S) -> None:
+    """Close gracefully: FIN after everything queued, then read to the peer's FIN before closing.
+
+    A socket closed while bytes it never read wait in its receive buffer sends RST, not FIN, and an RST
+    can overtake the data this side still has in flight, so a peer finishing its last operation (a
+    barrier) would lose bytes it was owed: seen as "closed its connection in the middle of an operation"
+    on a loaded host. Bytes read here are the peers' leftovers (a notice for an operation that will not
+    come); a peer that neither finishes nor dies costs at most linger_s."""
     for conn in conns:
+        with contextlib.suppress(OSError):
+            conn.sock.shutdown(socket.SHUT_WR)
+    deadline = time.monotonic() + linger_s
+    for conn in conns:
+        with contextlib.suppress(OSError):
+            while (remaining := deadline - time.monotonic()) > 0:
+                conn.sock.settimeout(remaining)
+                if not conn.sock.recv(1 << 16):
+                    break
         with contextlib.suppress(OSError):
             conn.sock.close()

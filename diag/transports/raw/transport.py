@@ -93,7 +93,7 @@ class RawTransport:
         try:
             self._connect(listener, deadline)
         except BaseException:
-            mesh.close_all(self._conns)
+            mesh.close_all(self._conns, linger_s=0.0)  # the mesh never formed: nothing owed to anyone
             raise
         finally:
             listener.close()
