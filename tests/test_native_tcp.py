@@ -386,3 +386,21 @@ def test_spilled_segment_ends_answer_like_kept_ones(ctcp: ModuleType) -> None:
     samples = twin.ack_rtt_ns[twin.ack_rtt_ns >= 0]
     assert samples.size == 5, twin.ack_rtt_ns   # ends 1, 2, 5, 3, 12: one sample each
     assert bool(twin.retransmission[-2])
+
+
+def test_spilled_ends_go_to_tmpdir(ctcp: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The temporary file of old segment ends is made in $TMPDIR; one that cannot be made is an OSError that
+    says what to do, not a crash or a wrong result."""
+    n = 64
+    cols = {"ts_ns": np.arange(n, dtype=np.int64) * 1000, "seq": (1000 + 100 * np.arange(n)).astype(np.uint32),
+            "ack": np.full(n, 5000, np.uint32), "plen": np.full(n, 100, np.int32), "win": np.full(n, 1000, np.uint16),
+            "flags": np.full(n, ACK, np.uint8), "tsval": np.zeros(n, np.uint32), "tsecr": np.zeros(n, np.uint32),
+            "has_ts": np.zeros(n, bool)}
+    conn, direction = np.zeros(n, np.int32), np.zeros(n, np.int8)
+    wscale, first_rtt = np.zeros((1, 2), np.int64), np.zeros(1, np.int64)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    kept = tcpstate.analyze_packets_native(ctcp, cols, conn, direction, wscale, first_rtt, spill_window=4)
+    assert np.array_equal(kept.new_bytes, np.full(n, 100))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "missing"))
+    with pytest.raises(OSError, match="set TMPDIR"):
+        tcpstate.analyze_packets_native(ctcp, cols, conn, direction, wscale, first_rtt, spill_window=4)

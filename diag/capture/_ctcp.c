@@ -206,9 +206,28 @@ typedef struct {
 #define END_RECORD_BYTES 24
 #define SPILL_BATCH 4096
 
+/* A temporary file in $TMPDIR (else /tmp), unlinked at once: tmpfile() would ignore TMPDIR, and the ends of a
+ * long capture are ~0.5 GB a 20 M segments, so a user with a small /tmp must be able to move them. */
+static FILE *spill_file(void) {
+    const char *dir = getenv("TMPDIR");
+    if (!dir || !*dir)
+        dir = "/tmp";
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/diag-ends-XXXXXX", dir) >= (int)sizeof path)
+        return NULL;
+    int fd = mkstemp(path);
+    if (fd < 0)
+        return NULL;
+    unlink(path);
+    FILE *file = fdopen(fd, "w+b");
+    if (!file)
+        close(fd);
+    return file;
+}
+
 static int ends_spill(Ends *v) {
     if (!v->disk) {
-        v->disk = tmpfile();
+        v->disk = spill_file();
         if (!v->disk) {
             v->io_error = 1;
             return -1;
@@ -1056,7 +1075,7 @@ static PyObject *Analyzer_feed(Analyzer *a, PyObject *args, PyObject *kwargs) {
             io_error |= a->dirs[g].ends.io_error;
         if (io_error)
             PyErr_SetString(PyExc_OSError, "Analyzer could not write or read its temporary file of segment ends "
-                                           "(is the temporary directory full?)");
+                                           "(is the temporary directory full? set TMPDIR to another)");
         else
             PyErr_NoMemory();
     } else {

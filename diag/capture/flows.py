@@ -308,8 +308,7 @@ def run_gap_s(ts_s: np.ndarray, nbytes: np.ndarray, idle_gap_s: float) -> float:
     gaps = np.diff(ts_s) if npairs == pairs.size else np.diff(ts_s)[pairs]
     k_median, k_cadence = (gaps.size - 1) // 2, int((gaps.size - 1) * CADENCE_QUANTILE / 100)
     gaps.partition([k_median, k_cadence])  # gaps is this function's own array: in place, no copy
-    ranked = gaps
-    gap = max(idle_gap_s, CADENCE_FACTOR * float(ranked[k_cadence]), PACING_PACKETS * float(ranked[k_median]))
+    gap = max(idle_gap_s, CADENCE_FACTOR * float(gaps[k_cadence]), PACING_PACKETS * float(gaps[k_median]))
     return min(gap, MAX_RUN_GAP_S)
 
 

@@ -21,9 +21,11 @@ byte for byte (tests/test_stream.py holds the two paths to that):
 
 What grows: the busy runs and idle gaps of each stream (one entry per silence longer than the gap, so
 bounded by the capture's duration, not its packets), the per-value counts inside the buckets that hold a
-wanted order statistic, and the connections, endpoints and record phases. Streaming needs the file's
-timestamps in order (tcpdump writes them so) and both C kernels; otherwise, and for several files, pipes
-and --plot, flows.analyze runs in memory (`Fallback` says why).
+wanted order statistic, the connections, endpoints and record phases, and on disk the TCP state kernel's
+old segment ends. Everything reads the packets in file order, as flows does; timestamps that step back
+are followed exactly except where a binary search over them could land in more than one place
+(`_Descents`). Streaming needs both C kernels; for several files, pipes and --plot, and where a file
+cannot be streamed exactly (`Fallback` says why), flows.analyze runs in memory.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ from diag.capture.turns import (
     turns_summary,
 )
 
-STREAM_ENV = "DIAG_STREAM"  # always | never | auto (default)
+STREAM_ENV = "DIAG_STREAM"  # auto (default) | always | never | check (see mode())
 # Above this many TCP rows (estimated from the file's size) the in-memory analysis would pass ~400 MB.
 STREAM_MIN_ROWS = 2_250_000
 VERDICTS = ("retransmission", "fast_retransmission", "spurious_retransmission", "out_of_order",
@@ -128,19 +130,18 @@ def check(expected: dict[str, Any], path: str | os.PathLike[str], records: Seque
           spill_window: int = 16) -> None:
     """DIAG_STREAM=check: the streamed JSON (in chunks of chunk_bytes, so that every pass crosses many chunk
     boundaries) must equal the in-memory one; a Fallback is allowed (it says the file is analyzed in memory)."""
-    global SPILL_WINDOW
     from diag.capture import reader
 
-    saved = reader.CHUNK_BYTES, SPILL_WINDOW
+    saved = reader.CHUNK_BYTES
     # small chunks and a small window of segment ends: every pass crosses chunk boundaries and reads ends
     # back from the temporary file
-    reader.CHUNK_BYTES, SPILL_WINDOW = chunk_bytes, spill_window
+    reader.CHUNK_BYTES = chunk_bytes
     try:
-        got = analyze_streaming(path, records, bin_s, idle_gap_s, with_series)
+        got = analyze_streaming(path, records, bin_s, idle_gap_s, with_series, spill_window)
     except Fallback:
         return
     finally:
-        reader.CHUNK_BYTES, SPILL_WINDOW = saved
+        reader.CHUNK_BYTES = saved
     where = first_difference(expected, got)
     if where is not None:
         raise AssertionError(f"streamed analysis of {path} differs from the in-memory one at {where}")
@@ -182,7 +183,7 @@ class Chunk:
     win: np.ndarray
     conn: np.ndarray       # int32 connection index (numbered by first appearance)
     direction: np.ndarray  # int8: 0 when sent by the connection's first sender
-    src_addr: np.ndarray   # int32 address index (first appearance; Streamer.names sorts them)
+    src_addr: np.ndarray   # int32 address index (Streamer.addresses, in order of first appearance)
     dst_addr: np.ndarray
     state: dict[str, np.ndarray] | None  # the TCP state outputs (passes 3 and 4)
 
@@ -200,7 +201,7 @@ class _Connections:
         self.pairs: dict[tuple[int, int], int] = {}
         self.conn_a: list[int] = []
         self.conn_b: list[int] = []
-        self.conn_a_arr = np.zeros(0, dtype=np.int32)
+        self._conn_a_arr = np.zeros(0, dtype=np.int32)  # conn_a as an array, rebuilt when connections came
 
     def _grow(self, nendpoints: int) -> None:
         cap = max(16, self.cap)
@@ -249,20 +250,22 @@ class _Connections:
         self.pairs[(int(low), int(high))] = c
         self.conn_a.append(int(first_src))
         self.conn_b.append(int(first_dst))
-        self.conn_a_arr = np.array(self.conn_a, dtype=np.int32)
         return c
 
     def direction(self, conn: np.ndarray, src: np.ndarray) -> np.ndarray:
         if len(self.conn_a) == 1:
-            return (src != self.conn_a_arr[0]).astype(np.int8)
-        return (src != self.conn_a_arr[conn]).astype(np.int8)
+            return (src != self.conn_a[0]).astype(np.int8)
+        if self._conn_a_arr.size != len(self.conn_a):  # once per chunk at most, not once per new connection
+            self._conn_a_arr = np.array(self.conn_a, dtype=np.int32)
+        return (src != self._conn_a_arr[conn]).astype(np.int8)
 
 
 class Streamer:
     """Runs the passes over one file and hands every chunk to the aggregations."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], spill_window: int = SPILL_WINDOW) -> None:
         self.path = path
+        self.spill_window = spill_window
         self.connections = _Connections()
         self.endpoints: list[tuple[str, int]] = []
         self.address_of_endpoint = np.zeros(0, dtype=np.int32)
@@ -305,7 +308,7 @@ class Streamer:
             assert kernel is not None
             analyzer = kernel.Analyzer(2 * self.nconn, np.ascontiguousarray(self.wscale, dtype=np.int64).reshape(-1),
                                        np.ascontiguousarray(self.first_rtt, dtype=np.int64),
-                                       spill_window=SPILL_WINDOW)
+                                       spill_window=self.spill_window)
 
         def on_chunk(raw: CaptureChunk) -> None:
             cols = raw.columns
@@ -408,7 +411,8 @@ class Streamer:
 
 
 class _Runs:
-    """Busy runs of sorted times at a fixed gap, built chunk by chunk (flows.busy_intervals' starts/ends)."""
+    """Busy runs of times (file order) at a fixed gap, built chunk by chunk (flows.busy_intervals' starts/ends);
+    with keep_gaps also the silences that end them."""
 
     def __init__(self, gap: float, keep_gaps: bool = False) -> None:
         self.gap = gap
@@ -568,7 +572,7 @@ class _Direction:
         self.verdicts = [0] * len(VERDICTS)
         self.idle = _Runs(idle_gap_s, keep_gaps=True)
         self.segment_counts = np.zeros(len(SEGMENT_SIZE_EDGES) - 1, dtype=np.int64)
-        self.max_size = 0
+        self.max_size = 0                    # the largest data segment (turns' control-frame share reads it)
         self.super_segments = 0
         self.pure_acks = 0
         self.piggybacked = 0
@@ -584,14 +588,8 @@ class _Direction:
         self.stream = DataStream(idle_gap_s)
         self.data_descents = _Descents()     # the data packets' times, for the turn analysis' lookups
         self.series: np.ndarray | None = None
-        # turns
-        self.largest = 0.0
-        self.first_data_s: float | None = None
+        self.first_data_s: float | None = None   # the first and last data packet's time (turns' span)
         self.last_data_s: float | None = None
-        self.bulk_bytes = 0
-        self.first_bulk_s: float | None = None
-        self.control_count = 0
-        self.preamble_multiples = 0
 
 
 class _Connection:
@@ -731,7 +729,6 @@ class Aggregation:
             bins = np.minimum(np.searchsorted(_EDGES, in_range, side="right") - 1, _EDGES.size - 2)
             out.segment_counts += np.bincount(bins, minlength=_EDGES.size - 1)
             out.max_size = max(out.max_size, int(sizes.max()))
-            out.largest = max(out.largest, float(sizes.max()))
             if out.first_data_s is None:
                 out.first_data_s = float(data_ts[0])
             out.last_data_s = float(data_ts[-1])
@@ -916,7 +913,7 @@ class Aggregation:
         connections = [self._connection_json(self.connections[c]) for c in sorted(self.connections)]
         return connections, self._hosts_json(self.observed_addresses() if observed is None else observed)
 
-    def _direction_json(self, conn: _Connection, d: int, t0: float, t1: float) -> dict[str, Any]:
+    def _direction_json(self, conn: _Connection, d: int, t0: float) -> dict[str, Any]:
         top = self.top
         out = conn.dirs[d]
         c = conn.c
@@ -984,8 +981,8 @@ class Aggregation:
 
     def _connection_json(self, conn: _Connection) -> dict[str, Any]:
         streamer = self.top.streamer
-        t0, t1 = self._span_s(conn)
-        dirs = {"a->b": self._direction_json(conn, 0, t0, t1), "b->a": self._direction_json(conn, 1, t0, t1)}
+        t0 = self._span_s(conn)[0]
+        dirs = {"a->b": self._direction_json(conn, 0, t0), "b->a": self._direction_json(conn, 1, t0)}
         dup = duplex(conn.dirs[0].stream, conn.dirs[1].stream)
         rtts = tuple(median_s(dirs[name]["rtt_ms"]) for name in DIRECTIONS)
         assert conn.turns is not None
@@ -1160,12 +1157,9 @@ class _Turns:
         self.aggregation = aggregation
         self.conn = conn
         dirs = conn.dirs
-        self.largest = max((d.largest for d in dirs if d.first_data_s is not None), default=0.0)
-        present = [d.first_data_s is not None for d in dirs]
-        firsts = [d.first_data_s for d in dirs if d.first_data_s is not None]
-        lasts = [d.last_data_s for d in dirs if d.last_data_s is not None]
-        self.t_first = min(firsts) if any(present) else 0.0
-        self.t_last = max(lasts) if any(present) else 0.0
+        self.largest = float(max(d.max_size for d in dirs))  # 0 where neither direction sent data
+        self.t_first = min((d.first_data_s for d in dirs if d.first_data_s is not None), default=0.0)
+        self.t_last = max((d.last_data_s for d in dirs if d.last_data_s is not None), default=0.0)
         window = aggregation.window_s
         self.start = window[0] if window else self.t_first
         self.span = max(self.t_last - self.t_first, 0.0)
@@ -1369,12 +1363,12 @@ class Analysis:
     """The aggregations of one file (the whole capture and each record phase) and the passes that feed them."""
 
     def __init__(self, path: str | os.PathLike[str], records: Sequence[str | os.PathLike[str]] | None,
-                 bin_s: float, idle_gap_s: float, with_series: bool) -> None:
+                 bin_s: float, idle_gap_s: float, with_series: bool, spill_window: int = SPILL_WINDOW) -> None:
         self.path = path
         self.bin_s = bin_s
         self.idle_gap_s = idle_gap_s
         self.with_series = with_series
-        self.streamer = Streamer(path)
+        self.streamer = Streamer(path, spill_window)
         self.whole = Aggregation(self, None, whole=True)
         self.phases = phases_from_records(records) if records else []
         self.phase_aggs = [Aggregation(self, (p["t_start_ns"] / 1e9, p["t_end_ns"] / 1e9)) for p in self.phases]
@@ -1440,10 +1434,12 @@ class Analysis:
 
 
 def analyze_streaming(path: str | os.PathLike[str], records: Sequence[str | os.PathLike[str]] | None = None,
-                      bin_s: float = 0.01, idle_gap_s: float = 0.002, with_series: bool = True) -> dict[str, Any]:
+                      bin_s: float = 0.01, idle_gap_s: float = 0.002, with_series: bool = True,
+                      spill_window: int = SPILL_WINDOW) -> dict[str, Any]:
     """The `diag analyze --json` object of one capture file in bounded memory (see the module docstring).
 
-    Raises Fallback where the file cannot be streamed to the in-memory result."""
-    return Analysis(path, records, bin_s, idle_gap_s, with_series).run()
+    spill_window: the segment ends a direction's TCP state keeps in memory (the rest go to a temporary
+    file). Raises Fallback where the file cannot be streamed to the in-memory result."""
+    return Analysis(path, records, bin_s, idle_gap_s, with_series, spill_window).run()
 
 
