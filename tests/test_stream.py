@@ -835,3 +835,12 @@ def test_auto_streams_a_big_file_without_plots(tmp_path: Path, monkeypatch: pyte
     memory_out, packets = flows.analyze([pcap], keep_sequence=True)
     assert len(calls) == 1 and packets is not None
     assert json.dumps(streamed_out) == json.dumps(memory_out)
+
+
+def test_unwritable_tmpdir_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The TCP state's old segment ends go to $TMPDIR; where that cannot be written, streaming stops with a
+    DiagError (one line from the CLI) that says to set TMPDIR."""
+    pcap = write_pcap(tmp_path / "s.pcap", [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()], 1)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "missing"))
+    with pytest.raises(DiagError, match="set TMPDIR"):
+        stream.analyze_streaming(pcap, spill_window=2)

@@ -330,7 +330,12 @@ class Streamer:
                 state = {name: array[:n] for name, array in outputs.items()}
                 inputs = [np.ascontiguousarray(conn, dtype=np.int32), np.ascontiguousarray(direction, dtype=np.int8)]
                 inputs += [np.ascontiguousarray(cols[name], dtype=dtype) for name, dtype in _KERNEL_INPUTS.items()]
-                late_ack, late_ts = analyzer.feed(*inputs, None, None, *state.values())
+                try:
+                    late_ack, late_ts = analyzer.feed(*inputs, None, None, *state.values())
+                except OSError as exc:  # its temporary file of segment ends could not be written or read
+                    from diag.errors import DiagError
+
+                    raise DiagError(f"{self.path}: {exc}") from None
                 for late, name in ((late_ack, "ack_rtt_ns"), (late_ts, "ts_rtt_ns")):
                     for row, value in late:
                         if row < raw.first_row:
