@@ -52,6 +52,10 @@ class SweepConsole:
         else:
             print(line, file=self.stream, flush=True)
 
+    def line(self, text: str) -> None:
+        """A free line (a trial's round summary), above the progress bar."""
+        self._print(text)
+
     def header(self, title: str) -> None:
         self._print(f"# {title}")
         self._print(HEADER)

@@ -9,6 +9,7 @@ the max over ranks (the collective is done when its slowest rank is), as nccl-te
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,6 +96,19 @@ def _no_heartbeat() -> None:
     return None
 
 
+def _mean_known(transport: Transport, times_ns: list[int], target_sem: float) -> bool:
+    """Is the mean of the iteration times (max over ranks) known to ``target_sem`` of itself (standard error)?
+
+    Collective: every rank gathers every rank's times and computes the same answer from the same numbers,
+    so all ranks stop or go on together without a vote."""
+    per_rank = _gather_int64(transport, times_ns)
+    times = [max(row[i] for row in per_rank) for i in range(len(times_ns))]
+    summary = summarize(times)
+    if summary.n < 2 or summary.mean <= 0:
+        return False
+    return summary.stdev / math.sqrt(summary.n) / summary.mean <= target_sem
+
+
 def measure_row(transport: Transport, spec: SweepSpec, plan: RowPlan, run_id: str = "",
                 heartbeat: Callable[[], None] | None = None) -> Record | None:
     """Run one row on this rank; returns the Record on rank 0 and None elsewhere.
@@ -124,8 +138,10 @@ def measure_row(transport: Transport, spec: SweepSpec, plan: RowPlan, run_id: st
     starts_ns: list[int] = []
     ends_ns: list[int] = []
     nwrong = 0
-    for batch in range(0, spec.iters, depth):
-        batch_iters = range(batch, min(batch + depth, spec.iters))
+    planned = spec.iters
+    batch = 0
+    while batch < planned:
+        batch_iters = range(batch, min(batch + depth, planned))
         for it in batch_iters:
             collective.fill(ring[it - batch], rank, world, it)
         for it in batch_iters:
@@ -148,8 +164,11 @@ def measure_row(transport: Transport, spec: SweepSpec, plan: RowPlan, run_id: st
         if spec.check:
             for it in batch_iters:
                 nwrong += collective.count_wrong(ring[it - batch], rank, world, it)
+        batch = batch_iters.stop
+        if batch == planned and planned < spec.max_iters and not _mean_known(transport, times_ns, spec.target_sem):
+            planned = min(spec.max_iters, planned + depth)
 
-    n = spec.iters
+    n = len(times_ns)
     per_rank = _gather_int64(transport, times_ns + starts_ns + ends_ns + [nwrong])
     extra = transport.row_extra()
     del ring

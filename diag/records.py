@@ -2,6 +2,9 @@
 
 Schema history (bump SCHEMA_VERSION for any change a reader must know about):
   1 - first version: start / record / end events; base units in field names (_s, _Bps, _bytes, _ns).
+  2 - records may carry ``block``: the trial, arm, round and position of one block of an interleaved trial,
+      with the CPU it saw (diag/trial.py); a trial's spec is in its start event's meta.trial, its stop
+      reasons and decisions in its end event's ``trial``. Version 1 files read as before (no blocks).
 
 A file may hold several runs (one per world size, or one per launch appended to the same --out): each
 run is a ``start`` event, its ``record`` events and, unless it died, an ``end`` event, linked by run_id.
@@ -19,8 +22,8 @@ from typing import Any
 
 from diag.errors import DiagError
 
-SCHEMA_VERSION = 1
-SUPPORTED_SCHEMAS = frozenset({1})
+SCHEMA_VERSION = 2
+SUPPORTED_SCHEMAS = frozenset({1, 2})
 EVENTS = frozenset({"start", "record", "end"})
 
 
@@ -61,6 +64,7 @@ class Record:
     extra: dict[str, Any] = field(default_factory=dict)             # e.g. TCP_INFO summaries
     run_id: str = ""
     warnings: list[str] = field(default_factory=list)
+    block: dict[str, Any] = field(default_factory=dict)             # one block of an interleaved trial
 
     @property
     def transport(self) -> str:

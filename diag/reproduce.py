@@ -21,6 +21,7 @@ from typing import Any
 
 from diag.errors import DiagError
 from diag.spec import SweepSpec
+from diag.trial import Comparison, TrialArm, TrialSpec
 from diag.units import human_bits, human_bytes, parse_rate_bps, parse_size
 
 # A single TCP stream below this fraction of the shaped goodput means the CPU, not the link, limits the lab.
@@ -28,8 +29,10 @@ CPU_BOUND_LINK_FRACTION = 0.85
 EXCHANGE_MIN_ITERS = 8
 # Each N's iperf3 ring pattern runs this long (0.5 s of it warm-up): 7 N add ~20 s to a default run.
 RING_PATTERN_SECONDS = 2.0
-# Each N's iperf3 ring pattern runs this long (0.5 s of it warm-up): 7 N add ~20 s to a default run.
-RING_PATTERN_SECONDS = 2.0
+# Survey rows sample until the standard error of their mean time is this fraction of it, or SURVEY_MAX_ITERS:
+# N=2 rows are a mixture of a fast and a slow mode, and five samples put the median in either.
+SURVEY_TARGET_SEM = 0.03
+SURVEY_MAX_ITERS = 12
 
 
 @dataclass(frozen=True)
@@ -48,9 +51,13 @@ class Step:
     algo: str = "ring"                   # raw only
     order: str = "recv-first"            # exchange: which call each rank posts first
     min_iters: int = 0                   # e.g. the order effect is judged by a two-sample test on these rows
+    trial: TrialSpec | None = None       # an interleaved trial (backend "trial"): its arms, comparisons
+    budget_share: float = 0.0            # of the plan's trial budget
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["trial"] = self.trial.to_json() if self.trial else None
+        return out
 
 
 @dataclass(frozen=True)
@@ -60,11 +67,12 @@ class Plan:
     world_sizes: tuple[int, ...]
     volumes: tuple[int, ...]            # per-device volume D = (N-1) x per-rank bytes, the same for every N
     exchange_sizes: tuple[int, ...]
-    knob_volume: int                    # D of the N=2 raw knob experiments
+    knob_volumes: tuple[int, ...]       # D of the N=2 experiments (interleaved trials, raw knob rows)
     rate: str
     warmup: int
     iters: int
     steps: tuple[Step, ...] = ()
+    trial_budget_s: float = 90.0        # all trials together; each stops sooner once its verdicts are decided
 
     def world_sizes_of(self, step: Step) -> tuple[int, ...]:
         return self.world_sizes if step.at == "every_n" else (2,)
@@ -73,19 +81,12 @@ class Plan:
         """Per-rank sizes of a step at one world size."""
         if step.volumes == "exchange":
             return self.exchange_sizes
-        volumes = self.volumes if step.volumes == "sweep" else (self.knob_volume,)
+        volumes = self.volumes if step.volumes == "sweep" else self.knob_volumes
         return tuple(sorted({per_rank_size(v, world_size) for v in volumes}))
 
     def to_json(self) -> dict[str, Any]:
         return {**{k: v for k, v in asdict(self).items() if k != "steps"},
                 "steps": [s.to_json() for s in self.steps]}
-
-
-def _exchanges(*backends: tuple[str, str]) -> tuple[Step, ...]:
-    """The exchange op at N=2 in both orders, for each (name, backend)."""
-    return tuple(Step(f"{name}-exchange-{order}", backend, "exchange", at="n2", volumes="exchange", order=order,
-                      min_iters=EXCHANGE_MIN_ITERS)
-                 for order in ("recv-first", "send-first") for name, backend in backends)
 
 
 # gloo and raw TCP at every N, equal D; --emulate gloo (shared + notify + 2 chunks) runs at every N too.
@@ -94,15 +95,49 @@ SWEEPS = (
     Step("raw-ring-all_gather", "raw"),
     Step("raw-ring-emulate-gloo-all_gather", "raw", knobs={"emulate": "gloo"}),
 )
-# N=2 raw experiments, one suspected mechanism each (docs/raw-tcp.md): one shared connection, and a
-# half-duplex schedule (directions in turns).
+# The interleaved trial at N=2 (diag/trial.py): every arm in every round, so the comparisons below hold arms
+# that saw the same background load. Arms: gloo (the anomaly), raw TCP with one connection per direction
+# (the healthy reference: the link), gloo's protocol model (--emulate gloo: the base arm of M1's knock-out),
+# the model with only its ready notice on its own connection (M1's toggle), and raw TCP with both directions
+# on one connection (M4's knock-in: each direction's ACKs behind the other's data).
+N2_ARMS = (
+    TrialArm("gloo", "gloo"),
+    TrialArm("raw"),
+    TrialArm("model", knobs={"emulate": "gloo"}),
+    TrialArm("model-own-conn", knobs={"emulate": "gloo", "notice": "own-conn"}),
+    TrialArm("shared-conn", knobs={"conn": "shared"}),
+)
+N2_COMPARISONS = (
+    Comparison("notice_behind_data", "knock-out", on="model", off="model-own-conn", reference="raw"),
+    Comparison("shared_connection", "knock-in", on="shared-conn", off="raw", reference="gloo"),
+)
+# The exchange op in both orders, gloo's and raw TCP's arms in the same rounds (diagnose: exchange_order),
+# so an order effect can be pinned on the backend alone.
+EXCHANGE_ARMS = tuple(TrialArm(f"{name}-{order}", backend, op="exchange", order=order)
+                      for name, backend in (("gloo", "gloo"), ("raw", "raw")) for order in ("recv-first", "send-first"))
+EXCHANGE_COMPARISONS = tuple(Comparison("exchange_order", "difference", on=f"{name}-send-first",
+                                        off=f"{name}-recv-first", effect=0.15) for name in ("gloo", "raw"))
+
+
+def _trial(name: str, arms: tuple[TrialArm, ...], comparisons: tuple[Comparison, ...], volumes: str,
+           share: float) -> Step:
+    """A trial step; its sizes come from the plan at run time (step_trial)."""
+    # One iteration a block: the variance is between rounds as much as within them, so rounds are what a
+    # verdict needs most of (and a block's first iteration pays no switch-over cost worth a warm-up: the lab's
+    # RTT is far below a millisecond).
+    return Step(name, "trial", op=arms[0].op, at="n2", volumes=volumes,
+                trial=TrialSpec(name, arms, comparisons, sizes=(1,), block_iters=1, min_rounds=5, max_rounds=30),
+                budget_share=share)
+
+
+TRIALS = (
+    _trial("n2-trial", N2_ARMS, N2_COMPARISONS, "experiment", 0.75),
+    _trial("n2-exchange-trial", EXCHANGE_ARMS, EXCHANGE_COMPARISONS, "exchange", 0.25),
+)
+# N=2 raw rows the wire must see (captured, so not in a trial): a half-duplex schedule, directions in turns,
+# the reference half_duplex_match holds gloo against.
 KNOBS_QUICK = (
-    Step("raw-ring-shared-conn-all_gather", "raw", at="n2", volumes="experiment", knobs={"conn": "shared"}),
     Step("raw-ring-alternate-io-all_gather", "raw", at="n2", volumes="experiment", knobs={"io": "alternate"}),
-    # M1's toggle: gloo's protocol model with only the ready notice moved to its own connection, beside the
-    # --emulate gloo sweep row at the same N=2 size (diagnose: notice_behind_data, suspect_m1)
-    Step("raw-ring-emulate-gloo-own-conn-all_gather", "raw", at="n2", volumes="experiment",
-         knobs={"emulate": "gloo", "notice": "own-conn"}),
 )
 KNOBS_FULL = (
     *KNOBS_QUICK,
@@ -113,15 +148,14 @@ KNOBS_FULL = (
 )
 
 QUICK = Plan(world_sizes=(2, 3, 4), volumes=tuple(parse_size(s) for s in ("1M", "4M", "16M")),
-             exchange_sizes=(parse_size("16M"),), knob_volume=parse_size("16M"), rate="200mbit",
-             warmup=1, iters=5,
-             # raw TCP's exchange in both orders beside gloo's, so an order effect can be pinned on the backend
-             steps=(*SWEEPS, *_exchanges(("gloo", "gloo"), ("raw-split", "raw")), *KNOBS_QUICK))
+             exchange_sizes=(parse_size("16M"),), knob_volumes=(parse_size("4M"), parse_size("16M")),
+             rate="200mbit", warmup=1, iters=5, trial_budget_s=80.0, steps=(*SWEEPS, *TRIALS, *KNOBS_QUICK))
 # D=32M is left out of the default: on a 2-core machine N=2..8 with it measured ~21 min (half the steps in
 # 10.7 min), over the 20 minutes the default may take; pass --volumes 1M,4M,16M,32M to include it.
 FULL = Plan(world_sizes=(2, 3, 4, 5, 6, 7, 8), volumes=tuple(parse_size(s) for s in ("1M", "4M", "16M")),
-            exchange_sizes=(parse_size("4M"), parse_size("16M")), knob_volume=parse_size("16M"), rate="200mbit",
-            warmup=1, iters=6, steps=(*SWEEPS, *_exchanges(("gloo", "gloo"), ("raw-split", "raw")), *KNOBS_FULL))
+            exchange_sizes=(parse_size("4M"), parse_size("16M")),
+            knob_volumes=(parse_size("4M"), parse_size("16M")), rate="200mbit", warmup=1, iters=6,
+            trial_budget_s=200.0, steps=(*SWEEPS, *TRIALS, *KNOBS_FULL))
 
 
 def per_rank_size(volume: int, world_size: int, element: int = 4) -> int:
@@ -144,7 +178,8 @@ def resolve_plan(quick: bool, max_n: int | None, volumes: list[int] | None) -> P
     the largest volume)."""
     plan = QUICK if quick else FULL
     if volumes:
-        plan = replace(plan, volumes=tuple(volumes), exchange_sizes=(max(volumes),), knob_volume=max(volumes))
+        largest = tuple(sorted(set(volumes))[-2:])
+        plan = replace(plan, volumes=tuple(volumes), exchange_sizes=(max(volumes),), knob_volumes=largest)
     if max_n is not None:
         if max_n < 2:
             raise DiagError("--max-n must be at least 2")
@@ -297,12 +332,25 @@ def _advise_step(run_dir: Path, lab: Any, size: int, plan: Plan, say: Callable[[
 
 
 def step_spec(plan: Plan, step: Step, world_size: int) -> SweepSpec:
-    """The sweep one step runs at one world size."""
+    """The sweep one step runs at one world size (a trial's: the launch's base spec, gloo)."""
+    if step.trial is not None:
+        trial = step_trial(plan, step)
+        return SweepSpec(backend="gloo", ops=(step.op,), sizes=trial.sizes, warmup=trial.warmup,
+                         iters=trial.block_iters, timeout_s=120.0)
+    iters = max(plan.iters, step.min_iters)
     spec = SweepSpec(backend=step.backend, ops=(step.op,), sizes=plan.sizes_of(step, world_size),
-                     warmup=plan.warmup, iters=max(plan.iters, step.min_iters), timeout_s=120.0, order=step.order)
+                     warmup=plan.warmup, iters=iters, timeout_s=120.0, order=step.order,
+                     max_iters=max(iters, SURVEY_MAX_ITERS), target_sem=SURVEY_TARGET_SEM)
     if step.backend == "raw":
         spec = spec.replace(algo=step.algo, knobs=dict(step.knobs))
     return spec
+
+
+def step_trial(plan: Plan, step: Step, seed: int = 0) -> TrialSpec:
+    """A trial step's spec on this plan: its sizes (per rank, N=2), its share of the budget, the warm-up."""
+    assert step.trial is not None
+    return replace(step.trial, sizes=plan.sizes_of(step, 2), budget_s=plan.trial_budget_s * step.budget_share,
+                   warmup=plan.warmup, seed=seed)
 
 
 def step_title(step: Step, world_size: int) -> str:
@@ -315,11 +363,20 @@ def _run_steps(plan: Plan, run: Run, lab: Any, capture: str | None, say: Callabl
                keep_going: bool) -> None:
     from diag.runner import make_job, run_worlds
 
+    # One seed a run for the trials' block orders (recorded in the trial spec of every trial's start event).
+    seed = run.meta.setdefault("trial_seed", int.from_bytes(os.urandom(4), "little"))
+
     def sweep(step: Step, n: int) -> Callable[[], None]:
         def action() -> None:
             spec = step_spec(plan, step, n)
             out = run.root / "records" / f"{step.name}.jsonl"
             job = make_job(spec, out, argv=["reproduce"], quiet=False)
+            if step.trial is not None:
+                # Interleaved arms in one launch; not captured: a capture's phases would mix the arms.
+                job = replace(job, meta={"trial": step_trial(plan, step, seed).to_json()})
+                run_worlds(spec, job, out, run.root, world_sizes=[n], lab=lab, capture=None,
+                           observe=lab is not None, tag_prefix=f"{step.name}--")
+                return
             run_worlds(spec, job, out, run.root, world_sizes=[n], lab=lab, capture=capture,
                        observe=lab is not None, tag_prefix=f"{step.name}--")
         return action
@@ -327,7 +384,7 @@ def _run_steps(plan: Plan, run: Run, lab: Any, capture: str | None, say: Callabl
     actions = [(step_title(step, n), sweep(step, n)) for step in plan.steps for n in plan.world_sizes_of(step)]
     # diag advise on the same lab, after the experiments: measured workarounds for the N=2 anomaly
     actions.append(("advise: workarounds for gloo all_gather N=2",
-                    _advise_step(run.root, lab, per_rank_size(plan.knob_volume, 2), plan, say)))
+                    _advise_step(run.root, lab, per_rank_size(max(plan.knob_volumes), 2), plan, say)))
     for index, (title, action) in enumerate(actions, 1):
         say(f"[{index}/{len(actions)}] {title}")
         step_started = time.monotonic()

@@ -68,7 +68,7 @@ def run_worlds(spec: SweepSpec, job: Job, out: Path, run_dir: Path, world_sizes:
             hooks.append(ObserveHook())
         tag = f"{tag_prefix}{transport_tag(spec)}-{'-'.join(spec.ops)}-n{n}"
         world_job = replace(job, spec=spec, rows_before=done, rows_total=total, run_id=f"{job.run_id}-n{n}",
-                            meta={"lab": lab.name if lab is not None else None, "capture": capture,
+                            meta={**job.meta, "lab": lab.name if lab is not None else None, "capture": capture,
                                   "capture_tag": tag if capture is not None else None,
                                   "run_dir": str(run_dir.resolve())})
         try:

@@ -34,6 +34,10 @@ class SweepSpec:
     check: bool = True                        # verify every timed iteration
     seed: int = 0
     knobs: dict[str, Any] = field(default_factory=dict)   # transport options (raw: conn, handshake, ...)
+    # Adaptive rows: past `iters`, keep sampling (one batch at a time) until the standard error of the mean
+    # time is at most target_sem of it, or max_iters were run. 0: exactly `iters`.
+    max_iters: int = 0
+    target_sem: float = 0.03
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -44,6 +48,10 @@ class SweepSpec:
             raise DiagError(f"unknown order {self.order!r}: choose recv-first or send-first")
         if self.iters < 1 or self.warmup < 0:
             raise DiagError("--iters must be >= 1 and --warmup >= 0")
+        if self.max_iters and self.max_iters < self.iters:
+            raise DiagError("--max-iters must be at least --iters")
+        if not 0 < self.target_sem < 1:
+            raise DiagError("target_sem must be between 0 and 1 (a fraction of the mean)")
         if not self.sizes:
             raise DiagError("no sizes to run")
         if any(n < 1 for n in self.world_sizes):

@@ -145,14 +145,21 @@ def run_job(job: Job) -> int:
             rows_done += 1
             if writer is not None:
                 writer.record(record)
-            if console is not None:
+            if console is not None and not record.block:   # a trial prints a line per round, not per block
                 console.row(record)
 
-        run_sweep(transport, spec, emit, job.run_id, on_row_start, heartbeat)
+        summary: dict[str, Any] = {}
+        if job.meta.get("trial"):   # an interleaved trial of several arms (diag/trial.py)
+            from diag.trial import run_trial
+
+            summary = run_trial(transport, job.meta["trial"], spec, emit, job.run_id, heartbeat,
+                                say=(lambda text: console.line(text)) if console else None)
+        else:
+            run_sweep(transport, spec, emit, job.run_id, on_row_start, heartbeat)
         transport.close()
         state.update(status="done")
         if writer is not None:
-            writer.end(job.run_id, "ok", t_ns=time.time_ns(), rows=rows_done)
+            writer.end(job.run_id, "ok", t_ns=time.time_ns(), rows=rows_done, **summary)
         return 0
     except (Exception, KeyboardInterrupt) as exc:
         message = exc.args[0] if isinstance(exc, DiagError) else _one_line(exc)

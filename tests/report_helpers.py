@@ -208,3 +208,61 @@ def tcp_info_samples(rwnd_limited_s: float, busy_s: float = 1.0, count: int = 5)
              "delivery_rate_Bps": LINK_BPS, "busy_s": busy_s * i / (count - 1),
              "rwnd_limited_s": rwnd_limited_s * i / (count - 1), "sndbuf_limited_s": 0.0, "retrans": 0}
             for i in range(count)]
+
+
+def trial_records(spec: Any, times: Any, world_size: int = 2, rounds: int = 6, run_id: str = "trial-1",
+                  cpu: Any = None) -> list[Record]:
+    """The block records an interleaved trial (diag/trial.py) writes: every arm once per round, in the
+    trial's own seeded order. ``times(arm, size, round) -> per-iteration seconds``; ``cpu(arm, round) ->
+    {"machine_busy": [...], "busiest_thread": [...]}`` or None."""
+    from diag.trial import round_order
+
+    out: list[Record] = []
+    t = 1_000_000_000
+    for size_index, size in enumerate(spec.sizes):
+        for r in range(rounds):
+            order = round_order(spec, size_index, r)
+            for position, name in enumerate(order):
+                arm = spec.arm(name)
+                samples = times(name, size, r)
+                record = make_record(arm.backend, arm.op, world_size, size, samples,
+                                     knobs={**arm.knobs, "order": arm.order} if arm.backend == "raw" else
+                                     {"order": arm.order} if arm.op == "exchange" else {}, t_start_ns=t)
+                t = record.t_end_ns + 1_000_000
+                block = {"trial": spec.name, "arm": name, "round": r, "position": position, "order": order,
+                         "size_index": size_index, "cpu": cpu(name, r) if cpu else {}}
+                out.append(Record(**{**record.__dict__, "run_id": run_id, "block": block}))
+    return out
+
+
+def write_trial(path: Path, spec: Any, records: Sequence[Record], run_id: str = "trial-1",
+                env: dict[str, Any] | None = None) -> Path:
+    """A trial launch's records file: start (meta.trial), the blocks, end."""
+    with RecordWriter(path) as writer:
+        writer.start(run_id, env=env if env is not None else TEST_ENV, spec={}, meta={"trial": spec.to_json()})
+        for r in records:
+            writer.record(r)
+        writer.end(run_id, "ok", trial={"name": spec.name, "sizes": {}})
+    return path
+
+
+# The N=2 trial of diag reproduce, and arm shapes (fast s, slow s, slow share) of the reported anomaly: gloo and
+# its protocol model mostly in the slow mode, the model with its notice on its own connection at the link.
+ANOMALY_SHAPES = {"gloo": (0.73, 1.12, 0.7), "raw": (0.72, 0.72, 0.0), "model": (0.73, 1.10, 0.8),
+                  "model-own-conn": (0.75, 1.1, 0.03), "shared-conn": (0.72, 0.72, 0.0)}
+
+
+def n2_trial(sizes: tuple[int, ...] = (16 * MiB,), seed: int = 7) -> Any:
+    from diag.reproduce import N2_ARMS, N2_COMPARISONS
+    from diag.trial import TrialSpec
+
+    return TrialSpec("n2-trial", N2_ARMS, N2_COMPARISONS, sizes=sizes, seed=seed)
+
+
+def shaped_times(shapes: dict[str, tuple[float, float, float]], per_block: int = 2) -> Any:
+    """times(arm, size, round) for trial_records: each iteration in the arm's fast or slow mode, 2% jitter."""
+    def times(arm: str, size: int, r: int) -> list[float]:
+        fast, slow, share = shapes[arm]
+        rng = random.Random(f"{arm}/{size}/{r}")
+        return [(slow if rng.random() < share else fast) * (1 + rng.gauss(0, 0.02)) for _ in range(per_block)]
+    return times

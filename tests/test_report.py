@@ -13,12 +13,17 @@ from pathlib import Path
 
 import pytest
 from report_helpers import (
+    ANOMALY_SHAPES,
     LINK_BPS,
     anomaly_records,
     cpu_samples,
+    n2_trial,
+    shaped_times,
     tcp_info_samples,
+    trial_records,
     turn_taking_analyses,
     write_run_dir,
+    write_trial,
 )
 
 from diag.__main__ import main
@@ -35,7 +40,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture
 def full_run_dir(tmp_path: Path) -> Path:
     analyses = turn_taking_analyses()
-    return write_run_dir(
+    root = write_run_dir(
         tmp_path / "run", anomaly_records(),
         meta={"lab": {"rate_bps": LINK_BPS * 8, "hosts": 4}, "link": {"single_stream_Bps": LINK_BPS * 0.97,
                                                                       "bidir_Bps": [LINK_BPS, LINK_BPS]},
@@ -48,6 +53,9 @@ def full_run_dir(tmp_path: Path) -> Path:
         tcpinfo=[{"kind": "tcp_info", "t_ns": i * 10**8, "rank": 0, "peer": 1, "conn": "shared", "cwnd": 10 + i,
                   "rtt_us": 300, "busy_s": 0.1 * i, "rwnd_limited_s": 0.0, "sndbuf_limited_s": 0.0,
                   "total_retrans": 0} for i in range(5)])
+    spec = n2_trial()
+    write_trial(root / "records" / "n2-trial.jsonl", spec, trial_records(spec, shaped_times(ANOMALY_SHAPES), rounds=8))
+    return root
 
 
 def md_rows(md: str) -> list[list[str]]:
@@ -173,12 +181,15 @@ def test_report_from_a_real_sweep(real_sweep: Path) -> None:
     assert findings["n2_busbw_dip"]["status"] in ("fired", "clear")
     assert findings["backend_below_raw"]["status"] == "undecided"
     assert findings["data_errors"]["status"] == "clear"
-    ratio_text = re.search(r"ratio by size: ([^)]*)", findings["n2_busbw_dip"]["statement"]).group(1)
+    ratio_text = re.search(r"ratio by size: ([^;]*);", findings["n2_busbw_dip"]["statement"]).group(1)
     n2 = {r.size_bytes: r for r in records if r.world_size == 2}
     n3 = {r.size_bytes: r for r in records if r.world_size == 3}
-    expected = ", ".join(f"{k}: {n2[s].busbw_Bps / n3[s].busbw_Bps:.2f}" for s, k in ((1024, "1 KiB"),
-                                                                                        (65536, "64 KiB")))
-    assert ratio_text == expected
+    # the ratio of mean busbw (all samples), each with its bootstrap interval around it
+    points = {k: float(v) for k, v in re.findall(r"(\d+ KiB): ([\d.]+) \[", ratio_text)}
+    assert set(points) == {"1 KiB", "64 KiB"}
+    for size, k in ((1024, "1 KiB"), (65536, "64 KiB")):
+        mean_busbw = {n: r.busbw_Bps * r.time_s / r.mean_s for n, r in ((2, n2[size]), (3, n3[size]))}
+        assert points[k] == pytest.approx(mean_busbw[2] / mean_busbw[3], abs=0.006)
 
 
 @pytest.mark.slow

@@ -44,11 +44,20 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
     # equal per-device volume D at every N (the user's x axis), data verified
     assert {r.volume_bytes for r in gloo} == {512 * 1024}
     assert all(r.nwrong == 0 for recs in records.values() for r in recs.records)
-    exchange_orders = {r.knobs.get("order") for r in records["gloo-exchange-send-first"].records}
-    assert exchange_orders == {"send-first"}
-    # --quick runs raw TCP's exchange in both orders too, so an order effect can be pinned on gloo alone
-    for order in ("recv-first", "send-first"):
-        assert {r.knobs.get("order") for r in records[f"raw-split-exchange-{order}"].records} == {order}
+    # the N=2 experiments ran as interleaved trials: every arm once a round, in the recorded order, and each
+    # trial's end event says why it stopped; raw TCP's exchange runs in both orders beside gloo's
+    for name, arms in (("n2-trial", {"gloo", "raw", "model", "model-own-conn", "shared-conn"}),
+                       ("n2-exchange-trial", {"gloo-recv-first", "gloo-send-first", "raw-recv-first",
+                                              "raw-send-first"})):
+        blocks = [r for r in records[name].records if r.block]
+        assert {r.block["arm"] for r in blocks} == arms
+        for k in {r.block["round"] for r in blocks}:
+            in_round = sorted((r for r in blocks if r.block["round"] == k), key=lambda r: r.t_start_ns)
+            assert [r.block["arm"] for r in in_round] == in_round[0].block["order"]
+        (end,) = records[name].ends
+        assert all(v["stopped"] in ("decided", "budget", "max_rounds") for v in end["trial"]["sizes"].values())
+    orders = {(r.backend, r.knobs.get("order")) for r in records["n2-exchange-trial"].records if r.op == "exchange"}
+    assert orders == {(b, o) for b in ("gloo", "raw") for o in ("recv-first", "send-first")}
 
     # diag advise ran on the same lab: each workaround against plain gloo, data checked
     advice = json.loads((run_dir / "advise" / "advise.json").read_text())

@@ -168,7 +168,28 @@ class RunData:
 
     @property
     def records(self) -> list[Record]:
-        return [r for f in self.record_files for r in f.records]
+        """The survey rows: one per (transport, knobs, op, N, size) and launch. Blocks of interleaved trials
+        are not rows of a series (a trial holds many short blocks per arm): ``trials`` reads those."""
+        return [r for f in self.record_files for r in f.records if not r.block]
+
+    @property
+    def trials(self) -> list[tuple[Any, list[Record], dict[str, Any]]]:
+        """(TrialSpec, its block records, its end event's summary or {}) for every trial launch in the run."""
+        def collect() -> list[tuple[Any, list[Record], dict[str, Any]]]:
+            from diag.trial import TrialSpec
+
+            out = []
+            for f in self.record_files:
+                for start in f.starts:
+                    trial = (start.get("meta") or {}).get("trial")
+                    if not trial:
+                        continue
+                    run_id = start.get("run_id")
+                    blocks = [r for r in f.records if r.block and r.run_id == run_id]
+                    end = next((e.get("trial") or {} for e in f.ends if e.get("run_id") == run_id), {})
+                    out.append((TrialSpec.from_json(trial), blocks, end))
+            return out
+        return self.remember("trials", collect)
 
     def source_of(self, record: Record) -> str:
         for f in self.record_files:

@@ -6,16 +6,11 @@ A threshold is read as ``N2_DIP_RATIO.value``; the name in a finding is the cons
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from diag.report.compare import ALPHA as _ALPHA
 
-
-@dataclass(frozen=True)
-class Threshold:
-    name: str
-    value: float | int
-    meaning: str
+# The experiments' thresholds live with the decisions that use them, below the report (the trials decide with
+# them while they run); the one Threshold type is theirs.
+from diag.verdicts import CONTROL_DIP, CPU_CONFOUNDED, MIN_ROUNDS, RULED_OUT_SHARE, SHOWN_SHARE, Threshold
 
 
 def _t(name: str, value: float | int, meaning: str) -> Threshold:
@@ -79,7 +74,8 @@ TABLE: tuple[Threshold, ...] = (
     ORDER_EFFECT, CONN_SPLIT_EFFECT, RWND_LIMITED_FRACTION, SNDBUF_LIMITED_FRACTION, WINDOW_FULL_RATE,
     WINDOW_FULL_MIN_COUNT, RETRANS_RATE,
     RETRANS_MIN_COUNT, IDLE_RESTART_S, IDLE_FRACTION, TURN_GAP_SHARE, CWND_COLLAPSE_SEGMENTS, CPU_PINNED_PCT, CPU_PINNED_SHARE, CPU_MIN_SAMPLES,
-    CPU_SATURATED_PCT, CPU_LINK_REACHED, TURN_TAKING_GAP, HALF_DUPLEX_MATCH, ALPHA,
+    CPU_SATURATED_PCT, CPU_LINK_REACHED, TURN_TAKING_GAP, HALF_DUPLEX_MATCH, ALPHA, CONTROL_DIP, SHOWN_SHARE,
+    RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED,
 )
 
 

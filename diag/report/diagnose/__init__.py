@@ -14,6 +14,7 @@ Modules: ``findings`` (the typed findings.json document and the text summary), `
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from diag.report.diagnose.advice import workarounds
@@ -71,9 +72,23 @@ def diagnose(run: RunData) -> list[Finding]:
     findings: list[Finding] = []
     for rule in RULES.values():
         findings.extend(rule(run))
-    findings.append(mechanism(findings))
-    findings.extend(suspects(findings))
-    return findings
+    verdicts = suspects(findings)
+    findings.append(mechanism([*findings, *verdicts]))
+    findings.extend(verdicts)
+    return [f if f.explains else replace(f, explains=EXPLAINS.get(f.rule, NOT_A_TOGGLE)) for f in findings]
+
+
+# What a finding without its own figure says of the backend's N=2 loss: only an experiment that toggles a
+# cause can account for a share of it; the rest describe it, or are about something else.
+NOT_A_TOGGLE = "none: an observation, not an experiment that toggles a cause"
+EXPLAINS: dict[str, str] = {
+    "n2_busbw_dip": "this is the N=2 loss itself",
+    "backend_below_raw": "none: measures the loss against raw TCP, does not explain it",
+    "data_errors": "none: about the data, not the loss",
+    "capture_drops": "none: about the capture, not the loss",
+    "workarounds": "none: measures what avoids the loss, not why it happens",
+    "mechanism": "undecided",
+}
 
 
 def findings_to_json(findings: Sequence[Finding], run: RunData) -> dict[str, Any]:

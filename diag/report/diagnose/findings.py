@@ -4,6 +4,8 @@ command that prints findings uses.
 Schema history (``FINDINGS_SCHEMA``, the ``schema`` key of findings.json):
   1: run_dir, missing_inputs, findings (rule, status, statement, strength, evidence [text, values, source,
      plot, phase], thresholds). A file without a ``schema`` key is read as 1.
+  2: each finding has ``explains``: the share of the backend's N=2 loss it accounts for, in words ("none"
+     where it is an observation or unrelated; version 1 files read with "").
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from diag.typedjson import from_json, read_json_object, to_json
 
-FINDINGS_SCHEMA = 1
+FINDINGS_SCHEMA = 2
 STATUSES = ("fired", "undecided", "clear")
 STRENGTHS = ("strong", "moderate", "weak")
 # Print order: what fired first, then what could not be decided, then what was checked clear.
@@ -39,6 +41,7 @@ class Finding:
     strength: str = ""                           # strong | moderate | weak (fired only)
     evidence: tuple[Evidence, ...] = ()
     thresholds: dict[str, float] = field(default_factory=dict)
+    explains: str = ""                           # share of the backend's N=2 loss it accounts for, or "none ..."
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -111,6 +114,8 @@ def render_text(findings: Sequence[Finding]) -> str:
     for f in ordered(findings):
         tag = {"fired": f"FINDING ({f.strength})", "undecided": "CANNOT DECIDE", "clear": "ok"}[f.status]
         lines.append(f"[{tag}] {f.rule}: {f.statement}")
+        if f.explains and f.status != "clear":
+            lines.append(f"      share of the N=2 loss: {f.explains}")
         for e in f.evidence[:5]:
             where = e.source + (f", plot {e.plot}" if e.plot else "")
             lines.append(f"    - {e.text} [{where}]")

@@ -1,5 +1,7 @@
-"""The mechanism verdict: tie the N=2 dip to the fired findings that explain it, and name the experiments
-that ruled suspects out; undecided when nothing isolates it."""
+"""The mechanism verdict: the N=2 dip explained by the suspects an experiment shows (positive control,
+most of the loss removed, diag.verdicts), with the observations consistent with it and the suspects that
+experiments ruled out; undecided when no experiment isolates the cause. An observation (the wire taking
+turns, a half-duplex match, idle gaps) describes how the loss looks, never why: it is listed, not counted."""
 
 from __future__ import annotations
 
@@ -9,13 +11,12 @@ from dataclasses import dataclass
 from diag.report.diagnose.findings import STRENGTHS, Evidence, Finding
 from diag.report.diagnose.paired import EXPERIMENTS
 
-# Rules whose firing points at a mechanism behind an N=2 dip, with what each means (the paired experiments
-# bring their own reading).
-READINGS: dict[str, str] = {
+# Observations: rules whose firing describes how an N=2 loss looks on the wire or in the CPU, with what each
+# means. They are consistent with a mechanism, never proof of one (only a toggling experiment is).
+OBSERVATIONS: dict[str, str] = {
     "turn_taking": "on the wire, the backend's one connection at N=2 carries its two directions in turns, "
                    "where raw TCP on one connection between the same hosts carries both at once",
     "half_duplex_match": "a raw ring that alternates directions (half duplex) runs at the backend's N=2 speed",
-    **{e.id: e.reading for e in EXPERIMENTS},
     "low_duplex_overlap": "the wire shows both directions of one connection/host taking turns",
     "cpu_bound": "a thread is pinned at a full core, so the CPU may set the pace",
     "window_limited": "senders wait on windows or buffers",
@@ -23,12 +24,13 @@ READINGS: dict[str, str] = {
     "idle_gaps": "connections idle between bursts",
 }
 
-# Rules whose "clear" verdict rules a suspected mechanism out.
-RULED_OUT: tuple[str, ...] = (*(e.id for e in EXPERIMENTS if e.rules_out), "cpu_bound")
+# What a shown experiment says about the mechanism behind an N=2 dip.
+READINGS: dict[str, str] = {e.id: e.reading for e in EXPERIMENTS}
 
 
 def mechanism(findings: Sequence[Finding]) -> Finding:
-    """Tie the N=2 dip to the experiments that explain it; undecided when none does."""
+    """Tie the N=2 dip to the suspects shown by experiment; undecided when none is. ``findings`` holds the
+    suspects' verdicts (suspects()) beside the rules' findings."""
     name = "mechanism"
     fired_dips = [f for f in findings if f.rule == "n2_busbw_dip" and f.status == "fired"]
     # The mechanism explains a backend's dip: a dip in a raw-TCP series is a property of that raw schedule
@@ -44,40 +46,62 @@ def mechanism(findings: Sequence[Finding]) -> Finding:
             return Finding(name, "clear", "no backend N=2 busbw dip to explain; the N=2 dips are in raw-TCP series "
                            f"({'; '.join(raw)}): properties of those raw schedules, not a backend's mechanism")
         return Finding(name, "clear", "no N=2 busbw dip to explain")
-    support: list[Finding] = []
+    verdicts = [f for f in findings if f.rule.startswith("suspect_")]
+    shown = [f for f in verdicts if f.status == "fired"]
+    ruled_out = [f for f in verdicts if f.status == "clear"]
+    consistent, everywhere = _observations(findings)
+    if not shown:
+        open_ = [f.statement for f in verdicts if f.status == "undecided"]
+        return Finding(name, "undecided",
+                       "N=2 is slower but no experiment here isolates why"
+                       + (f"; ruled out by experiment: {'; '.join(_name(f) for f in ruled_out)}" if ruled_out else "")
+                       + (f"; not isolated: {'; '.join(open_)}" if open_ else "")
+                       + (f"; observed (describes the loss, does not explain it): {', '.join(consistent)}"
+                          if consistent else "")
+                       + (f"; seen at N>=3 too, so not specific to N=2: {', '.join(everywhere)}" if everywhere else ""))
+    statement = "the N=2 loss is explained by: " + "; ".join(f"{_name(f)} (shown by {f.statement.split(': shown by ')[1].split(':')[0]})"
+                                                             for f in shown)
+    if consistent:
+        statement += f"; consistent with the observations: {', '.join(consistent)}"
+    if ruled_out:
+        statement += "; ruled out by experiment: " + "; ".join(_name(f) for f in ruled_out)
+    if everywhere:
+        statement += f" (seen at N>=3 too, so not specific to N=2: {', '.join(everywhere)})"
+    evidence = tuple(Evidence(f"{f.rule}: {f.statement}", {"rule": f.rule, "strength": f.strength, "world_size": 2},
+                              f.evidence[0].source, f.evidence[0].plot) for f in [*dips[:1], *shown])
+    # No surer than the dip it explains, nor than the weakest experiment that shows it.
+    weakest = max(STRENGTHS.index(f.strength) for f in [*dips[:1], *shown])
+    return Finding(name, "fired", statement, STRENGTHS[weakest], evidence,
+                   explains="; ".join(f"{f.rule.removeprefix('suspect_').upper()}: {f.explains}" for f in shown))
+
+
+def _figures(experiment: Finding) -> str:
+    """The figures of a paired experiment's statement, without its headline sentence."""
+    rows = {e.id: e for e in EXPERIMENTS}
+    row = rows.get(experiment.rule)
+    for prefix in ((row.headline, row.clear) if row else ()):
+        if experiment.statement.startswith(prefix + ": "):
+            return experiment.statement[len(prefix) + 2:]
+    return experiment.statement
+
+
+def _name(verdict: Finding) -> str:
+    """'M4: ACKs queued behind reverse data on one connection' of a suspect's verdict."""
+    return verdict.statement.split(": ruled out by")[0].split(": shown by")[0]
+
+
+def _observations(findings: Sequence[Finding]) -> tuple[list[str], list[str]]:
+    """Fired observations seen at N=2 only (consistent with an N=2 mechanism), and those seen at N>=3 too."""
+    consistent: list[str] = []
     everywhere: list[str] = []
     for f in findings:
-        if f.status != "fired" or f.rule not in READINGS:
+        if f.status != "fired" or f.rule not in OBSERVATIONS:
             continue
         sizes = {e.values.get("world_size") for e in f.evidence} - {None}
         if 2 not in sizes:
-            continue  # seen only at other world sizes, or at no known one: says nothing about N=2
-        if any(n >= 3 for n in sizes):
-            everywhere.append(f.rule)  # present at N>=3 too, so it cannot explain what only N=2 suffers
             continue
-        support.append(f)
-    if not support:
-        missing = sorted({f.rule for f in findings if f.status == "undecided" and f.rule in READINGS})
-        return Finding(name, "undecided",
-                       "N=2 is slower but no experiment here isolates why"
-                       + (f"; seen at N>=3 as well, so not specific to N=2: {', '.join(everywhere)}"
-                          if everywhere else "")
-                       + (f"; missing evidence for: {', '.join(missing)}" if missing else ""))
-    readings = "; ".join(READINGS[f.rule] for f in support)
-    evidence = tuple(Evidence(f"{f.rule}: {f.statement}", {"rule": f.rule, "strength": f.strength},
-                              f.evidence[0].source, f.evidence[0].plot) for f in [*dips[:1], *support])
-    strong = sum(f.strength == "strong" for f in support)
-    strength = "strong" if strong >= 2 else "moderate" if strong == 1 or len(support) >= 2 else "weak"
-    # No surer than the dip it explains.
-    weakest_dip = max(STRENGTHS.index(f.strength) for f in dips[:1])
-    strength = STRENGTHS[max(STRENGTHS.index(strength), weakest_dip)]
-    statement = f"the N=2 loss is supported by: {readings}"
-    ruled_out = [f.statement for f in findings if f.status == "clear" and f.rule in RULED_OUT]
-    if ruled_out:
-        statement += "; ruled out by experiment: " + "; ".join(ruled_out)
-    if everywhere:
-        statement += f" (not counted, seen at N>=3 too: {', '.join(everywhere)})"
-    return Finding(name, "fired", statement, strength, evidence)
+        (everywhere if any(n >= 3 for n in sizes) else consistent).append(f"{f.rule} ({OBSERVATIONS[f.rule]})")
+    return consistent, everywhere
 
 
 @dataclass(frozen=True)
@@ -107,10 +131,10 @@ SUSPECTS: tuple[Suspect, ...] = (
     Suspect("suspect_m3", "M3: per-byte copies in PyTorch", None, "", "",
             "no experiment here switches torch's copies off; see cpu_bound for whether any thread was pinned"),
     Suspect("suspect_m4", "M4: ACKs queued behind reverse data on one connection", "shared_connection",
-            "raw TCP is slower with both directions (and their ACKs) on one connection than with one per direction; "
-            "ACKs behind reverse data are one cost of sharing, not told apart from the others",
-            "raw TCP with both directions, and each direction's ACKs behind the other's data, on one connection is "
-            "as fast as one connection per direction",
+            "raw TCP with both directions (and their ACKs) on one connection reproduces most of the backend's N=2 "
+            "loss; ACKs behind reverse data are one cost of sharing, not told apart from the others",
+            "raw TCP with both directions, and each direction's ACKs behind the other's data, on one connection "
+            "reproduces none of the backend's N=2 loss",
             "no raw rows with both --conn shared and --conn split at N=2"),
 )
 
@@ -124,14 +148,16 @@ def suspects(findings: Sequence[Finding]) -> list[Finding]:
     for s in SUSPECTS:
         experiment = by_rule.get(s.experiment) if s.experiment else None
         if experiment is not None and experiment.status == "fired":
-            out.append(Finding(s.id, "fired", f"{s.name}: shown by {s.experiment} ({s.shown})",
-                               experiment.strength, experiment.evidence, experiment.thresholds))
+            out.append(Finding(s.id, "fired", f"{s.name}: shown by {s.experiment}: {_figures(experiment)}",
+                               experiment.strength, experiment.evidence, experiment.thresholds,
+                               explains=experiment.explains))
         elif experiment is not None and experiment.status == "clear":
             out.append(Finding(s.id, "clear", f"{s.name}: ruled out by {s.experiment} ({s.ruled_out}): "
-                               f"{experiment.statement}", thresholds=experiment.thresholds))
+                               f"{_figures(experiment)}", evidence=experiment.evidence,
+                               thresholds=experiment.thresholds, explains="none: ruled out"))
         else:
             why = s.why_not_isolated
             if experiment is not None:
                 why = f"{s.experiment} could not decide: {experiment.statement}"
-            out.append(Finding(s.id, "undecided", f"{s.name}: not isolated ({why})"))
+            out.append(Finding(s.id, "undecided", f"{s.name}: not isolated ({why})", explains="undecided"))
     return out

@@ -1,151 +1,310 @@
-"""One rule for every paired experiment: the same rows run with one knob at two values, everything else
-equal; does the knob change the metric?
+"""One rule for every paired experiment: arms that differ in one knob, held against each other by a design
+that earns its verdict (diag.verdicts): a positive control, the share of the anomaly the toggle explains,
+bootstrap intervals over blocks, and "undecided" whenever the data cannot decide.
 
-An experiment is a row of data (``EXPERIMENTS``): the knob, its reference value ``a`` and its changed value
-``b``, the metric compared (median time or busbw, as the ratio b / a), the effect threshold, whether a
-change either way counts (two-sided) or only an improvement, which rows take part, and the sentences the
-finding uses. A new knob of the raw transport's protocol model becomes one more row here; the mechanism
-verdict reads ``reading`` and ``rules_out`` from the row, so it needs no change either.
+An experiment is a row of data (``EXPERIMENTS``): the knob, its two values (``on``: the suspect switched on),
+the design, the reference rows it needs, and the sentences its finding uses. Its evidence comes first from
+the run's interleaved trials (diag/trial.py: the comparisons whose ``rule`` is the experiment's id, decided
+exactly as the trial decided them while it ran); without a trial, from survey rows paired by knob, one
+block per launch, which the finding says are not interleaved. Every size the experiment ran is judged: a
+suspect shown at one size and ruled out at another is undecided, with both.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from diag.records import Record
-from diag.report.compare import welch_test
-from diag.report.diagnose.base import strength_of, undecided
+from diag.report.diagnose.base import undecided
 from diag.report.diagnose.findings import Evidence, Finding
 from diag.report.rundir import RunData
 from diag.report.series import knob, series_label
-from diag.report.thresholds import ALPHA, CONN_SPLIT_EFFECT, ORDER_EFFECT, Threshold, used
-from diag.units import human_bytes, human_rate, human_time
+from diag.report.thresholds import (
+    CONTROL_DIP,
+    CPU_CONFOUNDED,
+    MIN_ROUNDS,
+    ORDER_EFFECT,
+    RULED_OUT_SHARE,
+    SHOWN_SHARE,
+    Threshold,
+    used,
+)
+from diag.stats import Arm, Interval, bootstrap_means, interval
+from diag.trial import arms_of, cpu_of
+from diag.units import human_bytes
+from diag.verdicts import Decision, difference, explained_share
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One decision of an experiment: where (series, op, N, size), what, and the share of the backend's
+    N=2 loss it accounts for where that can be measured in the same rounds."""
+
+    label: str
+    op: str
+    world_size: int
+    size_bytes: int
+    decision: Decision
+    source: str
+    budget_spent: bool = False
+    loss_share: Interval | None = None     # of the backend's loss against the healthy arm, same rounds
+
+    def text(self) -> str:
+        d = self.decision
+        how = (f"{d.rounds} interleaved rounds" if d.interleaved else f"{d.rounds} separate launch(es) an arm, "
+               "not interleaved")
+        p = f", Mann-Whitney p={d.p_value:.2g}" if d.p_value is not None else ""
+        budget = "; undecided (budget): the trial's time ran out" if self.budget_spent and d.verdict == "undecided" else ""
+        share = (f"; accounts for {self.loss_share.point:.0%} [{self.loss_share.low:.0%}, "
+                 f"{self.loss_share.high:.0%}] of the backend's N=2 loss" if self.loss_share else "")
+        return (f"{self.label} {self.op} N={self.world_size} {human_bytes(self.size_bytes)}: {d.reason}{share} "
+                f"({how}{p}){budget}")
+
+    def short(self) -> str:
+        """The figures a verdict rests on, in one clause (the evidence has the whole sentence)."""
+        d = self.decision
+        how = f"{d.rounds} {'interleaved rounds' if d.interleaved else 'launches an arm'}"
+        where = f"N={self.world_size} {human_bytes(self.size_bytes)}"
+        if d.share is None:
+            ratio = f"time ratio {d.ratio.text()}" if d.ratio else d.reason
+            return f"{self.label} {where}: {ratio} ({how})"
+        what = "removes" if d.design == "knock-out" else "reproduces"
+        loss = (f", {self.loss_share.point:.0%} [{self.loss_share.low:.0%}, {self.loss_share.high:.0%}] of the "
+                "backend's N=2 loss" if self.loss_share is not None and d.design == "knock-out" else "")
+        return (f"{where}: the toggle {what} {d.share.point:.0%} [{d.share.low:.0%}, {d.share.high:.0%}] of the "
+                f"{'base arm' if d.design == 'knock-out' else 'backend'}'s loss{loss} ({how})")
 
 
 @dataclass(frozen=True)
 class PairedExperiment:
-    id: str                          # the rule id of its findings
-    knob: str                        # the knob toggled (a record knob, or extra, or a raw default)
-    a: str                           # reference value
-    b: str                           # changed value; the ratio is b / a
-    metric: str                      # "time" (median time) or "busbw"
-    effect: Threshold                # |ratio - 1| (two-sided) or ratio - 1 (one-sided) at least this is an effect
-    two_sided: bool                  # a change either way counts; else only ratio >= 1 + effect
-    ratio_key: str                   # name of the ratio in the evidence values
-    compare: str                     # "{b} {b_time} vs {a} {a_time} (... {ratio:.2f}": what one pair shows
-    headline: str                    # fired: "<headline>: <pairs with an effect>"
-    clear: str                       # clear: "<clear>: <pairs without>"
-    maybe: str                       # undecided, large but not significant: "<maybe>, but the samples ..."
-    absent: str                      # undecided: no row has the knob at either value
+    id: str                          # the rule id of its findings (and of the trial comparisons it reads)
+    knob: str                        # the knob toggled
+    on: str                          # knob value with the suspected mechanism on (difference: the changed value)
+    off: str                         # knob value with it off (difference: the reference value)
+    design: str                      # diag.verdicts.DESIGNS
+    headline: str                    # shown: "<headline>: <where>"
+    clear: str                       # ruled out: "<clear>: <where>"
+    absent: str                      # undecided: no rows toggle the knob
     one_value: str                   # undecided: rows at one of the two values only
-    reading: str                     # what a fired finding says about the mechanism behind an N=2 dip
+    reading: str                     # what a shown finding says about the mechanism behind an N=2 dip
+    effect: Threshold | None = None  # difference: the smallest change that counts
     rules_out: bool = True           # a clear finding rules the suspected mechanism out
-    backend: str | None = None       # only rows of this backend take part ("raw"); None: any
+    backend: str | None = None       # only rows of this backend toggle the knob ("raw"); None: any
     hold: tuple[str, ...] = ()       # further knobs that may differ within a pair (left out of its label)
+    # survey rows only: the reference rows of a pair (knock-out: the healthy reference; knock-in: the anomaly)
+    reference: Callable[[Record], bool] | None = None
 
     # A rule's id is its __name__, for functions and experiments alike.
     @property
     def __name__(self) -> str:
         return self.id
 
+    def thresholds(self) -> dict[str, float]:
+        if self.design == "difference":
+            return used(*(t for t in (self.effect, MIN_ROUNDS, CPU_CONFOUNDED) if t is not None))
+        return used(CONTROL_DIP, SHOWN_SHARE, RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED)
+
     def value_of(self, record: Record) -> str | None:
         if self.backend is not None and record.backend != self.backend:
             return None
         value = knob(record, self.knob)
-        return str(value) if value in (self.a, self.b) else None
-
-    def ratio(self, a: Record, b: Record) -> float:
-        if self.metric == "time":
-            return b.time_s / a.time_s if a.time_s > 0 else math.inf
-        return b.busbw_Bps / a.busbw_Bps if a.busbw_Bps > 0 else math.inf
-
-    def is_large(self, ratio: float) -> bool:
-        return abs(ratio - 1) >= self.effect.value if self.two_sided else ratio >= 1 + self.effect.value
+        return str(value) if value in (self.on, self.off) else None
 
     def __call__(self, run: RunData) -> list[Finding]:
-        thresholds = used(self.effect, ALPHA)
-        pairs: dict[tuple[str, str, int, int], dict[str, Record]] = defaultdict(dict)
+        judged = self.from_trials(run)
+        if not judged:
+            judged_or_why = self.from_rows(run)
+            if isinstance(judged_or_why, str):
+                return undecided(self.id, judged_or_why, *(t for t in (self.effect, MIN_ROUNDS) if t))
+            judged = judged_or_why
+        return [self.finding(judged)]
+
+    # --- evidence from interleaved trials ---------------------------------------------------------------
+    def from_trials(self, run: RunData) -> list[Judged]:
+        out: list[Judged] = []
+        for spec, blocks, end in run.trials:
+            source = run.source_of(blocks[0]) if blocks else "?"
+            anomaly = next((a.name for a in spec.arms if a.backend != "raw"), None)
+            for comparison in spec.comparisons:
+                if comparison.rule != self.id:
+                    continue
+                for size in spec.sizes:
+                    arms = arms_of(blocks, spec.name, size)
+                    if not all(name in arms for name in comparison.arm_names):
+                        continue
+                    decision = comparison.decide(arms, cpu_of(blocks, spec.name, size), spec.seed)
+                    stopped = (end.get("sizes") or {}).get(str(size), {}).get("stopped")
+                    arm = spec.arm(comparison.on)
+                    label = f"{spec.name}: {comparison.on} vs {comparison.off}"
+                    share = None
+                    if comparison.design == "knock-out" and anomaly and anomaly in arms and anomaly != comparison.on:
+                        share = loss_share(arms[anomaly], arms[comparison.reference], arms[comparison.on],
+                                           arms[comparison.off], spec.seed)
+                    elif comparison.design == "knock-in":
+                        share = decision.share
+                    out.append(Judged(label, arm.op, blocks[0].world_size, size, decision, source,
+                                      stopped == "budget", share))
+        return out
+
+    # --- evidence from survey rows (no trial): one block per launch --------------------------------------
+    def from_rows(self, run: RunData) -> list[Judged] | str:
+        groups: dict[tuple[str, str, int, int], dict[str, list[Record]]] = defaultdict(lambda: defaultdict(list))
         for r in run.records:
             value = self.value_of(r)
             if value is not None:
                 label = series_label(r, without=(self.knob, *self.hold))
-                pairs[(label, r.op, r.world_size, r.size_bytes)][value] = r
-        both = {k: v for k, v in pairs.items() if len(v) == 2}
+                groups[(label, r.op, r.world_size, r.size_bytes)][value].append(r)
+        both = {k: v for k, v in groups.items() if len(v) == 2}
         if not both:
-            return undecided(self.id, self.one_value if pairs else self.absent, self.effect, ALPHA)
-        largest: dict[tuple[str, str, int], int] = {}
-        for (label, op, n, size) in both:
-            largest[(label, op, n)] = max(size, largest.get((label, op, n), 0))
-        effects: list[Evidence] = []
-        flat: list[str] = []
-        unsure: list[str] = []
-        for (label, op, n), size in sorted(largest.items()):
-            a, b = both[(label, op, n, size)][self.a], both[(label, op, n, size)][self.b]
-            ratio = self.ratio(a, b)
-            test = welch_test(a.times_s, b.times_s)
-            shown = self.compare.format(a=self.a, b=self.b, a_time=human_time(a.time_s), b_time=human_time(b.time_s),
-                                        a_busbw=human_rate(a.busbw_Bps), b_busbw=human_rate(b.busbw_Bps), ratio=ratio)
-            text = (f"{label} {op} N={n} {human_bytes(size)}: {shown}"
-                    + (f", p={test.p_value:.2g})" if test.p_value is not None else f", {test.reason})"))
-            if not self.is_large(ratio):
-                flat.append(text)
-            elif test.p_value is not None and test.p_value < ALPHA.value:
-                effects.append(Evidence(text, {"world_size": n, "size_bytes": size, self.ratio_key: ratio,
-                                               "p_value": test.p_value}, run.source_of(b), "busbw_vs_size.png"))
+            return self.one_value if groups else self.absent
+        out: list[Judged] = []
+        reasons: list[str] = []
+        for (label, op, n, size), rows in sorted(both.items()):
+            on = Arm.of(self.on, [r.times_s for r in rows[self.on]])
+            off = Arm.of(self.off, [r.times_s for r in rows[self.off]])
+            source = run.source_of(rows[self.on][0])
+            if self.design == "difference":
+                assert self.effect is not None
+                decision = difference(off, on, float(self.effect.value))
             else:
-                unsure.append(text)  # a large difference the samples cannot confirm is not "no effect"
-        if not effects and unsure:
-            return undecided(self.id, f"{self.maybe}, but the samples cannot confirm it (more --iters would): "
-                             + "; ".join(unsure), self.effect, ALPHA)
-        if not effects:
-            return [Finding(self.id, "clear", f"{self.clear}: " + "; ".join(flat), thresholds=thresholds)]
-        largest_effect = max(math.exp(abs(math.log(e.values[self.ratio_key]))) for e in effects)
-        statement = f"{self.headline}: " + "; ".join(e.text for e in effects)
-        if flat:
-            statement += "; no effect where: " + "; ".join(flat)
-        return [Finding(self.id, "fired", statement,
-                        strength_of(largest_effect - 1 - self.effect.value, 0.3, 0.1), tuple(effects), thresholds)]
+                refs = [r for r in run.records if self.reference is not None and self.reference(r)
+                        and r.op == op and r.world_size == n and r.size_bytes == size]
+                if not refs:
+                    reasons.append(f"{label} {op} N={n} {human_bytes(size)}: no reference rows for the "
+                                   f"{self.design} design")
+                    continue
+                reference = Arm.of("reference", [r.times_s for r in refs])
+                decision = (explained_share(on, off, on, reference, "knock-out") if self.design == "knock-out"
+                            else explained_share(on, off, reference, off, "knock-in"))
+            out.append(Judged(label, op, n, size, decision, source,
+                              loss_share=decision.share if self.design == "knock-in" else None))
+        return out or "; ".join(reasons)
+
+    # --- the finding -----------------------------------------------------------------------------------
+    def finding(self, judged: list[Judged]) -> Finding:
+        """Per subject (a trial comparison, or a series of rows), its sizes combine: shown where some size shows
+        it and none rules it out, and the other way round; sizes that disagree leave the subject undecided.
+        Across subjects: fired if one is shown, clear if all are ruled out."""
+        thresholds = self.thresholds()
+        subjects: dict[str, list[Judged]] = defaultdict(list)
+        for j in judged:
+            subjects[j.label].append(j)
+        shown: list[Judged] = []
+        ruled: list[Judged] = []
+        disagree: list[str] = []
+        for label, items in subjects.items():
+            yes = [j for j in items if j.decision.verdict == "shown"]
+            no = [j for j in items if j.decision.verdict == "ruled_out"]
+            if yes and no:
+                disagree.append(f"{label}: the sizes disagree: shown at " + "; ".join(j.text() for j in yes)
+                                + "; ruled out at " + "; ".join(j.text() for j in no))
+            elif yes:
+                shown.extend(yes)
+            elif no and len(no) == len(items):
+                ruled.extend(no)
+        if disagree and not shown:
+            return Finding(self.id, "undecided", "; ".join(disagree), thresholds=thresholds)
+        if ruled and len({j.label for j in ruled}) < len(subjects) and not shown:
+            ruled = []          # some subject ruled out, another undecided: not cleared as a whole
+        if shown:
+            evidence = tuple(self.evidence(j) for j in shown)
+            lows = [j.decision.share.low if j.decision.share else 0.0 for j in shown]
+            strong = len(shown) >= 2 or max(lows) >= 0.75 or (self.design == "difference" and len(shown) >= 1
+                                                                and all(j.decision.interleaved for j in shown))
+            rest = [j for j in judged if j not in shown]
+            statement = f"{self.headline}: " + "; ".join(j.short() for j in shown)
+            if rest:
+                statement += "; elsewhere: " + "; ".join(j.short() for j in rest)
+            return Finding(self.id, "fired", statement, "strong" if strong else "moderate", evidence, thresholds,
+                           explains=explained(shown))
+        if ruled:
+            rest = [j for j in judged if j not in ruled]
+            statement = f"{self.clear}: " + "; ".join(j.short() for j in ruled)
+            if rest:
+                statement += "; elsewhere: " + "; ".join(j.short() for j in rest)
+            return Finding(self.id, "clear", statement, thresholds=thresholds, explains="none: ruled out",
+                           evidence=tuple(self.evidence(j) for j in judged))
+        return Finding(self.id, "undecided", f"{self.id} could not decide: " + "; ".join(j.text() for j in judged),
+                       thresholds=thresholds)
+
+    def evidence(self, j: Judged) -> Evidence:
+        d = j.decision
+        values: dict[str, object] = {"world_size": j.world_size, "size_bytes": j.size_bytes, "verdict": d.verdict,
+                                     "design": d.design, "rounds": d.rounds, "interleaved": d.interleaved,
+                                     "p_value": d.p_value, "means_s": d.means_s}
+        if d.share is not None:
+            values["share"] = d.share.to_json()
+        if d.ratio is not None:
+            values["ratio"] = d.ratio.to_json()
+        if d.control is not None:
+            values["control_ratio"] = d.control.ratio.to_json()
+        if j.loss_share is not None:
+            values["loss_share"] = j.loss_share.to_json()
+        return Evidence(j.text(), values, j.source, "busbw_vs_size.png")
+
+
+def explained(shown: list[Judged]) -> str:
+    """'85% [70%, 98%] at 16 MiB; ...' of the backend's N=2 loss, where the trial measured it."""
+    parts = [f"{j.loss_share.point:.0%} [{j.loss_share.low:.0%}, {j.loss_share.high:.0%}] at "
+             f"{human_bytes(j.size_bytes)}" for j in shown if j.loss_share is not None]
+    return "; ".join(parts) or "not measured: no backend arm in the same rounds"
+
+
+def loss_share(anomaly: Arm, healthy: Arm, on: Arm, off: Arm, seed: int = 0) -> Interval:
+    """Share of the anomaly arm's loss against the healthy arm that the toggle removes from ``on``, from the
+    same rounds: (T_on - T_off) / (T_anomaly - T_healthy)."""
+    import numpy as np
+
+    arms = {a.name: a for a in (anomaly, healthy, on, off)}
+    boot = bootstrap_means(list(arms.values()), seed=seed)
+    loss = anomaly.mean_s - healthy.mean_s
+    with np.errstate(divide="ignore", invalid="ignore"):
+        resampled = (boot[on.name] - boot[off.name]) / (boot[anomaly.name] - boot[healthy.name])
+    return interval((on.mean_s - off.mean_s) / loss if loss > 0 else float("nan"), resampled)
+
+
+def is_raw_reference(record: Record) -> bool:
+    """Raw TCP ring at the raw transport's defaults (one connection per direction): the healthy link."""
+    return (record.backend == "raw" and record.algo == "ring"
+            and series_label(record, without=("order",)) == "raw:ring")
 
 
 EXCHANGE_ORDER = PairedExperiment(
-    id="exchange_order", knob="order", a="recv-first", b="send-first", metric="time", effect=ORDER_EFFECT,
-    two_sided=True, ratio_key="time_ratio_send_over_recv",
-    compare="{b} {b_time} vs {a} {a_time} (send/recv time ratio {ratio:.2f}",
+    id="exchange_order", knob="order", on="send-first", off="recv-first", design="difference",
+    effect=ORDER_EFFECT,
     headline="the order of send and receive changes throughput",
     clear="the exchange order does not change throughput",
-    maybe="the order may change throughput",
     absent="no rows record an order (exchange --order): cannot tell whether the order matters",
     one_value="rows ran in one order only: run exchange with --order recv-first and send-first: cannot tell "
               "whether the order matters",
     reading="the order of send and receive on a pair changes throughput")
 
+# M4: raw TCP with both directions (and each direction's ACKs behind the other's data) on one connection,
+# against one connection per direction: does switching sharing ON reproduce most of the backend's N=2 loss?
 SHARED_CONNECTION = PairedExperiment(
-    id="shared_connection", knob="conn", a="shared", b="split", metric="busbw", effect=CONN_SPLIT_EFFECT,
-    two_sided=False, ratio_key="split_over_shared", backend="raw", hold=("emulate",),
-    compare="{b} {b_busbw} vs {a} {a_busbw} busbw ({ratio:.2f}x",
-    headline="both directions on one TCP connection are slower than one connection per direction",
-    clear="sharing one connection for both directions costs nothing measurable",
-    maybe="a shared connection may cost throughput",
+    id="shared_connection", knob="conn", on="shared", off="split", design="knock-in", backend="raw",
+    hold=("emulate",), reference=lambda r: r.backend != "raw",
+    headline="both directions on one TCP connection reproduce most of the backend's N=2 loss",
+    clear="sharing one connection for both directions reproduces none of the backend's N=2 loss",
     absent="no raw rows with both --conn shared and --conn split: cannot tell what sharing one connection for "
            "both directions costs",
     one_value="no raw rows with both --conn shared and --conn split: cannot tell what sharing one connection "
               "for both directions costs",
     reading="raw TCP reproduces the loss when both directions share one connection")
 
-# Mechanism M1 of issue 10: gloo's ready-to-receive notice travels in-band on the pair's one byte stream, so a
-# rank that is already writing data queues its notice behind that data and the peer's send waits. The raw
-# transport's protocol model toggles exactly this piece (--notice in-band | own-conn, with --handshake notify
-# or --emulate gloo): faster with the notice on its own connection is M1 shown; no change rules it out.
+# Mechanism M1: gloo's ready-to-receive notice travels in-band on the pair's one byte stream, so a rank that
+# is already writing data queues its notice behind that data and the peer's send waits. The raw transport's
+# protocol model (--emulate gloo) must show the loss against the link in the same run (positive control);
+# then moving only the notice to its own connection must remove most of it to show M1, or none to rule it out.
 NOTICE_CHANNEL = PairedExperiment(
-    id="notice_behind_data", knob="notice", a="in-band", b="own-conn", metric="busbw", effect=CONN_SPLIT_EFFECT,
-    two_sided=False, ratio_key="own_conn_over_in_band", backend="raw",
-    compare="notice {b} {b_busbw} vs {a} {a_busbw} busbw ({ratio:.2f}x",
+    id="notice_behind_data", knob="notice", on="in-band", off="own-conn", design="knock-out", backend="raw",
+    reference=is_raw_reference,
     headline="M1 shown: the ready-to-receive notice queued behind the rank's own data on the shared pair costs "
-             "throughput; on its own connection the same protocol runs faster",
-    clear="M1 ruled out by experiment: moving the ready notice to its own connection does not change throughput",
-    maybe="moving the ready notice to its own connection may change throughput",
+             "throughput; on its own connection the same protocol runs most of the way to the link",
+    clear="M1 ruled out by experiment: gloo's protocol model shows the loss, and moving the ready notice to its "
+          "own connection removes none of it",
     absent="M1 (ready notice queued behind own data on the shared pair) not isolated: no raw rows toggle --notice "
            "in-band / own-conn (e.g. --emulate gloo beside --emulate gloo --notice own-conn)",
     one_value="M1 (ready notice queued behind own data on the shared pair) not isolated: the raw rows ran with one "

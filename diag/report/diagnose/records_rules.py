@@ -6,17 +6,16 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 
 from diag.records import Record
-from diag.report.compare import welch_test
 from diag.report.diagnose.base import strength_of, undecided
 from diag.report.diagnose.cpu_rules import cpu_limited_world_sizes
 from diag.report.diagnose.findings import Evidence, Finding
 from diag.report.queries import analysed, capture_series, large_sizes, raw_reference, two_way_connections
 from diag.report.rundir import RunData
-from diag.report.series import PAIRWISE_OPS, busbw_samples, by_series, knob, series_label
+from diag.report.series import PAIRWISE_OPS, by_series, knob, series_label
 from diag.report.thresholds import (
-    ALPHA,
     BACKEND_RAW_EFFICIENCY,
     BIDIR_MIN_BYTES,
     DUPLEX_OVERLAP_LOW,
@@ -26,13 +25,19 @@ from diag.report.thresholds import (
     N2_DIP_STRONG,
     used,
 )
+from diag.stats import Arm, Interval, Modes, bootstrap_means, interval, modes
 from diag.units import human_bytes, human_rate
 
 
 def n2_busbw_dip(run: RunData) -> list[Finding]:
-    """busbw at N=2 below N>=3 at the same size, and the size from which the dip holds."""
+    """busbw at N=2 below N>=3 at the same size, and the size from which the dip holds.
+
+    Each size is judged on all its samples: the ratio of mean busbw (N=2 over the median of N>=3) with a
+    bootstrap interval, so a bimodal N=2 row (fast and slow iterations) counts with its slow share rather
+    than by which mode its median fell in. A size dips when the ratio is at most N2_DIP_RATIO and its
+    interval stays below 1; it does not when the whole interval is at least N2_DIP_RATIO."""
     name = "n2_busbw_dip"
-    thresholds = used(N2_DIP_RATIO, N2_DIP_STRONG, ALPHA)
+    thresholds = used(N2_DIP_RATIO, N2_DIP_STRONG)
     findings: list[Finding] = []
     # N>=3 runs where the CPU, not the link, set the pace would drag the reference down and hide a dip:
     # they are left out of it while link-bound N>=3 runs remain (cpu_bound names them).
@@ -45,54 +50,91 @@ def n2_busbw_dip(run: RunData) -> list[Finding]:
         left_out = sorted(n for n in per_n if n >= 3 and n not in reference)
         note = (f"; N={','.join(map(str, left_out))} left out of the reference: CPU-bound there (cpu_bound)"
                 if left_out else "")
-        ratios: dict[int, tuple[float, float, float]] = {}
+        ratios: dict[int, DipRatio] = {}
         for size, row2 in sorted(per_n[2].items()):
-            others = [per_n[n][size].busbw_Bps for n in reference if size in per_n[n]]
-            if others and row2.busbw_Bps > 0:
-                ref = statistics.median(others)
-                ratios[size] = (row2.busbw_Bps / ref if ref > 0 else math.inf, row2.busbw_Bps, ref)
+            others = [per_n[n][size] for n in reference if size in per_n[n]]
+            if others and row2.busbw_Bps > 0 and row2.times_s:
+                ratios[size] = dip_ratio(row2, others)
         if not ratios:
             continue
         sizes = sorted(ratios)
         source = run.source_of(per_n[2][sizes[-1]])
-        table = ", ".join(f"{axis}{human_bytes(s)}: {ratios[s][0]:.2f}" for s in sizes)
-        if ratios[sizes[-1]][0] >= N2_DIP_RATIO.value:
-            findings.append(Finding(name, "clear", f"{label} {op}: busbw at N=2 is not below N>=3 at the largest "
-                                    f"size (N=2 / N>=3 ratio by size: {table}){note}", thresholds=thresholds))
+        table = ", ".join(f"{axis}{human_bytes(s)}: {ratios[s].ratio.text()}" for s in sizes)
+        dipping = [s for s in sizes if ratios[s].status == "dip"]
+        largest = ratios[sizes[-1]]
+        if not dipping:
+            if largest.status == "no_dip" or (largest.ratio.point > N2_DIP_RATIO.value
+                                              and all(ratios[s].status != "unsure" or ratios[s].ratio.point
+                                                      > N2_DIP_RATIO.value for s in sizes)):
+                findings.append(Finding(name, "clear", f"{label} {op}: busbw at N=2 is not below N>=3 (N=2 / N>=3 mean "
+                                        f"busbw, ratio by size: {table}; 95% intervals){note}",
+                                        thresholds=thresholds))
+            else:
+                findings.append(Finding(name, "undecided", f"{label} {op}: whether N=2 is slower cannot be told from "
+                                        f"these samples (N=2 / N>=3 mean busbw, ratio by size: {table}; 95% intervals){note}", thresholds=thresholds))
             continue
-        onset = sizes[-1]
+        onset = dipping[-1]
         for s in reversed(sizes):
-            if ratios[s][0] >= N2_DIP_RATIO.value:
+            if ratios[s].ratio.point > N2_DIP_RATIO.value:
                 break
             onset = s
-        dipping = [s for s in sizes if s >= onset]
-        worst = ratios[sizes[-1]][0]
-        strength = ("strong" if worst < N2_DIP_STRONG.value and len(dipping) >= 2
-                    else "moderate" if len(dipping) >= 2 or worst < N2_DIP_STRONG.value else "weak")
+        confirmed = [s for s in dipping if ratios[s].ratio.high < N2_DIP_RATIO.value]
+        worst = min(ratios[s].ratio.point for s in dipping)
+        strength = ("strong" if len(dipping) >= 2 and (confirmed or worst < N2_DIP_STRONG.value)
+                    else "moderate" if len(dipping) >= 2 or confirmed else "weak")
         ns = sorted(reference)
         reference_label = f"N={','.join(map(str, ns))}" if left_out else f"N>={ns[0]}"
-        pooled = [v for n in ns if sizes[-1] in per_n[n] for v in busbw_samples(per_n[n][sizes[-1]])]
-        test = welch_test(busbw_samples(per_n[2][sizes[-1]]), pooled)
-        if test.p_value is None or test.p_value >= ALPHA.value:
-            strength = "weak"  # the samples do not separate N=2 from N>=3 with confidence
-        significance = (f"p={test.p_value:.2g}" if test.p_value is not None else test.reason)
+        deepest = min(dipping, key=lambda s: ratios[s].ratio.point)
         evidence = [Evidence(
-            f"at {axis}{human_bytes(s)}{' per rank' if not axis else ''}, N=2 busbw {human_rate(ratios[s][1])} vs median "
-            f"N={','.join(map(str, ns))} "
-            f"{human_rate(ratios[s][2])} (ratio {ratios[s][0]:.2f})",
-            {"size_bytes": s, "ratio": ratios[s][0], "busbw_n2_Bps": ratios[s][1], "busbw_n3plus_Bps": ratios[s][2],
-             "series": label, "op": op},
+            f"at {axis}{human_bytes(s)}{' per rank' if not axis else ''}, N=2 mean busbw {human_rate(ratios[s].n2_Bps)} "
+            f"vs median N={','.join(map(str, ns))} {human_rate(ratios[s].reference_Bps)} (ratio "
+            f"{ratios[s].ratio.text()}; N=2 {ratios[s].modes.text()})",
+            {"size_bytes": s, "ratio": ratios[s].ratio.point, "ratio_low": ratios[s].ratio.low,
+             "ratio_high": ratios[s].ratio.high, "busbw_n2_Bps": ratios[s].n2_Bps,
+             "busbw_n3plus_Bps": ratios[s].reference_Bps, "slow_fraction": ratios[s].modes.slow_fraction,
+             "series": label, "op": op, "world_size": 2},
             source, "busbw_vs_size.png") for s in dipping]
         findings.append(Finding(
             name, "fired",
-            f"{label} {op}: busbw at N=2 is {1 - worst:.0%} below {reference_label} at {axis}{human_bytes(sizes[-1])}, "
-            f"from {axis}{human_bytes(onset)}{' per rank' if not axis else ''} upward "
-            f"({significance}; ratio by size: {table}){note}",
+            f"{label} {op}: busbw at N=2 is {1 - ratios[deepest].ratio.point:.0%} below {reference_label} at "
+            f"{axis}{human_bytes(deepest)}, dipping at {len(dipping)} of {len(sizes)} sizes"
+            f"{f' ({len(confirmed)} confirmed below {N2_DIP_RATIO.value})' if confirmed else ''}, from "
+            f"{axis}{human_bytes(onset)}{' per rank' if not axis else ''} upward (N=2 / N>=3 mean busbw, ratio by "
+            f"size: {table}; 95% intervals){note}",
             strength, tuple(evidence), thresholds))
     if not findings:
         return undecided(name, "no series has both N=2 and N>=3 rows at the same sizes: cannot compare "
-                         "(sweep --nproc 2,3,4)", N2_DIP_RATIO, N2_DIP_STRONG, ALPHA)
+                         "(sweep --nproc 2,3,4)", N2_DIP_RATIO, N2_DIP_STRONG)
     return findings
+
+
+@dataclass(frozen=True)
+class DipRatio:
+    ratio: Interval            # N=2 mean busbw / median of the N>=3 rows' mean busbw
+    status: str                # "dip" | "no_dip" | "unsure"
+    n2_Bps: float
+    reference_Bps: float
+    modes: Modes
+
+
+def dip_ratio(row2: Record, others: list[Record]) -> DipRatio:
+    """The N=2 / N>=3 busbw ratio of one size, on all samples, with a bootstrap interval (one block a row)."""
+    import numpy as np
+
+    def factor(r: Record) -> float:   # busbw x time: busbw scales as 1/time
+        return r.busbw_Bps * r.time_s
+
+    arms = [Arm.of(f"r{i}", [r.times_s]) for i, r in enumerate([row2, *others])]
+    boot = bootstrap_means(arms)
+    n2 = factor(row2) / arms[0].mean_s
+    refs = [factor(r) / a.mean_s for r, a in zip(others, arms[1:], strict=True)]
+    ref = statistics.median(refs)
+    resampled_ref = np.median(np.stack([factor(r) / boot[a.name] for r, a in zip(others, arms[1:], strict=True)]),
+                              axis=0)
+    ratio = interval(n2 / ref if ref > 0 else math.inf, (factor(row2) / boot["r0"]) / resampled_ref)
+    status = ("dip" if ratio.point <= N2_DIP_RATIO.value and ratio.high < 1.0
+              else "no_dip" if ratio.low >= N2_DIP_RATIO.value else "unsure")
+    return DipRatio(ratio, status, n2, ref, modes(row2.times_s))
 
 
 def match_axis(per_n: dict[int, dict[int, Record]]) -> tuple[dict[int, dict[int, Record]], str]:

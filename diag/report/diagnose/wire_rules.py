@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diag.capture.schema import Connection
 from diag.report.diagnose.base import drop_note, strength_of, undecided, weaken
 from diag.report.diagnose.findings import Evidence, Finding
 from diag.report.queries import (
@@ -14,7 +15,7 @@ from diag.report.queries import (
     tcp_info_series,
     two_way_connections,
 )
-from diag.report.rundir import RunData
+from diag.report.rundir import CaptureSet, RunData
 from diag.report.series import PAIRWISE_OPS
 from diag.report.thresholds import (
     BIDIR_MIN_BYTES,
@@ -254,6 +255,7 @@ def idle_gaps(run: RunData) -> list[Finding]:
     hits: list[Evidence] = []
     turns: list[str] = []
     restart = False
+    costly = False       # some direction idles a large share of timed time, and not as the other's turns
     for c in captures:
         for conn in c.connections:
             two_way = (min(conn.payload_bytes) >= BIDIR_MIN_BYTES.value
@@ -279,17 +281,24 @@ def idle_gaps(run: RunData) -> list[Finding]:
                                  f"direction sent (overlap {conn.duplex_overlap:.0%}); TCP_INFO shows no cwnd "
                                  f"collapse")
                     continue
+                inside_s, timed_s = idle_inside_iterations(c, conn, label)
+                inside_share = inside_s / timed_s if timed_s > 0 else None
                 restart |= longest >= IDLE_RESTART_S.value
-                note = ""
+                timed_cost = inside_share is not None and inside_share >= IDLE_FRACTION.value
+                costly |= timed_cost and not is_turns
+                note = (f"; inside timed iterations {inside_s:.3g} s of {timed_s:.3g} s timed ({inside_share:.0%}), "
+                        f"the rest between iterations" if inside_share is not None
+                        else "; no record windows: whether the gaps fall inside timed iterations is unknown")
                 if is_turns:
-                    note = (f"; {turn_share:.0%} of it while the other direction sent"
+                    note += (f"; {turn_share:.0%} of it while the other direction sent"
                             + (f", and TCP_INFO shows cwnd collapsing {collapses} time(s)" if collapses
                                else ", no TCP_INFO of this connection to tell whether cwnd collapsed"))
                 hits.append(Evidence(
                     f"{c.label} {label}: {gaps.count} idle gaps, {total:.3g} s idle of {span:.3g} s "
                     f"({fraction:.0%}), longest {longest:.3g} s{note}{drop_note(c)}",
                     {"count": gaps.count, "total_s": total, "max_s": longest, "fraction": fraction,
-                     "world_size": c.world_size, "turn_share": turn_share, "cwnd_collapses": collapses},
+                     "world_size": c.world_size, "turn_share": turn_share, "cwnd_collapses": collapses,
+                     "inside_iterations_s": inside_s, "timed_s": timed_s, "timed_share": inside_share},
                     f"analysis/{c.tag}.json", "conn_throughput.png"))
     turn_note = (f"; not counted: {len(turns)} direction(s) whose gaps are the other direction's turns on a "
                  f"connection that takes turns (turn_taking), with no cwnd collapse in TCP_INFO, so no idle "
@@ -303,8 +312,32 @@ def idle_gaps(run: RunData) -> list[Finding]:
                          else " (tcp_slow_start_after_idle not in the fingerprint)"))
         if str(ssai) == "0":
             statement += ", which is off here, so no cwnd reset"
-    strength = "strong" if restart and str(ssai) != "0" else "moderate" if restart else "weak"
-    return [Finding(name, "fired", statement + turn_note, strength, tuple(hits[:20]), thresholds)]
+    if not costly:
+        statement += ("; the gaps fall between timed iterations or are turns on a connection that takes turns, "
+                      "so they cost the timed iterations little")
+    # Strong only where gaps cost timed time (inside iterations, not turns) and Linux restarts cwnd after them.
+    strength = ("strong" if costly and restart and str(ssai) != "0" else "moderate" if costly and restart
+                else "weak")
+    inside = [e.values["timed_share"] for e in hits if e.values.get("timed_share") is not None]
+    explains = (f"at most {max(inside):.0%} of the timed time (idle inside iterations), not measured against the "
+                "N=2 loss: an observation" if inside else "none: no record windows to place the gaps")
+    return [Finding(name, "fired", statement + turn_note, strength, tuple(hits[:20]), thresholds, explains=explains)]
+
+
+def idle_inside_iterations(capture: CaptureSet, conn: Connection, label: str) -> tuple[float, float]:
+    """Idle seconds of one direction inside the timed iterations (the capture's record phases), and the
+    timed seconds those phases span where the connection was seen."""
+    idle = 0.0
+    timed = 0.0
+    for p in capture.phases:
+        for pc in p.connections:
+            if {pc.a, pc.b} != {conn.a, conn.b}:
+                continue
+            timed += (p.phase.t_end_ns - p.phase.t_start_ns) / 1e9
+            for key, d in pc.labelled_directions():
+                if key == label:
+                    idle += d.idle_gaps.total_s
+    return idle, timed
 
 
 def capture_drops(run: RunData) -> list[Finding]:

@@ -1,0 +1,232 @@
+"""How an experiment earns a verdict: positive controls, the share of an anomaly a toggle explains, and
+intervals that decide (or say "undecided"). Pure functions of timed samples (diag.stats.Arm), used alike by
+the interleaved trial while it runs (to stop once every verdict is decided) and by diagnose afterwards
+(from the records files), so the run and its report can never disagree.
+
+Three designs, each a comparison of arms by their mean time per iteration (docs/methodology.md):
+
+* knock-out: the base arm runs with the suspected mechanism on and must show the anomaly against a healthy
+  reference in the same run (the positive control); the toggle arm switches the mechanism off. The share
+  of the base arm's loss the toggle removes, (T_on - T_off) / (T_on - T_healthy), shows the suspect when
+  its whole interval is at least SHOWN_SHARE, and rules it out when its whole interval is at most
+  RULED_OUT_SHARE. Without a positive control nothing is decided: a toggle of an effect that did not
+  occur says nothing about its cause.
+* knock-in: the healthy arm with the suspect switched on. The anomaly arm (the backend) must show the
+  anomaly against the healthy arm; the share of the anomaly's loss that switching the suspect on
+  reproduces, (T_on - T_off) / (T_anomaly - T_off), decides as above.
+* difference: two arms, two-sided, an effect threshold: an effect when the interval of the time ratio
+  excludes 1 and the point is at least the threshold away; none when the interval lies within it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from diag.stats import Arm, Interval, bootstrap_means, interval, mann_whitney_p, modes
+
+
+@dataclass(frozen=True)
+class Threshold:
+    name: str
+    value: float | int
+    meaning: str
+
+
+CONTROL_DIP = Threshold("CONTROL_DIP", 0.8, "an arm shows the anomaly (the positive control) when its busbw is "
+                        "at most this fraction of the healthy reference's and the interval of that ratio stays "
+                        "below 1; it does not show it when the whole interval is at least this")
+SHOWN_SHARE = Threshold("SHOWN_SHARE", 0.5, "a toggle shows a suspect when the whole interval of the share of "
+                        "the anomaly's loss it removes (knock-out) or reproduces (knock-in) is at least this: "
+                        "most of the way to the healthy reference")
+RULED_OUT_SHARE = Threshold("RULED_OUT_SHARE", 0.25, "a toggle rules a suspect out when the whole interval of "
+                            "that share is at most this, with the positive control shown in the same run")
+MIN_ROUNDS = Threshold("MIN_ROUNDS", 3, "fewest blocks (interleaved rounds, or launches) an arm needs before "
+                       "any verdict is taken on it")
+CPU_CONFOUNDED = Threshold("CPU_CONFOUNDED", 0.9, "an arm whose machine was at least this busy (all cores "
+                           "averaged), or one of whose ranks had a thread at least this share of a core, while "
+                           "the arm it is held against was not, can neither convict nor clear a network mechanism")
+
+DESIGNS = ("knock-out", "knock-in", "difference")
+VERDICTS = ("shown", "ruled_out", "undecided")
+
+
+@dataclass(frozen=True)
+class Control:
+    """Does an arm show the anomaly against the healthy reference? busbw ratio = T_healthy / T_arm."""
+
+    ratio: Interval
+    status: str            # "shown" | "absent" | "unsure"
+    modes: str             # the arm's modes in words
+
+    def text(self) -> str:
+        return f"busbw {self.ratio.point:.2f}x the healthy reference [{self.ratio.low:.2f}, {self.ratio.high:.2f}]"
+
+
+def control_status(ratio: Interval) -> str:
+    if ratio.point <= CONTROL_DIP.value and ratio.high < 1.0:
+        return "shown"
+    if ratio.low >= CONTROL_DIP.value:
+        return "absent"
+    return "unsure"
+
+
+@dataclass(frozen=True)
+class ArmCpu:
+    """What an arm's blocks saw of the CPU: the machine's busy share and the busiest thread of any rank."""
+
+    machine_busy: float | None       # mean over blocks, 0..1 (all cores)
+    busiest_thread: float | None     # max over blocks and ranks, share of one core
+
+    def saturated(self) -> bool:
+        return any(v is not None and v >= CPU_CONFOUNDED.value for v in (self.machine_busy, self.busiest_thread))
+
+    def text(self) -> str:
+        parts = []
+        if self.machine_busy is not None:
+            parts.append(f"machine {self.machine_busy:.0%} busy")
+        if self.busiest_thread is not None:
+            parts.append(f"busiest rank thread {self.busiest_thread:.0%} of a core")
+        return ", ".join(parts) or "no CPU samples"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One comparison at one size: the verdict, why, and the figures it rests on."""
+
+    design: str
+    verdict: str                       # "shown" | "ruled_out" | "undecided"
+    reason: str                        # one sentence with the figures
+    final: bool                        # no more samples can change an undecided verdict (no control)
+    share: Interval | None = None      # share of the anomaly's loss explained (knock-out / knock-in)
+    ratio: Interval | None = None      # difference: time ratio on / off
+    control: Control | None = None
+    rounds: int = 0
+    samples: dict[str, int] = field(default_factory=dict)
+    means_s: dict[str, float] = field(default_factory=dict)
+    p_value: float | None = None       # Mann-Whitney, on vs off, all samples
+    interleaved: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"design": self.design, "verdict": self.verdict, "reason": self.reason, "final": self.final,
+                "share": self.share.to_json() if self.share else None,
+                "ratio": self.ratio.to_json() if self.ratio else None,
+                "control": ({"ratio": self.control.ratio.to_json(), "status": self.control.status,
+                             "modes": self.control.modes} if self.control else None),
+                "rounds": self.rounds, "samples": self.samples, "means_s": self.means_s,
+                "p_value": self.p_value, "interleaved": self.interleaved}
+
+
+def _rounds(arms: Sequence[Arm]) -> int:
+    return min(len(a.blocks) for a in arms)
+
+
+def _interleaved(arms: Sequence[Arm]) -> bool:
+    keys = {tuple(sorted(set(a.rounds))) for a in arms}
+    return len(keys) == 1 and len(arms) > 1
+
+
+def _cpu_confound(cpu: Mapping[str, ArmCpu] | None, held: Sequence[tuple[str, str]]) -> str | None:
+    """The first pair (arm, against) where one ran CPU-saturated and the other did not."""
+    if not cpu:
+        return None
+    for a, b in held:
+        ca, cb = cpu.get(a), cpu.get(b)
+        if ca is None or cb is None:
+            continue
+        if ca.saturated() != cb.saturated():
+            hot, cool = (a, b) if ca.saturated() else (b, a)
+            return (f"the {hot} arm ran CPU-saturated ({cpu[hot].text()}) while the {cool} arm did not "
+                    f"({cpu[cool].text()}): a CPU-bound arm can neither convict nor clear a network mechanism")
+    return None
+
+
+def _share_verdict(share: Interval) -> str:
+    if share.low >= SHOWN_SHARE.value:
+        return "shown"
+    if share.high <= RULED_OUT_SHARE.value:
+        return "ruled_out"
+    return "undecided"
+
+
+def explained_share(on: Arm, off: Arm, control_arm: Arm, healthy: Arm, design: str,
+                    cpu: Mapping[str, ArmCpu] | None = None, seed: int = 0) -> Decision:
+    """knock-out: on = base (suspect on), off = toggle, control_arm = on, healthy = reference.
+    knock-in: on = healthy + suspect, off = healthy, control_arm = the anomaly (backend), healthy = off."""
+    arms = {a.name: a for a in (on, off, control_arm, healthy)}
+    samples = {name: a.count for name, a in arms.items()}
+    means = {name: a.mean_s for name, a in arms.items()}
+    rounds = _rounds(list(arms.values()))
+    interleaved = _interleaved(list(arms.values()))
+    boot = bootstrap_means(list(arms.values()), seed=seed)
+    ratio = interval(healthy.mean_s / control_arm.mean_s, boot[healthy.name] / boot[control_arm.name])
+    control = Control(ratio, control_status(ratio), modes(control_arm.samples).text())
+    loss_point = control_arm.mean_s - healthy.mean_s
+    gain_point = on.mean_s - off.mean_s
+    with _quiet_numpy():
+        share_boot = (boot[on.name] - boot[off.name]) / (boot[control_arm.name] - boot[healthy.name])
+    share = interval(gain_point / loss_point if loss_point > 0 else math.nan, share_boot)
+    p = mann_whitney_p(on.samples, off.samples)
+    common = {"design": design, "share": share, "control": control, "rounds": rounds, "samples": samples,
+              "means_s": means, "p_value": p, "interleaved": interleaved}
+    subject = "the base arm" if design == "knock-out" else "the anomaly"
+    if rounds < MIN_ROUNDS.value:
+        return Decision(verdict="undecided", final=False, reason=f"{rounds} block(s) an arm, fewer than "
+                        f"{MIN_ROUNDS.value}: too few to decide", **common)
+    if control.status == "absent":
+        return Decision(verdict="undecided", final=True, reason=f"{subject} did not show the effect in this run "
+                        f"({control.text()}; "
+                        f"{control.modes}): no positive control, so the toggle can neither show nor rule out "
+                        "the suspect", **common)
+    if control.status == "unsure":
+        return Decision(verdict="undecided", final=False, reason=f"whether {subject} shows the effect is not "
+                        f"yet clear ({control.text()}; {control.modes})", **common)
+    held = [(on.name, off.name)] + ([(control_arm.name, healthy.name)] if design == "knock-in" else [])
+    confound = _cpu_confound(cpu, held)
+    if confound:
+        return Decision(verdict="undecided", final=False, reason=confound, **common)
+    verdict = _share_verdict(share)
+    what = "removes" if design == "knock-out" else "reproduces"
+    reason = (f"{subject} shows the effect ({control.text()}; {control.modes}); the toggle {what} "
+              f"{share.point:.0%} [{share.low:.0%}, {share.high:.0%}] of its loss")
+    return Decision(verdict=verdict, final=False, reason=reason, **common)
+
+
+def difference(a: Arm, b: Arm, effect: float, cpu: Mapping[str, ArmCpu] | None = None, seed: int = 0) -> Decision:
+    """Two-sided: does b's mean time differ from a's by at least ``effect`` (a fraction)?"""
+    boot = bootstrap_means([a, b], seed=seed)
+    ratio = interval(b.mean_s / a.mean_s, boot[b.name] / boot[a.name])
+    common = {"design": "difference", "ratio": ratio, "rounds": _rounds([a, b]),
+              "samples": {a.name: a.count, b.name: b.count}, "means_s": {a.name: a.mean_s, b.name: b.mean_s},
+              "p_value": mann_whitney_p(a.samples, b.samples), "interleaved": _interleaved([a, b])}
+    if common["rounds"] < MIN_ROUNDS.value:
+        return Decision(verdict="undecided", final=False, reason=f"{common['rounds']} block(s) an arm, fewer "
+                        f"than {MIN_ROUNDS.value}: too few to decide", **common)
+    confound = _cpu_confound(cpu, [(a.name, b.name)])
+    if confound:
+        return Decision(verdict="undecided", final=False, reason=confound, **common)
+    text = f"time ratio {ratio.point:.2f} [{ratio.low:.2f}, {ratio.high:.2f}]"
+    if (ratio.low > 1 or ratio.high < 1) and abs(ratio.point - 1) >= effect:
+        return Decision(verdict="shown", final=False, reason=f"{text}: differs by at least {effect:.0%}", **common)
+    if ratio.low >= 1 - effect and ratio.high <= 1 + effect:
+        return Decision(verdict="ruled_out", final=False, reason=f"{text}: within {effect:.0%}", **common)
+    return Decision(verdict="undecided", final=False, reason=f"{text}: cannot tell yet", **common)
+
+
+class _quiet_numpy:
+    """Divisions by a resampled zero give inf/nan, which the interval drops; say nothing about them."""
+
+    def __enter__(self) -> None:
+        import numpy as np
+
+        self._old = np.seterr(divide="ignore", invalid="ignore")
+
+    def __exit__(self, *exc: object) -> None:
+        import numpy as np
+
+        np.seterr(**self._old)
+
+
+TABLE: tuple[Threshold, ...] = (CONTROL_DIP, SHOWN_SHARE, RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED)
