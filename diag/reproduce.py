@@ -246,6 +246,8 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
 
     result = write_report(load_run([str(run_dir)]), run_dir / "report")
     elapsed = time.monotonic() - started
+    run.meta["elapsed_s"] = round(elapsed, 1)
+    run.save()
     print(f"\ndiag reproduce: done in {elapsed / 60:.1f} min; report: {run_dir / 'report' / 'report.html'}")
     fired = [f for f in result.findings if f.status == "fired"]
     print(f"findings ({len(fired)}):")

@@ -92,6 +92,48 @@ def flipped(verdict: dict[str, str]) -> bool:
     return verdict.get("suspect_m1") != "fired" or bool(others)
 
 
+def _status(findings: dict[str, Any], rule: str) -> str:
+    f = findings.get(rule)
+    return {"fired": "shown", "clear": "ruled out"}.get(f["status"], f["status"]) if f else "-"
+
+
+def table(paths: Sequence[str]) -> list[str]:
+    """One line per saved run, from its findings.json, run.json and advise.json: what `diag reproduce` said."""
+    lines = [f"{'run':28s} {'wall':>6s} {'dip':9s} {'M1':9s} {'M2':9s} {'M3':9s} {'M4':9s} {'mechanism':12s} workarounds"]
+    for path in paths:
+        root = Path(path)
+        try:
+            findings = {f["rule"]: f for f in json.loads((root / "report" / "findings.json").read_text())["findings"]}
+            meta = json.loads((root / "run.json").read_text())
+        except (OSError, ValueError, KeyError):
+            lines.append(f"{root.name:28s} (no findings.json: the run did not finish)")
+            continue
+        dips = [f for f in findings.values() if f["rule"] == "n2_busbw_dip"]
+        all_findings = json.loads((root / "report" / "findings.json").read_text())["findings"]
+        gloo = next((f for f in all_findings if f["rule"] == "n2_busbw_dip" and f["statement"].startswith("torch:")),
+                    dips[0] if dips else None)
+        dip = (gloo["strength"] or gloo["status"]) if gloo else "-"
+
+
+        mech = findings.get("mechanism", {})
+        named = "M1" if "M1:" in mech.get("statement", "").split(";")[0] else ""
+        mechanism = f"{mech.get('status', '-')}{' ' + named if named else ''}"
+        speedups = []
+        try:
+            advise = json.loads((root / "advise" / "advise.json").read_text())
+            for w in advise.get("workarounds", []):
+                rows = [r["speedup"] for r in w.get("rows", []) if r.get("speedup")]
+                if rows:
+                    speedups.append(f"{w['name']} {max(rows):.2f}x")
+        except (OSError, ValueError):
+            pass
+        wall = meta.get("elapsed_s")
+        lines.append(f"{root.name:28s} {wall / 60 if wall else float('nan'):5.1f}m {dip:9s} "
+                     + " ".join(f"{_status(findings, f'suspect_m{k}'):9s}" for k in range(1, 5))
+                     + f" {mechanism:12s} {', '.join(speedups)}")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diag.bench.verdicts", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,7 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--resamples", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the tallies as JSON")
+    parser.add_argument("--table", action="store_true", help="only print what each saved run said, one line a run")
     args = parser.parse_args(argv)
+    if args.table:
+        print("\n".join(table(args.runs)))
+        return 0
     from diag.report import load_run
 
     try:
