@@ -249,3 +249,28 @@ run_worlds(spec, job, out / "trial.jsonl", out, world_sizes=[2])
     if summary["stopped"] == "budget":
         assert summary["seconds"] < 3.0 + 10
     assert "shared_connection:shared/raw" in summary["decisions"]
+
+
+def test_an_interleaved_trial_beside_the_link_makes_a_survey_dip_surer(tmp_path) -> None:
+    """The survey dips at one size only (not strong, and it says why); the N=2 trial shows gloo below the link in the
+    same rounds at two sizes, so the same dip is strong and quotes the trial."""
+    from report_helpers import LINK_BPS, ideal_time, make_record, timed
+
+    from diag.report.diagnose import n2_busbw_dip
+
+    rows = []
+    for k, size in enumerate((4 * MiB, 16 * MiB)):
+        rows.append(make_record("gloo", "all_gather", 2, size,
+                                timed(ideal_time("all_gather", 2, size, LINK_BPS, 1.6 if size == 16 * MiB else 1.1),
+                                      seed=k)))
+        rows.append(make_record("gloo", "all_gather", 3, size, timed(ideal_time("all_gather", 3, size, LINK_BPS),
+                                                                      seed=k + 10)))
+    survey_only = write_run_dir(tmp_path / "survey", rows)
+    (weak,) = n2_busbw_dip(load_run([survey_only]))
+    assert weak.status == "fired" and weak.strength != "strong" and "not strong: 1 of 2 sizes dip" in weak.statement
+    with_trial = write_run_dir(tmp_path / "trial", rows)
+    spec = reproduce_trial(sizes=(4 * MiB, 16 * MiB))
+    write_trial(with_trial / "records" / "n2-trial.jsonl", spec, trial_records(spec, shaped_times(ANOMALY), rounds=8))
+    (strong,) = [f for f in n2_busbw_dip(load_run([with_trial])) if f.statement.startswith("torch:gloo")]
+    assert strong.strength == "strong" and "in the interleaved N=2 trial beside the link" in strong.statement
+    assert strong.statement.count("(shows the loss)") == 2

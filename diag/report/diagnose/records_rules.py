@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from diag.records import Record
 from diag.report.diagnose.base import strength_of, undecided
 from diag.report.diagnose.cpu_rules import cpu_limited_world_sizes
-from diag.report.diagnose.findings import Evidence, Finding
+from diag.report.diagnose.findings import STRENGTHS, Evidence, Finding
 from diag.report.queries import analysed, capture_series, large_sizes, raw_reference, two_way_connections
 from diag.report.rundir import RunData
 from diag.report.series import PAIRWISE_OPS, by_series, knob, series_label
@@ -26,11 +26,14 @@ from diag.report.thresholds import (
     used,
 )
 from diag.stats import Arm, Interval, Modes, bootstrap_means, interval, modes
+from diag.trial import arms_of
 from diag.units import human_bytes, human_rate
+from diag.verdicts import MIN_ROUNDS, Control, control_status
 
 
 def n2_busbw_dip(run: RunData) -> list[Finding]:
-    """busbw at N=2 below N>=3 at the same size, and the size from which the dip holds.
+    """busbw at N=2 below N>=3 at the same size, and the size from which the dip holds; where an interleaved
+    trial ran the backend beside the link at N=2, its control makes the dip surer (two sizes: strong).
 
     Each size is judged on all its samples: the ratio of mean busbw (N=2 over the median of N>=3) with a
     bootstrap interval, so a bimodal N=2 row (fast and slow iterations) counts with its slow share rather
@@ -82,6 +85,23 @@ def n2_busbw_dip(run: RunData) -> list[Finding]:
         worst = min(ratios[s].ratio.point for s in dipping)
         strength = ("strong" if len(dipping) >= 2 and (confirmed or worst < N2_DIP_STRONG.value)
                     else "moderate" if len(dipping) >= 2 or confirmed else "weak")
+        # A second, interleaved line of evidence: the N=2 trial ran this backend beside the link (raw TCP, one
+        # connection per direction) in the same rounds. Where it shows the loss there too, the dip is one
+        # step surer; the statement says which.
+        against_link = link_controls(run, label, op)   # at N=2 a per-rank size is its D
+        shown_by_trial = [v for v, c in against_link.items() if c.status == "shown"]
+        why_not = ""
+        if len(shown_by_trial) >= 2:
+            strength = "strong"      # the survey dips, and the interleaved trial shows the loss at two sizes
+        elif shown_by_trial and strength != "strong":
+            strength = STRENGTHS[STRENGTHS.index(strength) - 1]
+        if strength != "strong":
+            why_not = (f"; not strong: {len(dipping)} of {len(sizes)} sizes dip"
+                       + ("" if confirmed else f", none confirmed below {N2_DIP_RATIO.value}")
+                       + ("" if against_link else "; no interleaved trial beside the link"))
+        trial_note = ("; in the interleaved N=2 trial beside the link: " + ", ".join(
+            f"D={human_bytes(v)} {c.text()} ({'shows the loss' if c.status == 'shown' else c.status})"
+            for v, c in sorted(against_link.items()))) if against_link else ""
         ns = sorted(reference)
         reference_label = f"N={','.join(map(str, ns))}" if left_out else f"N>={ns[0]}"
         deepest = min(dipping, key=lambda s: ratios[s].ratio.point)
@@ -100,7 +120,7 @@ def n2_busbw_dip(run: RunData) -> list[Finding]:
             f"{axis}{human_bytes(deepest)}, dipping at {len(dipping)} of {len(sizes)} sizes"
             f"{f' ({len(confirmed)} confirmed below {N2_DIP_RATIO.value})' if confirmed else ''}, from "
             f"{axis}{human_bytes(onset)}{' per rank' if not axis else ''} upward (N=2 / N>=3 mean busbw, ratio by "
-            f"size: {table}; 95% intervals){note}",
+            f"size: {table}; 95% intervals){note}{trial_note}{why_not}",
             strength, tuple(evidence), thresholds))
     if not findings:
         return undecided(name, "no series has both N=2 and N>=3 rows at the same sizes: cannot compare "
@@ -115,6 +135,32 @@ class DipRatio:
     n2_Bps: float
     reference_Bps: float
     modes: Modes
+
+
+def link_controls(run: RunData, label: str, op: str) -> dict[int, Control]:
+    """Per volume D (per-rank size at N=2), the backend's N=2 busbw against the link in an interleaved trial:
+    its arm of this series beside the trial's raw reference arm, the knock-out control of diag.verdicts."""
+    out: dict[int, Control] = {}
+    for spec, blocks, _end in run.trials:
+        backend = [a for a in spec.arms if a.backend != "raw" and a.op == op
+                   and series_label(_row_of(blocks, a.name)) == label] if blocks else []
+        link = [a for a in spec.arms if a.backend == "raw" and a.op == op and not a.knobs]
+        if not backend or not link:
+            continue
+        for size in spec.sizes:
+            arms = arms_of(blocks, spec.name, size)
+            if backend[0].name in arms and link[0].name in arms:
+                g, r = arms[backend[0].name], arms[link[0].name]
+                if min(len(g.blocks), len(r.blocks)) < MIN_ROUNDS.value:
+                    continue
+                boot = bootstrap_means([g, r], seed=spec.seed)
+                ratio = interval(r.mean_s / g.mean_s, boot[r.name] / boot[g.name])
+                out[size] = Control(ratio, control_status(ratio), modes(g.samples).text())
+    return out
+
+
+def _row_of(blocks: list[Record], arm: str) -> Record:
+    return next(b for b in blocks if b.block.get("arm") == arm)
 
 
 def dip_ratio(row2: Record, others: list[Record]) -> DipRatio:
