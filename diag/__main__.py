@@ -52,7 +52,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         sub_parser = sub.add_parser(
             name,
             help=help_text,
-            description=(module.__doc__ or help_text).strip().splitlines()[0],
+            # The whole docstring: what the command does and its examples (argparse keeps its line breaks).
+            description=(module.__doc__ or help_text).strip(),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(sub_parser)

@@ -1,9 +1,17 @@
-"""What a sweep prints: an nccl-tests-like table, row by row, under a progress bar on a terminal."""
+"""What a sweep prints: an nccl-tests-like table, row by row, under a progress bar on a terminal; and the
+progress component every long command shares (sweep, reproduce, analyze).
+
+Progress is weighted, not counted: sizes double from row to row, so the last row of a sweep takes as long
+as all the others together and "7 of 14 rows" says little about the time left. A row's weight is the bytes
+it moves times its iterations (``row_weight``), and the ETA is the time so far scaled by the weight left.
+"""
 
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TextIO
 
 from diag.records import Record
 from diag.units import human_bytes
@@ -12,6 +20,109 @@ HEADER = (
     f"{'N':>3} {'backend':>10} {'op':>14} {'size':>10} {'count':>11} {'type':>8} "
     f"{'time(us)':>11} {'p95(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'D':>10} {'#wrong':>6}"
 )
+
+# Every iteration pays a fixed cost (barrier, a few round trips) besides its bytes: this many bytes' worth,
+# so that small rows do not count as free. About what a 1 GbE link moves in the ~2 ms such a cost takes.
+ITERATION_OVERHEAD_BYTES = 256 << 10
+
+
+def row_weight(size_bytes: int, world_size: int, iterations: int) -> float:
+    """Work of one row: the bytes every rank's input adds up to, plus a fixed per-iteration cost, times the
+    iterations run (warm-up included)."""
+    return float(max(size_bytes, 0) * max(world_size, 1) + ITERATION_OVERHEAD_BYTES) * max(iterations, 1)
+
+
+def plan_weight(spec: Any, plans: Iterable[Any], world_size: int) -> float:
+    """Total weight of a sweep's rows at one world size (RowPlan.used_bytes, the spec's iterations)."""
+    return sum(row_weight(p.used_bytes, world_size, spec.warmup + spec.iters) for p in plans)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class Progress:
+    """A weighted progress bar with an ETA: on a terminal a live rich bar on ``stream``; elsewhere nothing
+    live, and ``status()`` gives the same bar as text for a log line.
+
+    The ETA is ``elapsed x remaining / done`` over the weight done since this object started (work finished
+    before it, ``done``, counts toward the bar but not toward the rate)."""
+
+    def __init__(self, label: str, total: float, done: float = 0.0, stream: TextIO | None = None,
+                 live: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.label = label
+        self.total = max(float(total), 0.0)
+        self.done = min(float(done), self.total) if self.total else float(done)
+        self._done_at_start = self.done
+        self._clock = clock
+        self._started = clock()
+        self.stream = stream or sys.stderr
+        self._bar: Any = None
+        self._task: Any = None
+        if live if live is not None else _is_terminal(self.stream):
+            from rich.console import Console
+            from rich.progress import BarColumn, TextColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(
+                TextColumn(f"[bold]{label}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                TextColumn("{task.fields[timing]}"), TextColumn("{task.description}"),
+                console=Console(file=self.stream, force_terminal=True), transient=True, auto_refresh=True)
+            self._task = self._bar.add_task("", total=self.total or 1, completed=self.done, timing=self.timing())
+            self._bar.start()
+
+    @property
+    def fraction(self) -> float:
+        return min(self.done / self.total, 1.0) if self.total > 0 else 0.0
+
+    def elapsed_s(self) -> float:
+        return self._clock() - self._started
+
+    def eta_s(self) -> float | None:
+        """Seconds left at the rate of the work done so far; None before any work is done."""
+        worked = self.done - self._done_at_start
+        if worked <= 0 or self.total <= 0:
+            return None
+        return self.elapsed_s() * max(self.total - self.done, 0.0) / worked
+
+    def timing(self) -> str:
+        eta = self.eta_s()
+        return f"{format_duration(self.elapsed_s())} elapsed, eta {format_duration(eta) if eta is not None else '?'}"
+
+    def status(self, width: int = 20) -> str:
+        """'[#########-----------] 45% 1:02 elapsed, eta 1:16': the bar as text for a log line."""
+        filled = round(self.fraction * width)
+        return f"[{'#' * filled}{'-' * (width - filled)}] {self.fraction:4.0%} {self.timing()}"
+
+    def describe(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, description=text, timing=self.timing())
+
+    def advance(self, weight: float) -> None:
+        self.done = min(self.done + max(weight, 0.0), self.total) if self.total else self.done + weight
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done, timing=self.timing())
+
+    def print(self, line: str) -> None:
+        """A line above the bar (or a plain line without one)."""
+        if self._bar is not None:
+            self._bar.console.print(line, highlight=False, markup=False)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def format_row(record: Record) -> str:
@@ -25,48 +136,48 @@ def format_row(record: Record) -> str:
 
 
 class SweepConsole:
-    """Rows as they finish; a rich progress bar when stdout is a terminal, plain lines otherwise."""
+    """Rows as they finish; on a terminal a weighted progress bar with an ETA, plain lines otherwise."""
 
     def __init__(self, total_rows: int, done_before: int = 0, stream: TextIO | None = None,
-                 quiet: bool = False) -> None:
+                 quiet: bool = False, weight_total: float = 0.0, weight_before: float = 0.0) -> None:
         self.stream = stream or sys.stdout
         self.quiet = quiet
-        self._progress = None
-        self._task = None
-        if not quiet and self.stream.isatty():
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        # Without weights (an old job file), rows count one each.
+        self._weighted = weight_total > 0
+        self._progress: Progress | None = None
+        if not quiet and _is_terminal(self.stream):
+            self._progress = Progress("sweep", weight_total if self._weighted else total_rows,
+                                      weight_before if self._weighted else done_before, stream=self.stream,
+                                      live=True)
 
-            self._progress = Progress(
-                TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TextColumn("{task.description}"), console=Console(file=self.stream), transient=True,
-            )
-            self._task = self._progress.add_task("", total=total_rows, completed=done_before)
-            self._progress.start()
-
-    def _print(self, line: str) -> None:
+    def line(self, line: str) -> None:
         if self.quiet:
             return
         if self._progress is not None:
-            self._progress.console.print(line, highlight=False, markup=False)
+            self._progress.print(line)
         else:
             print(line, file=self.stream, flush=True)
 
+    _print = line
+
     def header(self, title: str) -> None:
-        self._print(f"# {title}")
-        self._print(HEADER)
+        self.line(f"# {title}")
+        self.line(HEADER)
 
     def row_started(self, description: str) -> None:
         if self._progress is not None:
-            self._progress.update(self._task, description=description)
+            self._progress.describe(description)
 
     def row(self, record: Record) -> None:
-        self._print(format_row(record))
+        self.line(format_row(record))
         for warning in record.warnings:
-            self._print(f"#   warning: {warning}")
+            self.line(f"#   warning: {warning}")
         if self._progress is not None:
-            self._progress.advance(self._task)
+            self._progress.advance(row_weight(record.size_bytes, record.world_size, record.iters + record.warmup)
+                                   if self._weighted else 1)
 
     def close(self) -> None:
         if self._progress is not None:
-            self._progress.stop()
+            self._progress.close()
+
+

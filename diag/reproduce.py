@@ -212,6 +212,9 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
     result = write_report(load_run([str(run_dir)]), run_dir / "report")
     elapsed = time.monotonic() - started
     print(f"\ndiag reproduce: done in {elapsed / 60:.1f} min; report: {run_dir / 'report' / 'report.html'}")
+    from diag.report.verdict import verdict_lines
+
+    print("\n".join(verdict_lines(result.verdict)) if result.verdict else "")
     fired = [f for f in result.findings if f.status == "fired"]
     print(f"findings ({len(fired)}):")
     for line in summary_lines(result.findings):

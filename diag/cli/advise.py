@@ -5,9 +5,10 @@ unchanged harness on the diag_tcp backend (through diag exec), one after the oth
 then reports each workaround as a speed-up with Welch's t-test. Results are written as they finish:
 DIR/records.jsonl and DIR/advise.json.
 
-    diag lab up --name adv --hosts 2 --rate 200mbit
-    diag advise --lab adv --sizes 16M,32M
-    diag lab down --name adv
+examples:
+  diag lab up --name adv --hosts 2 --rate 200mbit
+  diag advise --lab adv --sizes 16M,32M
+  diag lab down --name adv
 """
 
 from __future__ import annotations

@@ -2,6 +2,11 @@
 
 Counts follow tshark's tcp.analysis definitions (see docs/analyzer.md); duplex overlap shows whether the two
 directions of a connection (and the transmit/receive of a host) carry data at the same time.
+
+examples:
+  diag analyze run.pcap
+  diag analyze run.pcap --records runs/sweep.jsonl --json --out run.analysis.json
+  diag analyze big.pcap.gz --plot plots/
 """
 
 from __future__ import annotations

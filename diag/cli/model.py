@@ -1,6 +1,7 @@
 """Fit and query latency/bandwidth models: T(S) = alpha + beta * S per (transport, op, N), plus a
 two-segment fit where the data bends; JSON for simulators.
 
+examples:
   diag model fit RUN_DIR|RECORDS... -o model.json
   diag model predict --model model.json --op all_gather --world-size 4 --size 16M [--backend gloo]
 """

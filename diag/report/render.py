@@ -22,6 +22,7 @@ from diag.report.document import (
     Heading,
     Table,
     Text,
+    VerdictBlock,
     to_html,
     to_markdown,
 )
@@ -32,6 +33,7 @@ from diag.report.queries import raw_link_reach
 from diag.report.rundir import RING_PATTERN_CPU_LIMIT, RunData
 from diag.report.series import series_label
 from diag.report.thresholds import TABLE
+from diag.report.verdict import Verdict, build_verdict
 from diag.units import human_bytes, human_rate, human_time
 
 # Env values longer than this are cut in the table (the full fingerprint is in the records' start event).
@@ -45,6 +47,7 @@ class ReportResult:
     plots: list[Plot | Skipped]
     findings: list[Finding]
     models: list[GroupModel]
+    verdict: Verdict | None = None
 
 
 def flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -114,19 +117,19 @@ def link_reference(run: RunData) -> tuple[str, list[list[str]]]:
 
 
 def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Finding], models: list[GroupModel],
-                   title: str, created: str) -> list[Block]:
-    """The report, once: the headline figure, the summary of findings, the other plots, every finding, the
-    records, the model, the thresholds and the environment."""
+                   title: str, created: str, verdict: Verdict | None = None) -> list[Block]:
+    """The report, once: the verdict card (with the headline figure), the summary of findings, the plots,
+    every finding, the records, the model, the thresholds and the environment."""
     sources = [run.relative(f.path) for f in run.record_files]
     fired = [f for f in findings if f.status == "fired"]
     records = sorted(run.records, key=lambda r: (series_label(r), r.op, r.world_size, r.size_bytes))
     env_rows = [[k, v] for k, v in flatten(run.env)]
     meta_rows = [[k, v] for k, v in flatten(run.meta)]
-    head = [p for p in plots if isinstance(p, Plot) and p.filename == "headline.png"]
-    rest = [p for p in plots if p not in head]
-    blocks: list[Block] = [Heading(1, title), Text(f"Generated {created} from {', '.join(sources)}.", muted=True)]
-    blocks += [FigureBlock(p) for p in head]
-    blocks += [Heading(2, "Summary"),
+    head = next((p for p in plots if isinstance(p, Plot) and p.filename == "headline.png"), None)
+    verdict = verdict or build_verdict(run, findings)
+    blocks: list[Block] = [VerdictBlock(verdict, title, head),
+                           Text(f"Generated {created} from {', '.join(sources)}.", muted=True)]
+    blocks += [Heading(2, "Summary of findings"),
                Bullets([(f.rule, f"({f.strength}): {f.statement}") for f in fired] or [("", "no rule fired")]),
                Text(summary_lines(findings)[-1] + ".")]
     if run.missing:
@@ -136,7 +139,7 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
         blocks += [Heading(3, "Link reference per N"), Text(reference_intro),
                    Table(LINK_REFERENCE_HEADER, reference_rows)]
     blocks += workaround_blocks(run.advise)
-    blocks += [Heading(2, "Plots"), *(FigureBlock(p) for p in rest)]
+    blocks += [Heading(2, "Plots"), *(FigureBlock(p) for p in plots)]
     blocks += [Heading(2, "Findings"), *(FindingBlock(f) for f in ordered(findings))]
     blocks += [Heading(2, "Records"), Table(RECORD_HEADER, [record_row(r) for r in records])]
     blocks += [Heading(2, "Model (T = alpha + beta x per-rank bytes)"),
@@ -164,7 +167,8 @@ def write_report(run: RunData, out_dir: Path) -> ReportResult:
     model_path.write_text(json.dumps(models_to_json(models, sources), indent=1) + "\n")
 
     title = f"diag report: {run.root.name if run.root else ', '.join(sources)}"
-    blocks = build_document(run, plots, findings, models, title, time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    verdict = build_verdict(run, findings)
+    blocks = build_document(run, plots, findings, models, title, time.strftime("%Y-%m-%d %H:%M:%S %Z"), verdict)
     md_path = out_dir / "report.md"
     md_path.write_text(to_markdown(blocks))
     html_path = out_dir / "report.html"
@@ -172,7 +176,7 @@ def write_report(run: RunData, out_dir: Path) -> ReportResult:
 
     files = [html_path, md_path, findings_path, model_path] + [out_dir / p.filename for p in plots
                                                                if isinstance(p, Plot)]
-    return ReportResult(out_dir, files, plots, findings, models)
+    return ReportResult(out_dir, files, plots, findings, models, verdict)
 
 
 WORKAROUND_HEADER = ("workaround", "N", "per-rank size", "gloo busbw", "workaround busbw", "speed-up", "Welch p",
