@@ -96,7 +96,7 @@ def to_markdown(blocks: Sequence[Block]) -> str:
 def _verdict_rows(v: Verdict) -> list[tuple[str, str]]:
     rows = [("What is slow", v.slow), ("Why", v.why)]
     if v.sure:
-        rows.append(("How sure", sure_text(v) + (f"; shown by {v.shown_by}" if v.shown_by else "")))
+        rows.append(("How sure", sure_text(v) + (f"; the experiment that shows it: {v.shown_by}" if v.shown_by else "")))
     rows.append(("What to do", v.todo))
     rows.append(("Ruled out", "; ".join(v.ruled_out) if v.ruled_out else "nothing, by experiment"))
     if v.not_isolated:
@@ -140,10 +140,13 @@ def _finding_md(f: Finding) -> list[str]:
 _CSS = """body{font-family:sans-serif;max-width:1150px;margin:1.2em auto;padding:0 .8em;color:#222;line-height:1.4}
 .verdict{border:2px solid #2a5db0;background:#f2f6fd;border-radius:8px;padding:.2em 1em 1em;margin:0 0 1.5em}
 .verdict h1{font-size:1.35em;margin:.5em 0 .6em;overflow-wrap:anywhere}.vgrid{display:grid;
-grid-template-columns:minmax(0,1fr) minmax(0,1.1fr);gap:1em;align-items:start}.vrow{margin:0 0 .7em}
+grid-template-columns:minmax(0,1fr) minmax(0,1.1fr);grid-template-areas:"slow fig" "rest fig";column-gap:1em;
+align-items:start}.vslow{grid-area:slow}.vrest{grid-area:rest}.vfig{grid-area:fig}.vrow{margin:0 0 .7em}
 .vlabel{display:block;font-size:12px;font-weight:bold;text-transform:uppercase;letter-spacing:.04em;color:#2a5db0}
 .vrow p{margin:.1em 0}.vfig img{width:100%;background:#fff;border:1px solid #d5deee}.vfig{margin:0}
-.vmore{font-size:12px;color:#555}@media (max-width:760px){.vgrid{grid-template-columns:1fr}}
+.vmore{font-size:12px;color:#555}@media (max-width:760px){.vgrid{grid-template-columns:minmax(0,1fr);grid-template-areas:"slow" "fig" "rest"}
+.vfig{margin-bottom:.8em}}
+.verdict pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#fff;border:1px solid #d5deee}
 .scroll{overflow-x:auto}
 table{border-collapse:collapse;font-size:12px;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px}
 th{background:#eee}.finding{margin:.6em 0;padding:.4em .8em;border-left:4px solid #999}
@@ -191,19 +194,26 @@ def to_html(blocks: Sequence[Block], title: str, out_dir: Path) -> str:
 
 
 def _verdict_html(block: VerdictBlock, out_dir: Path) -> str:
+    """What is slow, then the figure that shows it, then why / what to do / ruled out: one column on a phone;
+    on a desktop the figure stands beside the text."""
     v = block.verdict
-    rows = "".join(f"<div class='vrow'><span class='vlabel'>{html.escape(lead)}</span><p>{html.escape(text)}</p>"
-                   + ("".join(f"<pre><code>{html.escape(fix.code)}</code></pre>" for fix in v.fixes[:1] if fix.code)
-                      if lead == "What to do" else "")
-                   + "</div>" for lead, text in _verdict_rows(v))
+
+    def row(lead: str, text: str) -> str:
+        code = "".join(f"<pre><code>{html.escape(fix.code)}</code></pre>" for fix in v.fixes[:1]
+                       if fix.code and lead == "What to do")
+        return f"<div class='vrow'><span class='vlabel'>{html.escape(lead)}</span><p>{html.escape(text)}</p>{code}</div>"
+
+    first, *rest = _verdict_rows(v)
     figure = ""
     if block.figure is not None:
         data = base64.b64encode((out_dir / block.figure.filename).read_bytes()).decode("ascii")
         figure = (f"<figure class='vfig'><img alt='{html.escape(block.figure.title)}' "
                   f"src='data:image/png;base64,{data}'></figure>")
-    more = "<p class='vmore'>The rules behind this card, with evidence and thresholds: <a href='#findings'>Findings</a>.</p>"
+    more = ("<p class='vmore'>The rules behind this card, with evidence and thresholds: "
+            "<a href='#findings'>Findings</a>.</p>")
     return (f"<section class='verdict' id='verdict'><h1>{html.escape(block.title)}</h1><div class='vgrid'>"
-            f"<div class='vtext'>{rows}{more}</div>{figure}</div></section>")
+            f"<div class='vslow'>{row(*first)}</div>{figure}"
+            f"<div class='vrest'>{''.join(row(*r) for r in rest)}{more}</div></div></section>")
 
 
 def _finding_html(f: Finding) -> str:

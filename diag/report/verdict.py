@@ -214,7 +214,7 @@ def verdict_lines(v: Verdict) -> list[str]:
     """The card for a terminal: the first thing diag reproduce, report and diagnose print."""
     lines = ["verdict:", f"  slow:       {v.slow}", f"  why:        {v.why}"]
     if v.sure:
-        lines.append(f"  how sure:   {sure_text(v)}" + (f"; shown by {v.shown_by}" if v.shown_by else ""))
+        lines.append(f"  how sure:   {sure_text(v)}" + (f"; the experiment: {v.shown_by}" if v.shown_by else ""))
     lines.append(f"  to do:      {v.todo}")
     for fix in v.fixes[1:]:
         lines.append(f"              also: {fix.title}" + (f" ({fix.speedup:.2f}x)" if fix.speedup else ""))
