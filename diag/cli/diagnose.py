@@ -35,12 +35,16 @@ def run(args: argparse.Namespace) -> int:
 
     data = load_run(args.paths)
     findings = diagnose(data)
-    document = findings_to_json(findings, data)
+    from diag.typedjson import strict_document
+
+    # the same strict JSON as findings.json (diag.report.render.FINDINGS_NONFINITE, without matplotlib)
+    document = strict_document(findings_to_json(findings, data),
+                               "a ratio or rate over zero (a zero time or bandwidth): no finite value")
     if args.write:
         args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(json.dumps(document, indent=1, default=str) + "\n")
+        args.write.write_text(json.dumps(document, indent=1, default=str, allow_nan=False) + "\n")
     if args.json:
-        print(json.dumps(document, indent=1, default=str))
+        print(json.dumps(document, indent=1, default=str, allow_nan=False))
     else:
         print("\n".join(verdict_lines(build_verdict(data, findings))) + "\n")
         print(render_text(findings))

@@ -44,10 +44,10 @@ def _fit(args: argparse.Namespace) -> int:
         raise DiagError("no (transport, op, N) group has two or more sizes: sweep more sizes to fit a model")
     document = models_to_json(models, [str(f.path) for f in data.record_files])
     if args.output is None:
-        print(json.dumps(document, indent=1))
+        print(json.dumps(document, indent=1, allow_nan=False))
         return 0
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(document, indent=1) + "\n")
+    args.output.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
     for m in models:
         bw = human_rate(m.linear.bandwidth_Bps) if m.linear.beta_s_per_byte > 0 else "n/a"
         bend = ""

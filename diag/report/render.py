@@ -34,8 +34,11 @@ from diag.report.rundir import RING_PATTERN_CPU_LIMIT, RunData
 from diag.report.series import series_label
 from diag.report.thresholds import TABLE
 from diag.report.verdict import Verdict, build_verdict
+from diag.typedjson import strict_document
 from diag.units import human_bytes, human_rate, human_time
 
+# Why a findings.json number can be non-finite (written as null, listed under "nonfinite").
+FINDINGS_NONFINITE = "a ratio or rate over zero (a zero time or bandwidth): no finite value"
 # Env values longer than this are cut in the table (the full fingerprint is in the records' start event).
 ENV_VALUE_CHARS = 160
 
@@ -162,9 +165,10 @@ def write_report(run: RunData, out_dir: Path) -> ReportResult:
     sources = [run.relative(f.path) for f in run.record_files]
 
     findings_path = out_dir / "findings.json"
-    findings_path.write_text(json.dumps(findings_to_json(findings, run), indent=1, default=str) + "\n")
+    findings_path.write_text(json.dumps(strict_document(findings_to_json(findings, run), FINDINGS_NONFINITE), indent=1, default=str,
+                                        allow_nan=False) + "\n")
     model_path = out_dir / "model.json"
-    model_path.write_text(json.dumps(models_to_json(models, sources), indent=1) + "\n")
+    model_path.write_text(json.dumps(models_to_json(models, sources), indent=1, allow_nan=False) + "\n")
 
     title = f"diag report: {run.root.name if run.root else ', '.join(sources)}"
     verdict = build_verdict(run, findings)
