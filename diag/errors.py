@@ -54,3 +54,21 @@ class PrivilegeError(DiagError):
 
     def __init__(self, what: str, instead: str) -> None:
         super().__init__(f"{what} needs root (CAP_NET_ADMIN); {instead}", exit_code=4)
+
+
+# How to get torch where a command needs it: the sweep extra, or the user's own build first (CPU, CUDA, Jetson).
+TORCH_HINT = ("pip install 'diag[torch]' (or install the torch build for your machine first: CPU, CUDA or "
+              "Jetson; pip install torch==2.13.0 is the CPU build diag is tested with)")
+
+
+def torch_missing(what: str) -> str:
+    return f"{what} needs torch, which is not installed here: {TORCH_HINT}"
+
+
+def require_torch(what: str) -> None:
+    """A one-line DiagError (exit 2) when torch cannot be imported: sweep, reproduce, advise and exec need it;
+    analyze, report, diagnose, compare, model and lab do not."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise DiagError(torch_missing(what)) from None

@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from diag.errors import require_torch
+
+    require_torch("diag advise")
     from diag.advise import render_text, run_advise
     from diag.errors import DiagError
     from diag.units import parse_size_list

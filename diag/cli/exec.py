@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from diag.errors import require_torch
+
+    require_torch("diag exec")
     from diag.exec import run_script
     from diag.transports.raw.knobs import knobs_from_args
 

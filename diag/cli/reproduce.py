@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from diag.errors import require_torch
+
+    require_torch("diag reproduce")
     from diag.reproduce import run_reproduce
     from diag.units import parse_size_list
 

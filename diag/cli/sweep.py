@@ -156,6 +156,9 @@ def default_out() -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from diag.errors import require_torch
+
+    require_torch("diag sweep")
     spec = build_spec(args)
     in_place = not args.nproc and not args.lab
     if in_place and "RANK" not in os.environ:
