@@ -3,12 +3,15 @@ progress component every long command shares (sweep, reproduce, analyze).
 
 Progress is weighted, not counted: sizes double from row to row, so the last row of a sweep takes as long
 as all the others together and "7 of 14 rows" says little about the time left. A row's weight is the bytes
-it moves times its iterations (``row_weight``), and the ETA is the time so far scaled by the weight left.
+that cross each rank's link (the per-device volume D of the bus model, what a link's time follows) times
+its iterations (``row_weight``), and the ETA is the time so far scaled by the weight left.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
@@ -26,15 +29,18 @@ HEADER = (
 ITERATION_OVERHEAD_BYTES = 256 << 10
 
 
-def row_weight(size_bytes: int, world_size: int, iterations: int) -> float:
-    """Work of one row: the bytes every rank's input adds up to, plus a fixed per-iteration cost, times the
-    iterations run (warm-up included)."""
-    return float(max(size_bytes, 0) * max(world_size, 1) + ITERATION_OVERHEAD_BYTES) * max(iterations, 1)
+def row_weight(volume_bytes: int, iterations: int) -> float:
+    """Work of one row: its per-device volume D (Record.volume_bytes) plus a fixed per-iteration cost, times
+    the iterations run (warm-up included)."""
+    return float(max(volume_bytes, 0) + ITERATION_OVERHEAD_BYTES) * max(iterations, 1)
 
 
 def plan_weight(spec: Any, plans: Iterable[Any], world_size: int) -> float:
     """Total weight of a sweep's rows at one world size (RowPlan.used_bytes, the spec's iterations)."""
-    return sum(row_weight(p.used_bytes, world_size, spec.warmup + spec.iters) for p in plans)
+    from diag.collectives import make_collective
+
+    return sum(row_weight(make_collective(p.op).volume_bytes(p.used_bytes, world_size), spec.warmup + spec.iters)
+               for p in plans)
 
 
 def format_duration(seconds: float) -> str:
@@ -100,8 +106,12 @@ class Progress:
         if self._bar is not None:
             self._bar.update(self._task, description=text, timing=self.timing())
 
+    def update(self, done: float) -> None:
+        """Set the work done so far (absolute)."""
+        self.advance(done - self.done)
+
     def advance(self, weight: float) -> None:
-        self.done = min(self.done + max(weight, 0.0), self.total) if self.total else self.done + weight
+        self.done = min(self.done + max(weight, 0.0), self.total) if self.total else self.done + max(weight, 0.0)
         if self._bar is not None:
             self._bar.update(self._task, completed=self.done, timing=self.timing())
 
@@ -173,7 +183,7 @@ class SweepConsole:
         for warning in record.warnings:
             self.line(f"#   warning: {warning}")
         if self._progress is not None:
-            self._progress.advance(row_weight(record.size_bytes, record.world_size, record.iters + record.warmup)
+            self._progress.advance(row_weight(record.volume_bytes, record.iters + record.warmup)
                                    if self._weighted else 1)
 
     def close(self) -> None:
@@ -181,3 +191,116 @@ class SweepConsole:
             self._progress.close()
 
 
+
+
+def sweep_weight(spec: Any, world_size: int) -> float:
+    """The weight of a whole sweep at one world size (imports the harness, so torch). A spec the harness
+    would refuse weighs its sizes as asked (the sweep itself will say what is wrong)."""
+    from diag.errors import DiagError
+    from diag.harness import plan_rows
+
+    try:
+        return plan_weight(spec, plan_rows(spec, world_size), world_size)
+    except DiagError:
+        return sum(row_weight(size * max(world_size - 1, 1), spec.warmup + spec.iters)
+                   for size in spec.sizes) * len(spec.ops)
+
+
+def reproduce_weights(plan: Any, step_spec: Callable[[Any, Any, int], Any], advise_size: int) -> list[float]:
+    """The weight of each action of diag reproduce, in its order: every (step, N) sweep, then advise (plain
+    gloo and its two workarounds at N=2, at ``advise_size`` per rank)."""
+    from diag.spec import SweepSpec
+
+    weights = [sweep_weight(step_spec(plan, step, n), n) for step in plan.steps for n in plan.world_sizes_of(step)]
+    advise = SweepSpec(sizes=(advise_size,), warmup=plan.warmup, iters=max(plan.iters, 3), dtype="uint8")
+    return [*weights, 3 * sweep_weight(advise, 2)]
+
+
+class ReadProgress:
+    """Progress of reading capture files, told by where this process's file descriptors on them stand
+    (/proc/self/fdinfo, Linux): the readers read sequentially, so bytes read / bytes to read is the share done
+    of the reading, which is most of an analysis. A reader that starts a file over (the streaming analyzer's
+    passes) counts as one more pass; ``passes`` is how many are expected. A thread samples twice a second,
+    and only where ``stream`` is a terminal (nothing is drawn into a pipe or a log)."""
+
+    def __init__(self, paths: Iterable[str | os.PathLike[str]], passes: int = 1, label: str = "read",
+                 stream: TextIO | None = None, interval_s: float = 0.5, live: bool | None = None) -> None:
+        self.sizes: dict[str, int] = {}
+        for path in paths:
+            real = os.path.realpath(path)
+            if os.path.isfile(real):
+                self.sizes[real] = os.path.getsize(real)
+        self.passes = max(passes, 1)
+        self._completed = dict.fromkeys(self.sizes, 0)   # bytes of finished passes, per file
+        self._last = dict.fromkeys(self.sizes, 0)        # the position seen last, per file
+        self.stream = stream or sys.stderr
+        self.interval_s = interval_s
+        self.live = _is_terminal(self.stream) if live is None else live
+        self.progress: Progress | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes.values()) * self.passes
+
+    def _positions(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        try:
+            fds = os.listdir("/proc/self/fd")
+        except OSError:
+            return out
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+                if target not in self.sizes:
+                    continue
+                with open(f"/proc/self/fdinfo/{fd}") as info:
+                    pos = next((int(line.split()[1]) for line in info if line.startswith("pos:")), 0)
+            except (OSError, ValueError):
+                continue   # closed meanwhile
+            out[target] = max(out.get(target, 0), pos)
+        return out
+
+    def sample(self) -> float:
+        """Bytes read so far over all files and passes (also moves the bar)."""
+        now = self._positions()
+        for path, size in self.sizes.items():
+            pos = now.get(path)
+            if pos is None:
+                if self._last[path] > 0:            # read and closed: that pass is done
+                    self._completed[path] += size
+                    self._last[path] = 0
+                continue
+            if pos + size // 100 < self._last[path]:  # started over: a new pass
+                self._completed[path] += size
+            self._last[path] = pos
+        done = sum(self._completed.values()) + sum(self._last.values())
+        if done > self.total:                         # more passes than expected: the bar grows, stays honest
+            self.passes = -(-int(done) // max(sum(self.sizes.values()), 1))
+            if self.progress is not None:
+                self.progress.total = float(self.total)
+        if self.progress is not None:
+            self.progress.update(done)
+        return float(done)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self) -> ReadProgress:
+        if self.live and self.sizes:
+            self.progress = Progress(f"{self._label_text()}", self.total, stream=self.stream, live=True)
+            self._thread = threading.Thread(target=self._run, name="diag-read-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def _label_text(self) -> str:
+        return "analyze" + (f" ({self.passes} passes)" if self.passes > 1 else "")
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        if self.progress is not None:
+            self.progress.close()

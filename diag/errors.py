@@ -28,7 +28,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_WRONG_DATA: "diag sweep: a row has #wrong > 0 (the closing line says Out of bounds values : N FAILED)",
     EXIT_BELOW_MIN_BUSBW: "diag sweep --min-busbw GBPS: the average bus bandwidth is below GBPS",
     EXIT_SLOWER: "diag compare --fail-on slower:X%: a row of B is significantly slower than A by X or more",
-    EXIT_FIRED: "diag diagnose --fail-on fired|strong: a finding fired (strong: a strong one)",
+    EXIT_FIRED: "diag diagnose --fail-on fired (or strong): a finding fired (a strong one)",
     EXIT_INTERRUPTED: "interrupted by Ctrl-C (128 + N for signal N, e.g. 143 for SIGTERM); finished results are "
                       "kept",
 }

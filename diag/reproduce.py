@@ -331,8 +331,14 @@ def _run_steps(plan: Plan, run: Run, lab: Any, capture: str | None, say: Callabl
     # diag advise on the same lab, after the experiments: measured workarounds for the N=2 anomaly
     actions.append(("advise: workarounds for gloo all_gather N=2",
                     _advise_step(run.root, lab, per_rank_size(plan.knob_volume, 2), plan, say)))
+    from diag.console import Progress, reproduce_weights
+
+    # One plan-level bar, weighted by bytes x iterations (sizes double: counting steps would mislead),
+    # printed with every step line (the sweeps draw their own tables on stdout meanwhile).
+    weights = reproduce_weights(plan, step_spec, per_rank_size(plan.knob_volume, 2))
+    progress = Progress("reproduce", sum(weights), live=False)
     for index, (title, action) in enumerate(actions, 1):
-        say(f"[{index}/{len(actions)}] {title}")
+        say(f"[{index}/{len(actions)}] {title}  {progress.status()}")
         step_started = time.monotonic()
         try:
             action()
@@ -344,6 +350,8 @@ def _run_steps(plan: Plan, run: Run, lab: Any, capture: str | None, say: Callabl
             say(f"[{index}/{len(actions)}] failed: {exc}")
             if not keep_going:
                 raise
+        finally:
+            progress.advance(weights[index - 1] if index <= len(weights) else 0.0)
 
 
 def _analyze(run_dir: Path, say: Callable[[str], None]) -> None:

@@ -15,6 +15,10 @@ import argparse
 import json
 import sys
 
+# How many times the streaming analyzer reads a big capture (diag/capture/stream.py): the progress bar's
+# expectation; more passes only make the bar longer.
+STREAM_PASSES = 5
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pcaps", nargs="+", metavar="PCAP", help="capture files (.pcap, .pcapng, .gz)")
@@ -50,10 +54,15 @@ def run(args: argparse.Namespace) -> int:
             load_records(records)  # a wrong --records file fails now, not after the captures were read
 
     tune_for_one_shot_analysis()  # before numpy is imported
+    from diag.capture import stream
     from diag.capture.flows import analyze
+    from diag.console import ReadProgress
 
-    result, packets = analyze(args.pcaps, args.records, args.bin_s, args.idle_gap_s, not args.no_series,
-                              keep_sequence=bool(args.plot))
+    # On a terminal, a bar over the bytes read (a streamed capture is read in several passes)
+    passes = STREAM_PASSES if not args.plot and stream.should_stream(args.pcaps) else 1
+    with ReadProgress(args.pcaps, passes):
+        result, packets = analyze(args.pcaps, args.records, args.bin_s, args.idle_gap_s, not args.no_series,
+                                  keep_sequence=bool(args.plot))
     if args.out:
         from pathlib import Path
 
