@@ -69,14 +69,21 @@ class Progress:
         self._task: Any = None
         if live if live is not None else _is_terminal(self.stream):
             from rich.console import Console
-            from rich.progress import BarColumn, TextColumn
+            from rich.progress import BarColumn, ProgressColumn, TextColumn
             from rich.progress import Progress as RichProgress
+            from rich.text import Text
+
+            owner = self
+
+            class Timing(ProgressColumn):  # elapsed ticks between rows; the ETA is ours (weighted)
+                def render(self, task: Any) -> Text:
+                    return Text(owner.timing())
 
             self._bar = RichProgress(
-                TextColumn(f"[bold]{label}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                TextColumn("{task.fields[timing]}"), TextColumn("{task.description}"),
-                console=Console(file=self.stream, force_terminal=True), transient=True, auto_refresh=True)
-            self._task = self._bar.add_task("", total=self.total or 1, completed=self.done, timing=self.timing())
+                TextColumn(f"[bold]{label}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"), Timing(),
+                TextColumn("{task.description}"), console=Console(file=self.stream, force_terminal=True),
+                transient=True, auto_refresh=True)
+            self._task = self._bar.add_task("", total=self.total or 1, completed=self.done)
             self._bar.start()
 
     @property
@@ -104,7 +111,7 @@ class Progress:
 
     def describe(self, text: str) -> None:
         if self._bar is not None:
-            self._bar.update(self._task, description=text, timing=self.timing())
+            self._bar.update(self._task, description=text)
 
     def update(self, done: float) -> None:
         """Set the work done so far (absolute)."""
@@ -113,7 +120,7 @@ class Progress:
     def advance(self, weight: float) -> None:
         self.done = min(self.done + max(weight, 0.0), self.total) if self.total else self.done + max(weight, 0.0)
         if self._bar is not None:
-            self._bar.update(self._task, completed=self.done, timing=self.timing())
+            self._bar.update(self._task, completed=self.done)
 
     def print(self, line: str) -> None:
         """A line above the bar (or a plain line without one)."""
@@ -220,11 +227,11 @@ class ReadProgress:
     """Progress of reading capture files, told by where this process's file descriptors on them stand
     (/proc/self/fdinfo, Linux): the readers read sequentially, so bytes read / bytes to read is the share done
     of the reading, which is most of an analysis. A reader that starts a file over (the streaming analyzer's
-    passes) counts as one more pass; ``passes`` is how many are expected. A thread samples twice a second,
+    passes) counts as one more pass; ``passes`` is how many are expected. A thread samples five times a second,
     and only where ``stream`` is a terminal (nothing is drawn into a pipe or a log)."""
 
     def __init__(self, paths: Iterable[str | os.PathLike[str]], passes: int = 1, label: str = "read",
-                 stream: TextIO | None = None, interval_s: float = 0.5, live: bool | None = None) -> None:
+                 stream: TextIO | None = None, interval_s: float = 0.2, live: bool | None = None) -> None:
         self.sizes: dict[str, int] = {}
         for path in paths:
             real = os.path.realpath(path)
