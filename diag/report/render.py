@@ -142,7 +142,10 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
         blocks += [Heading(3, "Link reference per N"), Text(reference_intro),
                    Table(LINK_REFERENCE_HEADER, reference_rows)]
     blocks += workaround_blocks(run.advise)
-    blocks += [Heading(2, "Plots"), *(FigureBlock(p) for p in plots)]
+    # The headline figure is drawn once, in the card; here its caption says how to read it.
+    blocks += [Heading(2, "Plots"),
+               *(Text(f"{p.title} (in the verdict card above): {p.caption}") if p is head else FigureBlock(p)
+                 for p in plots)]
     blocks += [Heading(2, "Findings"), *(FindingBlock(f) for f in ordered(findings))]
     blocks += [Heading(2, "Records"), Table(RECORD_HEADER, [record_row(r) for r in records])]
     blocks += [Heading(2, "Model (T = alpha + beta x per-rank bytes)"),
