@@ -175,8 +175,6 @@ class SweepConsole:
         else:
             print(line, file=self.stream, flush=True)
 
-    _print = line
-
     def header(self, title: str) -> None:
         self.line(f"# {title}")
         self.line(HEADER)

@@ -84,6 +84,9 @@ def test_full_run_dir_renders_every_plot_and_agrees_with_records(full_run_dir: P
             assert f"`{f['rule']}`" in md
     model = json.loads((out / "model.json").read_text())
     assert {(m["transport"], m["world_size"]) for m in model["models"]} >= {("torch:gloo", 2), ("raw:ring", 4)}
+    # samples.csv: one line per timed iteration of every record (long format)
+    lines = (out / "samples.csv").read_text().splitlines()
+    assert len(lines) == 1 + sum(len(r.times_s) for r in records)
 
 
 def test_report_cli_default_out_and_missing_parts(tmp_path: Path, capsys) -> None:

@@ -1,5 +1,6 @@
 """Write a run directory's report: report.md, a self-contained report.html (PNGs inline as base64),
-the PNGs themselves, findings.json and model.json. Reads files only, so it can be re-run at any time.
+the PNGs themselves, findings.json, model.json and samples.csv (every timed iteration). Reads files only, so it
+can be re-run at any time.
 """
 
 from __future__ import annotations
@@ -181,8 +182,13 @@ def write_report(run: RunData, out_dir: Path) -> ReportResult:
     html_path = out_dir / "report.html"
     html_path.write_text(to_html(blocks, title, out_dir))
 
-    files = [html_path, md_path, findings_path, model_path] + [out_dir / p.filename for p in plots
-                                                               if isinstance(p, Plot)]
+    # Every timed iteration, long format, for pandas and R (diag.records.SAMPLE_FIELDS)
+    from diag.records import export_samples_csv
+
+    samples_path = out_dir / "samples.csv"
+    export_samples_csv(run.records, samples_path)
+    files = [html_path, md_path, findings_path, model_path, samples_path] + [out_dir / p.filename for p in plots
+                                                                             if isinstance(p, Plot)]
     return ReportResult(out_dir, files, plots, findings, models, verdict)
 
 
