@@ -38,6 +38,9 @@ def test_dip_without_experiments_says_not_isolated_and_no_workaround(tmp_path: P
     v = _verdict(tmp_path / "run", gloo_only)
     assert v.slow_status == "fired"
     assert v.why.startswith("Not isolated:") and v.sure == "undecided" and v.shown_by == ""
+    # the mechanism's reason, in words: the rule ids it names become what they look at
+    assert "the one-vs-two-connections experiment (M4)" in v.why
+    assert not any(rule in v.why for rule in ("shared_connection", "notice_behind_data", "cpu_bound"))
     assert v.todo.startswith("No workaround was measured in this run") and v.fixes == ()
     assert v.ruled_out == ()
     assert "  ruled out:  nothing, by experiment" in verdict_lines(v)
@@ -68,5 +71,13 @@ def test_reads_only_the_findings() -> None:
                    (Evidence("n2_busbw_dip: ..."), Evidence("low_duplex_overlap: the wire shows turns")))
     v = build_verdict(None, [dip, mech])
     assert v.why == "Not isolated to one mechanism; the loss is consistent with: the wire shows turns"
-    assert v.sure == "weak" and v.shown_by == "low_duplex_overlap: the wire shows turns"
+    assert v.sure == "weak" and v.shown_by == "duplex overlap on the wire: the wire shows turns"
     assert v.todo == "No workaround was measured (no workarounds finding)."
+
+
+def test_the_figure_is_on_the_axis_the_dip_was_found_on(tmp_path: Path) -> None:
+    per_rank = _verdict(tmp_path / "run", anomaly_records())
+    assert per_rank.figure == "busbw_vs_size.png"             # compared at equal per-rank size
+    dip = Finding("n2_busbw_dip", "fired", "torch:gloo all_gather: busbw at N=2 is 40% below N>=3 at D=16 MiB",
+                  "strong", (Evidence("x", {"series": "torch:gloo", "op": "all_gather"}, plot="busbw_vs_size.png"),))
+    assert build_verdict(None, [dip]).figure == "headline.png"  # at equal D: busbw against N

@@ -129,8 +129,9 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
     records = sorted(run.records, key=lambda r: (series_label(r), r.op, r.world_size, r.size_bytes))
     env_rows = [[k, v] for k, v in flatten(run.env)]
     meta_rows = [[k, v] for k, v in flatten(run.meta)]
-    head = next((p for p in plots if isinstance(p, Plot) and p.filename == "headline.png"), None)
     verdict = verdict or build_verdict(run, findings)
+    drawn = {p.filename: p for p in plots if isinstance(p, Plot)}
+    head = drawn.get(verdict.figure or "") or drawn.get("headline.png")
     blocks: list[Block] = [VerdictBlock(verdict, title, head),
                            Text(f"Generated {created} from {', '.join(sources)}.", muted=True)]
     blocks += [Heading(2, "Summary of findings"),
@@ -143,7 +144,7 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
         blocks += [Heading(3, "Link reference per N"), Text(reference_intro),
                    Table(LINK_REFERENCE_HEADER, reference_rows)]
     blocks += workaround_blocks(run.advise)
-    # The headline figure is drawn once, in the card; here its caption says how to read it.
+    # The card's figure is drawn once, there; here its caption says how to read it.
     blocks += [Heading(2, "Plots"),
                *(Text(f"{p.title} (in the verdict card above): {p.caption}") if p is head else FigureBlock(p)
                  for p in plots)]

@@ -1,6 +1,6 @@
 """The verdict card: the answer a person reads in ten seconds, before any rule id.
 
-It says what is slow (with the headline figure), why (the mechanism an experiment showed, or "not
+It says what is slow (with the figure that shows it), why (the mechanism an experiment showed, or "not
 isolated"), how sure, the one experiment that shows it, what to do (the measured workaround, its speed-up,
 its code) and what was ruled out. It decides nothing itself: it only reads the findings the diagnosis rules
 wrote (their rule ids, statuses, strengths, statements and evidence values) and the run's advise.json for
@@ -17,6 +17,7 @@ from typing import Any
 from diag.report.diagnose.findings import STRENGTHS, Finding
 from diag.units import human_bytes, human_rate
 
+HEADLINE = "headline.png"
 # The rule ids the card reads. A rule the diagnosis does not have (renamed, or not run) reads as absent.
 DIP, BELOW_RAW, MECHANISM, WORKAROUNDS, DATA_ERRORS = (
     "n2_busbw_dip", "backend_below_raw", "mechanism", "workarounds", "data_errors")
@@ -25,6 +26,24 @@ SUSPECT_PREFIX = "suspect_"
 # (the paired experiments that toggle a suspect speak through the suspect's own finding).
 RULED_OUT_RULES = {"cpu_bound": "the CPU", "exchange_order": "the order of send and receive",
                    "half_duplex_match": "a half-duplex schedule"}
+
+
+# What the card calls the rules a statement may name (the card shows no rule ids; an id not here stays as it is).
+PLAIN_NAMES = {
+    "cpu_bound": "CPU samples", "exchange_order": "the send/receive order experiment",
+    "half_duplex_match": "a half-duplex raw ring", "idle_gaps": "idle gaps on the wire",
+    "low_duplex_overlap": "duplex overlap on the wire", "notice_behind_data": "the ready-notice experiment (M1)",
+    "retransmissions": "retransmissions", "shared_connection": "the one-vs-two-connections experiment (M4)",
+    "turn_taking": "turn-taking on the wire", "window_limited": "window and buffer limits",
+    "backend_below_raw": "the raw-TCP reference", "n2_busbw_dip": "the N=2 dip",
+}
+
+
+def plain(text: str) -> str:
+    """A statement with the rule ids it names replaced by what they look at."""
+    import re
+
+    return re.sub(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b", lambda m: PLAIN_NAMES.get(m.group(0), m.group(0)), text)
 
 
 @dataclass(frozen=True)
@@ -46,7 +65,7 @@ class Verdict:
     fixes: tuple[Fix, ...] = ()
     ruled_out: tuple[str, ...] = ()
     not_isolated: tuple[str, ...] = ()
-    figure: str | None = "headline.png"
+    figure: str | None = HEADLINE           # the report PNG that shows what is slow
     rules: tuple[str, ...] = field(default_factory=tuple)   # the findings read (the detail section has them)
 
 
@@ -90,12 +109,12 @@ def _what_is_slow(rules: dict[str, list[Finding]]) -> tuple[str, str, list[str]]
         return text + f" ({dip.strength} evidence).", "fired", [DIP]
     below = _strongest(rules.get(BELOW_RAW, []))
     if below is not None:
-        return f"The backend is slower than raw TCP on the same link: {below.statement}.", "fired", [BELOW_RAW]
+        return f"The backend is slower than raw TCP on the same link: {plain(below.statement)}.", "fired", [BELOW_RAW]
     wrong = _strongest(rules.get(DATA_ERRORS, []))
     if wrong is not None:
         return f"Wrong data, not speed, is the problem: {wrong.statement}.", "fired", [DATA_ERRORS]
     if dips and all(f.status == "undecided" for f in dips):
-        return f"Cannot tell whether N=2 is slow: {dips[0].statement}.", "undecided", [DIP]
+        return f"Cannot tell whether N=2 is slow: {plain(dips[0].statement)}.", "undecided", [DIP]
     if any(f.status == "fired" for f in dips):
         return ("No backend is slower at N=2; only raw-TCP experiment series dip there (their own schedules, "
                 "by design)."), "clear", [DIP]
@@ -142,10 +161,10 @@ def _why(rules: dict[str, list[Finding]], slow_status: str) -> tuple[str, str, s
     if mech is not None and mech.status == "fired":
         support = _after(mech.statement, "supported by: ").split("; ruled out by experiment:", 1)[0]
         first = mech.evidence[1].text if len(mech.evidence) > 1 else ""
-        return (f"Not isolated to one mechanism; the loss is consistent with: {support}",
-                mech.strength, first, [MECHANISM])
+        return (f"Not isolated to one mechanism; the loss is consistent with: {plain(support)}",
+                mech.strength, plain(first), [MECHANISM])
     if mech is not None and mech.status == "undecided":
-        return f"Not isolated: {mech.statement}.", "undecided", "", [MECHANISM]
+        return f"Not isolated: {plain(mech.statement)}.", "undecided", "", [MECHANISM]
     if slow_status == "fired":
         return "Not isolated: no experiment here explains it.", "undecided", "", [MECHANISM] if mech else []
     return "Nothing to explain.", "", "", [MECHANISM] if mech else []
@@ -189,14 +208,24 @@ def _ruled_out(rules: dict[str, list[Finding]]) -> tuple[list[str], list[str], l
     for rule, what in RULED_OUT_RULES.items():
         for f in rules.get(rule, []):
             if f.status == "clear":
-                out.append(f"{what}: {f.statement}")
+                out.append(f"{what}: {plain(f.statement)}")
                 used.append(rule)
     return out, open_, used
 
 
-def build_verdict(run: Any, findings: Sequence[Finding], figure: str | None = "headline.png") -> Verdict:
+def _figure(rules: dict[str, list[Finding]]) -> str:
+    """The figure on the axis the dip was found on: the headline (busbw against N at equal per-device volume
+    D) for a dip at equal D, else the plot the finding cites (busbw against per-rank size)."""
+    dip = _strongest([f for f in rules.get(DIP, []) if _is_backend(f)])
+    if dip is None or " at D=" in dip.statement or not dip.evidence[0].plot:
+        return HEADLINE
+    return dip.evidence[0].plot
+
+
+def build_verdict(run: Any, findings: Sequence[Finding], figure: str | None = None) -> Verdict:
     """The card from the findings (and advise.json for the workaround code)."""
     rules = _by_rule(findings)
+    figure = figure or _figure(rules)
     slow, status, used_slow = _what_is_slow(rules)
     why, sure, shown_by, used_why = _why(rules, status)
     todo, fixes, used_fix = _fixes(rules, getattr(run, "advise", None))
