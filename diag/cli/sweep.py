@@ -105,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--out", help="records file (JSON Lines, appended; default runs/sweep-<time>.jsonl)")
     out.add_argument("--run-dir", help="where logs, captures, observer and TCP_INFO files go "
                                        "(default: beside --out, <out>.d)")
-    out.add_argument("--csv", help="also export the rows as CSV to this file")
+    out.add_argument("--csv", help="also export this run's rows as CSV to this file (one line per row)")
     out.add_argument("--samples-csv", metavar="FILE",
                      help="also export every timed iteration (max over ranks) as one CSV row, long format for "
                           "pandas and R (columns: diag.records.SAMPLE_FIELDS)")
