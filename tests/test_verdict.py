@@ -81,3 +81,19 @@ def test_the_figure_is_on_the_axis_the_dip_was_found_on(tmp_path: Path) -> None:
     dip = Finding("n2_busbw_dip", "fired", "torch:gloo all_gather: busbw at N=2 is 40% below N>=3 at D=16 MiB",
                   "strong", (Evidence("x", {"series": "torch:gloo", "op": "all_gather"}, plot="busbw_vs_size.png"),))
     assert build_verdict(None, [dip]).figure == "headline.png"  # at equal D: busbw against N
+
+
+def test_no_surer_than_the_weaker_link() -> None:
+    """An experiment that shows M1 strongly does not make the card strong when the mechanism finding ties it
+    to this run's dip only weakly; the reference the dip names (N=3 here) is the card's too."""
+    dip = Finding("n2_busbw_dip", "fired", "torch:gloo all_gather: busbw at N=2 is 21% below N=3 at D=16 MiB, "
+                  "from D=16 MiB upward", "weak",
+                  (Evidence("x", {"series": "torch:gloo", "op": "all_gather", "ratio": 0.79, "size_bytes": 16 << 20}),))
+    mech = Finding("mechanism", "fired", "the N=2 loss is supported by: M1", "weak", (Evidence("a"), Evidence("b")))
+    m1 = Finding("suspect_m1", "fired", "M1: the notice: shown by notice_behind_data (faster on its own connection)",
+                 "strong", (Evidence("own-conn 22.8 MB/s vs in-band 15.1 MB/s"),))
+    v = build_verdict(None, [dip, mech, m1])
+    assert v.slow.startswith("torch:gloo all_gather at N=2: busbw is 21% below N=3")
+    assert v.why == "M1: the notice (faster on its own connection)"
+    assert v.sure == "weak" and v.sure_detail == "strong that the experiment shows M1, weak that it explains this run's dip"
+    assert v.shown_by == "own-conn 22.8 MB/s vs in-band 15.1 MB/s"

@@ -10,6 +10,7 @@ The rule ids stay in the report's Findings section, which the card points to.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,8 +42,6 @@ PLAIN_NAMES = {
 
 def plain(text: str) -> str:
     """A statement with the rule ids it names replaced by what they look at."""
-    import re
-
     return re.sub(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b", lambda m: PLAIN_NAMES.get(m.group(0), m.group(0)), text)
 
 
@@ -67,6 +66,7 @@ class Verdict:
     not_isolated: tuple[str, ...] = ()
     figure: str | None = HEADLINE           # the report PNG that shows what is slow
     rules: tuple[str, ...] = field(default_factory=tuple)   # the findings read (the detail section has them)
+    sure_detail: str = ""            # how sure of each link: the experiment, and its tie to this dip
 
 
 def _by_rule(findings: Sequence[Finding]) -> dict[str, list[Finding]]:
@@ -98,8 +98,11 @@ def _what_is_slow(rules: dict[str, list[Finding]]) -> tuple[str, str, list[str]]
         per_rank = "" if axis else " per rank"
         series, op = values.get("series", "the backend"), values.get("op", "")
         ratio = values.get("ratio")
-        text = (f"{series} {op} at N=2: busbw is {1 - ratio:.0%} below N>=3" if isinstance(ratio, (int, float))
-                else f"{series} {op}: busbw at N=2 is below N>=3")
+        # the reference the rule held N=2 against ("N>=3", or "N=3" where CPU-bound N were left out)
+        named = re.search(r" below (N[>=][=\d,]*\d) at ", dip.statement)
+        reference = named.group(1) if named else "N>=3"
+        text = (f"{series} {op} at N=2: busbw is {1 - ratio:.0%} below {reference}" if isinstance(ratio, (int, float))
+                else f"{series} {op}: busbw at N=2 is below {reference}")
         if isinstance(values.get("busbw_n2_Bps"), (int, float)) and isinstance(values.get("busbw_n3plus_Bps"),
                                                                                    (int, float)):
             text += (f" ({human_rate(values['busbw_n2_Bps'])} vs {human_rate(values['busbw_n3plus_Bps'])} at "
@@ -142,7 +145,7 @@ def _after(text: str, marker: str) -> str:
     return text.split(marker, 1)[1] if marker in text else text
 
 
-def _why(rules: dict[str, list[Finding]], slow_status: str) -> tuple[str, str, str, list[str]]:
+def _why(rules: dict[str, list[Finding]], slow_status: str) -> tuple[str, str, str, list[str], str]:
     suspects = [f for rule, fs in rules.items() if rule.startswith(SUSPECT_PREFIX) for f in fs]
     shown = _strongest(suspects)
     mech = (rules.get(MECHANISM) or [None])[0]
@@ -157,17 +160,26 @@ def _why(rules: dict[str, list[Finding]], slow_status: str) -> tuple[str, str, s
         shown_by = shown.evidence[0].text if shown.evidence else ""
         if slow_status != "fired":
             why += " (shown by its experiment, though no backend dip was found to explain)"
-        return why, shown.strength, shown_by, [shown.rule, *(f.rule for f in others)]
+        # No surer than the weaker link: the experiment shows the mechanism, the mechanism finding ties it to
+        # this run's dip (and is itself no surer than the dip).
+        sure, tie = shown.strength, ""
+        if mech is not None and mech.status == "fired" and mech.strength in STRENGTHS:
+            sure = STRENGTHS[max(STRENGTHS.index(mech.strength), STRENGTHS.index(shown.strength))]
+            tie = (f"{shown.strength} that the experiment shows {why.split(':', 1)[0]}, {mech.strength} that it "
+                   f"explains this run's dip")
+        elif slow_status == "fired":
+            tie = f"{shown.strength} that the experiment shows {why.split(':', 1)[0]}; not tied to the dip"
+        return why, sure, shown_by, [shown.rule, *(f.rule for f in others)], tie
     if mech is not None and mech.status == "fired":
         support = _after(mech.statement, "supported by: ").split("; ruled out by experiment:", 1)[0]
         first = mech.evidence[1].text if len(mech.evidence) > 1 else ""
         return (f"Not isolated to one mechanism; the loss is consistent with: {plain(support)}",
-                mech.strength, plain(first), [MECHANISM])
+                mech.strength, plain(first), [MECHANISM], "")
     if mech is not None and mech.status == "undecided":
-        return f"Not isolated: {plain(mech.statement)}.", "undecided", "", [MECHANISM]
+        return f"Not isolated: {plain(mech.statement)}.", "undecided", "", [MECHANISM], ""
     if slow_status == "fired":
-        return "Not isolated: no experiment here explains it.", "undecided", "", [MECHANISM] if mech else []
-    return "Nothing to explain.", "", "", [MECHANISM] if mech else []
+        return "Not isolated: no experiment here explains it.", "undecided", "", [MECHANISM] if mech else [], ""
+    return "Nothing to explain.", "", "", [MECHANISM] if mech else [], ""
 
 
 def _fixes(rules: dict[str, list[Finding]], advise: dict[str, Any] | None) -> tuple[str, list[Fix], list[str]]:
@@ -227,16 +239,17 @@ def build_verdict(run: Any, findings: Sequence[Finding], figure: str | None = No
     rules = _by_rule(findings)
     figure = figure or _figure(rules)
     slow, status, used_slow = _what_is_slow(rules)
-    why, sure, shown_by, used_why = _why(rules, status)
+    why, sure, shown_by, used_why, sure_detail = _why(rules, status)
     todo, fixes, used_fix = _fixes(rules, getattr(run, "advise", None))
     ruled_out, open_, used_out = _ruled_out(rules)
     used = tuple(dict.fromkeys([*used_slow, *used_why, *used_fix, *used_out]))
     return Verdict(slow, status, why, sure, shown_by, todo, tuple(fixes), tuple(ruled_out), tuple(open_), figure,
-                   used)
+                   used, sure_detail)
 
 
 def sure_text(v: Verdict) -> str:
-    return {"": "", "undecided": "undecided"}.get(v.sure, f"{v.sure} evidence")
+    text = {"": "", "undecided": "undecided"}.get(v.sure, f"{v.sure} evidence")
+    return f"{text} ({v.sure_detail})" if v.sure_detail and text else text
 
 
 def verdict_lines(v: Verdict) -> list[str]:
