@@ -207,8 +207,9 @@ def _verdict_html(block: VerdictBlock, out_dir: Path) -> str:
     figure = ""
     if block.figure is not None:
         data = base64.b64encode((out_dir / block.figure.filename).read_bytes()).decode("ascii")
-        figure = (f"<figure class='vfig'><img alt='{html.escape(block.figure.title)}' "
-                  f"src='data:image/png;base64,{data}'></figure>")
+        # the PNG beside report.html opens full size (small on a phone)
+        figure = (f"<figure class='vfig'><a href='{html.escape(block.figure.filename)}'><img "
+                  f"alt='{html.escape(block.figure.title)}' src='data:image/png;base64,{data}'></a></figure>")
     more = ("<p class='vmore'>The rules behind this card, with evidence and thresholds: "
             "<a href='#findings'>Findings</a>.</p>")
     return (f"<section class='verdict' id='verdict'><h1>{html.escape(block.title)}</h1><div class='vgrid'>"

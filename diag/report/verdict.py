@@ -201,7 +201,8 @@ def _fixes(rules: dict[str, list[Finding]], advise: dict[str, Any] | None) -> tu
     fixes.sort(key=lambda f: -(f.speedup or 0))
     best = fixes[0]
     speed = f" ({best.speedup:.2f}x faster than plain gloo, measured in this run)" if best.speedup else ""
-    return f"Use {best.title}{speed}.", fixes, [WORKAROUNDS]
+    also = "".join(f" Also faster: {f.title}" + (f" ({f.speedup:.2f}x)." if f.speedup else ".") for f in fixes[1:])
+    return f"Use {best.title}{speed}.{also}", fixes, [WORKAROUNDS]
 
 
 def _ruled_out(rules: dict[str, list[Finding]]) -> tuple[list[str], list[str], list[str]]:
@@ -258,8 +259,6 @@ def verdict_lines(v: Verdict) -> list[str]:
     if v.sure:
         lines.append(f"  how sure:   {sure_text(v)}" + (f"; the experiment: {v.shown_by}" if v.shown_by else ""))
     lines.append(f"  to do:      {v.todo}")
-    for fix in v.fixes[1:]:
-        lines.append(f"              also: {fix.title}" + (f" ({fix.speedup:.2f}x)" if fix.speedup else ""))
     lines.append("  ruled out:  " + ("; ".join(v.ruled_out) if v.ruled_out else "nothing, by experiment"))
     if v.not_isolated:
         lines.append("  not tested: " + "; ".join(v.not_isolated))
