@@ -108,7 +108,7 @@ def _verdict_md(block: VerdictBlock) -> list[str]:
     v = block.verdict
     lines = [f"# {block.title}", "", "## Verdict", ""]
     lines += [f"- **{lead}:** {text}" for lead, text in _verdict_rows(v)] + [""]
-    for fix in v.fixes:
+    for fix in v.fixes[:1]:              # the others' code is in the Workarounds section
         if fix.code:
             lines += [f"{fix.title}" + (f" ({fix.speedup:.2f}x):" if fix.speedup else ":"), "",
                       "```python", *fix.code.rstrip("\n").splitlines(), "```", ""]
