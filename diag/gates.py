@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diag.errors import EXIT_BELOW_MIN_BUSBW, EXIT_FIRED, EXIT_OK, EXIT_SLOWER, EXIT_WRONG_DATA, DiagError
+from diag.units import human_bytes
 
 
 def closing_lines(records: Sequence[Any]) -> list[str]:
@@ -70,7 +71,7 @@ class CompareGate:
             return EXIT_OK, None
         worst = max(slower, key=lambda r: r.time_ratio)
         return EXIT_SLOWER, (f"{len(slower)} row(s) significantly slower in B by >= {self.threshold:.0%}; worst "
-                             f"{worst.op} N={worst.world_size} {worst.size_bytes} B: {worst.time_ratio:.2f}x")
+                             f"{worst.op} N={worst.world_size} {human_bytes(worst.size_bytes)}: {worst.time_ratio:.2f}x")
 
 
 FAIL_ON_FINDINGS = ("fired", "strong")

@@ -137,7 +137,7 @@ def test_report_warns_when_two_files_hold_the_same_row(tmp_path, capsys) -> None
     assert main(["report", str(a), str(b), "--out", str(tmp_path / "rep")]) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
     assert len(warnings) == 6
-    assert warnings[0].startswith("diag report: warning: torch:gloo all_gather N=2 1048576 B per rank is in 2 records")
+    assert warnings[0].startswith("diag report: warning: torch:gloo all_gather N=2 1 MiB per rank is in 2 records")
     assert "before.jsonl" in warnings[0] and "after.jsonl" in warnings[0]
     assert main(["report", str(a), "--out", str(tmp_path / "rep1")]) == 0
     assert "warning:" not in capsys.readouterr().err

@@ -188,7 +188,9 @@ class RunData:
         for f in self.record_files:
             for r in f.records:
                 seen.setdefault((series_label(r), r.op, r.world_size, r.size_bytes), []).append(self.relative(f.path))
-        return [f"{label} {op} N={n} {size} B per rank is in {len(files)} records "
+        from diag.units import human_bytes
+
+        return [f"{label} {op} N={n} {human_bytes(size)} per rank is in {len(files)} records "
                 f"({', '.join(sorted(set(files)))}): the later one is shown"
                 for (label, op, n, size), files in seen.items() if len(files) > 1]
 
