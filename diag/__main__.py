@@ -52,7 +52,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         sub_parser = sub.add_parser(
             name,
             help=help_text,
-            description=(module.__doc__ or help_text).strip().splitlines()[0],
+            # The whole docstring: what the command does and its examples (argparse keeps its line breaks).
+            description=(module.__doc__ or help_text).strip(),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(sub_parser)
@@ -78,6 +79,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DiagError as exc:
         print(f"diag {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch" and not str(exc.name).startswith("torch."):
+            raise
+        from diag.errors import EXIT_USAGE, torch_missing
+
+        # a path that reached torch without require_torch: the same one line, not a traceback
+        print(f"diag {args.command}: error: {torch_missing(f'diag {args.command}')}", file=sys.stderr)
+        return EXIT_USAGE
     except Terminated as exc:
         print(f"diag {args.command}: {exc}; finished results were kept", file=sys.stderr)
         return 128 + exc.signum

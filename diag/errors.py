@@ -2,6 +2,37 @@
 
 from __future__ import annotations
 
+# Every exit status a diag command returns, documented in docs/cli.md (generated from this table). The gates
+# (6..9) follow nccl-tests, which exits non-zero on wrong data and below NCCL_TESTS_MIN_BW.
+EXIT_OK = 0
+EXIT_FAILED = 1            # a step or rank failed (its finished rows are kept)
+EXIT_USAGE = 2             # a usage error or a DiagError a user can fix (bad flag, missing file, no torch)
+EXIT_MISSING_TOOL = 3      # an external program (tcpdump, ip, tc, ...) is missing
+EXIT_PRIVILEGE = 4         # the operation needs root / CAP_NET_ADMIN
+EXIT_NO_DEVICE = 5         # the backend's device is absent (nccl without CUDA)
+EXIT_WRONG_DATA = 6        # a sweep row has #wrong > 0 (data check failed)
+EXIT_BELOW_MIN_BUSBW = 7   # diag sweep --min-busbw: the average bus bandwidth is below it
+EXIT_SLOWER = 8            # diag compare --fail-on slower:X%: a row of B is significantly slower than A by X
+EXIT_FIRED = 9             # diag diagnose --fail-on fired|strong: a finding fired
+EXIT_INTERRUPTED = 130     # Ctrl-C (128 + the signal for SIGTERM/SIGHUP); finished results are kept
+
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "success (for gates: no gate tripped)",
+    EXIT_FAILED: "a step or rank failed; finished rows are kept (diag reproduce: a step failed; diag advise: a "
+                 "workaround failed to run)",
+    EXIT_USAGE: "usage error, or an error with a one-line fix (bad input file, a command that needs torch "
+                "without it)",
+    EXIT_MISSING_TOOL: "an external tool is missing (tcpdump, tshark, ip, tc, iperf3)",
+    EXIT_PRIVILEGE: "needs root / CAP_NET_ADMIN (the lab, captures in namespaces)",
+    EXIT_NO_DEVICE: "the backend's device is absent (--backend nccl without CUDA)",
+    EXIT_WRONG_DATA: "diag sweep: a row has #wrong > 0 (the closing line says Out of bounds values : N FAILED)",
+    EXIT_BELOW_MIN_BUSBW: "diag sweep --min-busbw GBPS: the average bus bandwidth is below GBPS",
+    EXIT_SLOWER: "diag compare --fail-on slower:X%: a row of B is significantly slower than A by X or more",
+    EXIT_FIRED: "diag diagnose --fail-on fired (or strong): a finding fired (a strong one)",
+    EXIT_INTERRUPTED: "interrupted by Ctrl-C (128 + N for signal N, e.g. 143 for SIGTERM); finished results are "
+                      "kept",
+}
+
 
 class DiagError(Exception):
     """A failure we expect and explain: printed as one line, no traceback, non-zero exit."""
@@ -23,3 +54,21 @@ class PrivilegeError(DiagError):
 
     def __init__(self, what: str, instead: str) -> None:
         super().__init__(f"{what} needs root (CAP_NET_ADMIN); {instead}", exit_code=4)
+
+
+# How to get torch where a command needs it: the sweep extra, or the user's own build first (CPU, CUDA, Jetson).
+TORCH_HINT = ("pip install 'diag[torch]' (or install the torch build for your machine first: CPU, CUDA or "
+              "Jetson; pip install torch==2.13.0 is the CPU build diag is tested with)")
+
+
+def torch_missing(what: str) -> str:
+    return f"{what} needs torch, which is not installed here: {TORCH_HINT}"
+
+
+def require_torch(what: str) -> None:
+    """A one-line DiagError (exit 2) when torch cannot be imported: sweep, reproduce, advise and exec need it;
+    analyze, report, diagnose, compare, model and lab do not."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise DiagError(torch_missing(what)) from None

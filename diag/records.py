@@ -110,6 +110,11 @@ class RecordFile:
         ended = {e.get("run_id") for e in self.ends if e.get("status") == "ok"}
         return all(s.get("run_id") in ended for s in self.starts)
 
+    def to_pandas(self, samples: bool = False) -> Any:
+        """A pandas DataFrame: one row per record (CSV_FIELDS and run_id, transport, knobs), or with
+        ``samples`` one row per timed iteration (SAMPLE_FIELDS, long format). pandas is optional."""
+        return records_frame(self.records, samples, source=str(self.path))
+
 
 # Every line the writer produces starts with this, because it puts "event" first and writes compact JSON.
 # A line that starts so but does not parse is a torn event (its writer was killed mid-line): it is skipped
@@ -246,11 +251,77 @@ CSV_FIELDS = ("backend", "algo", "op", "world_size", "size_bytes", "total_bytes"
               "iters", "time_s", "min_s", "max_s", "p95_s", "stdev_s", "algbw_Bps", "busbw_Bps", "nwrong")
 
 
-def export_csv(records_path: str | os.PathLike[str], csv_path: str | os.PathLike[str]) -> None:
-    """Every record of a records file as one CSV row (CSV_FIELDS)."""
+# The columns of `diag sweep --samples-csv` and of to_pandas(samples=True): one row per timed iteration (its
+# time is the max over ranks, as the record's times_s), long format for pandas and R.
+SAMPLE_FIELDS = ("run_id", "backend", "algo", "transport", "op", "world_size", "size_bytes", "total_bytes",
+                 "volume_bytes", "dtype", "knobs", "iteration", "time_s", "algbw_Bps", "busbw_Bps", "row_nwrong")
+ROW_FIELDS = ("run_id", "transport", *CSV_FIELDS, "knobs")
+
+
+def _knobs_text(record: Record) -> str:
+    return json.dumps(record.knobs, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def sample_rows(records: list[Record]) -> Iterator[tuple[Any, ...]]:
+    """SAMPLE_FIELDS tuples: every timed iteration of every record."""
+    for r in records:
+        factor = r.busbw_Bps / r.algbw_Bps if r.algbw_Bps > 0 else 0.0
+        knobs = _knobs_text(r)
+        for i, t in enumerate(r.times_s):
+            algbw = r.total_bytes / t if t > 0 else 0.0
+            yield (r.run_id, r.backend, r.algo, r.transport, r.op, r.world_size, r.size_bytes, r.total_bytes,
+                   r.volume_bytes, r.dtype, knobs, i, t, algbw, algbw * factor, r.nwrong)
+
+
+def record_rows(records: list[Record]) -> Iterator[tuple[Any, ...]]:
+    """ROW_FIELDS tuples: one per record."""
+    for r in records:
+        yield (r.run_id, r.transport, *(getattr(r, name) for name in CSV_FIELDS), _knobs_text(r))
+
+
+def require_pandas() -> Any:
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError("to_pandas() needs pandas, which is not installed: pip install pandas") from None
+    return pandas
+
+
+def records_frame(records: list[Record], samples: bool = False, source: str | None = None) -> Any:
+    """Records (or their samples) as a pandas DataFrame; ``source`` adds a column naming the file."""
+    pandas = require_pandas()
+    fields, rows = (SAMPLE_FIELDS, sample_rows(records)) if samples else (ROW_FIELDS, record_rows(records))
+    frame = pandas.DataFrame.from_records(list(rows), columns=list(fields))
+    if source is not None:
+        frame.insert(0, "source", source)
+    return frame
+
+
+def export_samples_csv(records: list[Record], csv_path: str | os.PathLike[str]) -> int:
+    """The long-format samples CSV (SAMPLE_FIELDS); returns the rows written."""
     import csv
 
-    rows = load_records(records_path).records
+    out = Path(csv_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with out.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(SAMPLE_FIELDS)
+        for row in sample_rows(records):
+            writer.writerow(row)
+            count += 1
+    return count
+
+
+def export_csv(records_path: str | os.PathLike[str], csv_path: str | os.PathLike[str]) -> None:
+    """Every record of a records file as one CSV row (CSV_FIELDS)."""
+    write_csv(load_records(records_path).records, csv_path)
+
+
+def write_csv(rows: list[Record], csv_path: str | os.PathLike[str]) -> None:
+    """These records as CSV rows (CSV_FIELDS)."""
+    import csv
+
     out = Path(csv_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as handle:

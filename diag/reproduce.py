@@ -249,6 +249,9 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
     run.meta["elapsed_s"] = round(elapsed, 1)
     run.save()
     print(f"\ndiag reproduce: done in {elapsed / 60:.1f} min; report: {run_dir / 'report' / 'report.html'}")
+    from diag.report.verdict import verdict_lines
+
+    print("\n".join(verdict_lines(result.verdict)) if result.verdict else "")
     fired = [f for f in result.findings if f.status == "fired"]
     print(f"findings ({len(fired)}):")
     for line in summary_lines(result.findings):
@@ -337,8 +340,10 @@ def step_spec(plan: Plan, step: Step, world_size: int) -> SweepSpec:
     """The sweep one step runs at one world size (a trial's: the launch's base spec, gloo)."""
     if step.trial is not None:
         trial = step_trial(plan, step)
+        # Every arm sets its own block's iterations; the launch's iters are what the trial is expected to run
+        # (its arms at least min_rounds times), so progress bars weigh it for what it is.
         return SweepSpec(backend="gloo", ops=(step.op,), sizes=trial.sizes, warmup=trial.warmup,
-                         iters=trial.block_iters, timeout_s=120.0)
+                         iters=trial.block_iters * len(trial.arms) * trial.min_rounds, timeout_s=120.0)
     iters = max(plan.iters, step.min_iters)
     spec = SweepSpec(backend=step.backend, ops=(step.op,), sizes=plan.sizes_of(step, world_size),
                      warmup=plan.warmup, iters=iters, timeout_s=120.0, order=step.order,
@@ -387,8 +392,14 @@ def _run_steps(plan: Plan, run: Run, lab: Any, capture: str | None, say: Callabl
     # diag advise on the same lab, after the experiments: measured workarounds for the N=2 anomaly
     actions.append(("advise: workarounds for gloo all_gather N=2",
                     _advise_step(run.root, lab, per_rank_size(max(plan.knob_volumes), 2), plan, say)))
+    from diag.console import Progress, reproduce_weights
+
+    # One plan-level bar, weighted by bytes x iterations (sizes double: counting steps would mislead),
+    # printed with every step line (the sweeps draw their own tables on stdout meanwhile).
+    weights = reproduce_weights(plan, step_spec, per_rank_size(max(plan.knob_volumes), 2))
+    progress = Progress("reproduce", sum(weights), live=False)
     for index, (title, action) in enumerate(actions, 1):
-        say(f"[{index}/{len(actions)}] {title}")
+        say(f"[{index}/{len(actions)}] {title}  {progress.status()}")
         step_started = time.monotonic()
         try:
             action()
@@ -400,6 +411,8 @@ def _run_steps(plan: Plan, run: Run, lab: Any, capture: str | None, say: Callabl
             say(f"[{index}/{len(actions)}] failed: {exc}")
             if not keep_going:
                 raise
+        finally:
+            progress.advance(weights[index - 1] if index <= len(weights) else 0.0)
 
 
 def _analyze(run_dir: Path, say: Callable[[str], None]) -> None:

@@ -46,8 +46,13 @@ def run_worlds(spec: SweepSpec, job: Job, out: Path, run_dir: Path, world_sizes:
                         f"run diag lab up --name {lab.name} --hosts {max(sizes)}")
     if min(sizes) < 2 and any(op in PAIRWISE_OPS for op in spec.ops):
         raise DiagError("point-to-point ops need at least 2 ranks")
-    rows_per_world = {n: len(plan_rows(spec, n)) for n in sizes}
+    from diag.console import plan_weight
+
+    plans = {n: plan_rows(spec, n) for n in sizes}
+    rows_per_world = {n: len(rows) for n, rows in plans.items()}
+    weights = {n: plan_weight(spec, rows, n) for n, rows in plans.items()}
     total = sum(rows_per_world.values())
+    weight_done = 0.0
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     if spec.backend == "raw" and "tcpinfo_dir" not in spec.knobs:
@@ -67,7 +72,9 @@ def run_worlds(spec: SweepSpec, job: Job, out: Path, run_dir: Path, world_sizes:
         if observe:
             hooks.append(ObserveHook())
         tag = f"{tag_prefix}{transport_tag(spec)}-{'-'.join(spec.ops)}-n{n}"
+        # The gate (closing lines, exit status) is the launching command's, over all its world sizes.
         world_job = replace(job, spec=spec, rows_before=done, rows_total=total, run_id=f"{job.run_id}-n{n}",
+                            weight_before=weight_done, weight_total=sum(weights.values()), gate=False,
                             meta={**job.meta, "lab": lab.name if lab is not None else None, "capture": capture,
                                   "capture_tag": tag if capture is not None else None,
                                   "run_dir": str(run_dir.resolve())})
@@ -77,6 +84,7 @@ def run_worlds(spec: SweepSpec, job: Job, out: Path, run_dir: Path, world_sizes:
             append_failure_end(str(out), world_job.run_id, str(exc))
             raise
         done += rows_per_world[n]
+        weight_done += weights[n]
         if capture is not None:
             tags.append(tag)
     if not job.quiet:

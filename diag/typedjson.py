@@ -134,3 +134,33 @@ def read_json_object(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a JSON object")
     return data
+
+
+def strict_json(value: Any, why: Callable[[str], str], path: str = "") -> tuple[Any, list[dict[str, str]]]:
+    """``value`` with every non-finite float (inf, -inf, NaN: not JSON, and jq or a browser reject the
+    ``Infinity`` Python writes) replaced by null, and one note per replacement: its path, what it was, and
+    ``why(path)`` it is not a number."""
+    import math
+
+    notes: list[dict[str, str]] = []
+
+    def walk(item: Any, where: str) -> Any:
+        if isinstance(item, float) and not math.isfinite(item):
+            notes.append({"path": where, "was": "NaN" if item != item else ("Infinity" if item > 0 else "-Infinity"),
+                          "why": why(where)})
+            return None
+        if isinstance(item, dict):
+            return {k: walk(v, f"{where}.{k}" if where else str(k)) for k, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [walk(v, f"{where}[{i}]") for i, v in enumerate(item)]
+        return item
+
+    return walk(value, path), notes
+
+
+def strict_document(document: dict[str, Any], why: str) -> dict[str, Any]:
+    """A JSON object with its non-finite numbers null'ed, listed (path, was, ``why``) under ``nonfinite``."""
+    clean, notes = strict_json(document, lambda path: why)
+    if notes:
+        clean["nonfinite"] = notes
+    return clean

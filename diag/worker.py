@@ -28,10 +28,16 @@ class Job:
     state_dir: str | None = None    # per-rank progress/state files for the launcher
     rows_before: int = 0            # for a progress bar over several world sizes
     rows_total: int = 0
+    weight_before: float = 0.0      # the same in bytes x iterations (diag.console.row_weight), for the ETA
+    weight_total: float = 0.0
     heartbeat_s: float = 1.0        # at most this long between two state-file updates while a row runs
     quiet: bool = False
     argv: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)   # lab name, capture settings, ... (into start)
+    # In place (torchrun), rank 0 prints nccl-tests' closing lines and exits with the gate's status
+    # (diag.gates); a rank started by diag's own launcher leaves both to the launching diag sweep.
+    gate: bool = True
+    min_busbw_GBps: float | None = None
 
     def save(self, path: Path) -> None:
         data = asdict(self)
@@ -108,6 +114,7 @@ def run_job(job: Job) -> int:
     writer: RecordWriter | None = None
     console: SweepConsole | None = None
     rows_done = 0
+    emitted: list[Any] = []
     try:
         spec = job.spec
         plans = plan_rows(spec, world_size)
@@ -118,7 +125,11 @@ def run_job(job: Job) -> int:
                 writer.start(job.run_id, t_ns=time.time_ns(), world_size=world_size, spec=asdict(spec),
                              argv=job.argv, hosts=transport.hosts(), knobs=transport.knobs(),
                              env=fingerprint(), meta=job.meta)
-            console = SweepConsole(job.rows_total or len(plans), job.rows_before, quiet=job.quiet)
+            from diag.console import plan_weight
+
+            console = SweepConsole(job.rows_total or len(plans), job.rows_before, quiet=job.quiet,
+                                   weight_total=job.weight_total or plan_weight(spec, plans, world_size),
+                                   weight_before=job.weight_before)
             label = transport_label(spec.backend, spec.algo)
             console.header(f"{label} N={world_size} ({', '.join(spec.ops)}) on {', '.join(transport.hosts())}")
 
@@ -143,6 +154,7 @@ def run_job(job: Job) -> int:
         def emit(record) -> None:
             nonlocal rows_done
             rows_done += 1
+            emitted.append(record)
             if writer is not None:
                 writer.record(record)
             if console is not None and not record.block:   # a trial prints a line per round, not per block
@@ -160,6 +172,16 @@ def run_job(job: Job) -> int:
         state.update(status="done")
         if writer is not None:
             writer.end(job.run_id, "ok", t_ns=time.time_ns(), rows=rows_done, **summary)
+        if rank == 0 and job.gate:
+            from diag.gates import closing_lines, sweep_status
+
+            if console is not None:
+                for line in closing_lines(emitted):
+                    console.line(line)
+            code, why = sweep_status(emitted, job.min_busbw_GBps)
+            if why:
+                print(f"diag sweep: {why}", file=sys.stderr, flush=True)
+            return code
         return 0
     except (Exception, KeyboardInterrupt) as exc:
         message = exc.args[0] if isinstance(exc, DiagError) else _one_line(exc)

@@ -87,3 +87,57 @@ def test_cli_text_and_json(tmp_path, capsys) -> None:
     assert document["summary"] == {"slower": 1}
     assert main(["compare", str(a), str(tmp_path / "missing.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def _before_after(tmp_path, slowdown: float):
+    sizes = (MiB, 4 * MiB, 16 * MiB)
+    before = [make_record("gloo", "all_gather", n, s, timed(0.01 * s / MiB, count=12, seed=n + s % 7))
+              for n in (2, 3) for s in sizes]
+    after = [make_record("gloo", "all_gather", n, s,
+                         timed(0.01 * s / MiB * (slowdown if n == 2 else 1.0), count=12, seed=n + s % 7 + 50))
+             for n in (2, 3) for s in sizes]
+    return (write_records(tmp_path / "before.jsonl", before), write_records(tmp_path / "after.jsonl", after))
+
+
+def test_fail_on_slower_gates_a_regression(tmp_path, capsys) -> None:
+    a, b = _before_after(tmp_path, 1.3)
+    assert main(["compare", str(a), str(b)]) == 0                         # no gate: exit 0 either way
+    assert main(["compare", str(a), str(b), "--fail-on", "slower:5%"]) == 8
+    err = capsys.readouterr().err
+    assert "3 row(s) significantly slower in B by >= 5%" in err
+    assert main(["compare", str(a), str(b), "--fail-on", "slower:50%"]) == 0  # a 30% regression passes a 50% gate
+    assert main(["compare", str(a), str(a), "--fail-on", "slower:5%"]) == 0
+    assert main(["compare", str(a), str(b), "--fail-on", "faster"]) == 2     # a bad gate is a usage error
+
+
+def test_compare_html_overlays_both_runs_per_n(tmp_path, capsys) -> None:
+    import base64
+    import re
+
+    from matplotlib.image import imread
+
+    a, b = _before_after(tmp_path, 1.3)
+    page = tmp_path / "out" / "compare.html"
+    assert main(["compare", str(a), str(b), "--html", str(page)]) == 0
+    text = page.read_text()
+    assert "all_gather" in text and text.count("<tr class='slower'>") == 3 and text.count("<tr class='same'>") == 3
+    png = base64.b64decode(re.search(r"data:image/png;base64,([^']+)'", text).group(1))
+    (tmp_path / "overlay.png").write_bytes(png)
+    pixels = imread(tmp_path / "overlay.png")[..., :3]
+    assert pixels.shape[1] > 2 * pixels.shape[0]            # two panels side by side: N=2 and N=3
+    from diag.records import load_records
+    from diag.report.overlay import _series
+
+    panels = _series(load_records(a).records)
+    assert sorted(panels) == [("all_gather", 2), ("all_gather", 3)]
+
+
+def test_report_warns_when_two_files_hold_the_same_row(tmp_path, capsys) -> None:
+    a, b = _before_after(tmp_path, 1.3)
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "rep")]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert len(warnings) == 6
+    assert warnings[0].startswith("diag report: warning: torch:gloo all_gather N=2 1 MiB per rank is in 2 records")
+    assert "before.jsonl" in warnings[0] and "after.jsonl" in warnings[0]
+    assert main(["report", str(a), "--out", str(tmp_path / "rep1")]) == 0
+    assert "warning:" not in capsys.readouterr().err

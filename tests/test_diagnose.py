@@ -632,3 +632,30 @@ def test_workarounds_rule_fires_only_on_a_significant_checked_speed_up(tmp_path)
     blocks = workaround_blocks(_advise_doc([(1.48, 0.01, 0)]))
     assert any(getattr(b, "text", None) == "x = 1\n" for b in blocks)        # the code a user copies
     assert workaround_blocks(None) == []
+
+
+def test_fail_on_fired_gates_and_the_verdict_prints_first(anomaly_run, flat_run, capsys) -> None:
+    """diag diagnose exits 0 whatever it finds, unless --fail-on makes a fired finding a failure (exit 9);
+    its text opens with the verdict card, the rules follow."""
+    assert main(["diagnose", str(anomaly_run.root)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("verdict:\n  slow:       torch:gloo all_gather at N=2")
+    assert out.index("verdict:") < out.index("[FINDING")
+    assert main(["diagnose", str(anomaly_run.root), "--fail-on", "fired"]) == 9
+    assert "finding(s) fired (" in capsys.readouterr().err
+    assert main(["diagnose", str(anomaly_run.root), "--fail-on", "strong"]) == 9
+    assert main(["diagnose", str(flat_run.root), "--fail-on", "fired"]) == 0
+    with pytest.raises(SystemExit):
+        main(["diagnose", str(flat_run.root), "--fail-on", "maybe"])
+
+
+def test_findings_json_is_strict(tmp_path, capsys) -> None:
+    """A ratio over a zero bandwidth is null in findings.json, listed under nonfinite, never Infinity."""
+    from diag.typedjson import strict_document
+
+    document = strict_document({"findings": [{"evidence": [{"values": {"ratio": float("inf"), "x": 1.0}}]}]},
+                               "a ratio over zero")
+    assert document["findings"][0]["evidence"][0]["values"] == {"ratio": None, "x": 1.0}
+    assert document["nonfinite"] == [{"path": "findings[0].evidence[0].values.ratio", "was": "Infinity",
+                                      "why": "a ratio over zero"}]
+    json.dumps(document, allow_nan=False)

@@ -90,3 +90,32 @@ def test_cli_fit_and_predict(tmp_path, capsys) -> None:
     assert "+/-" in capsys.readouterr().out
     assert main(["model", "predict", "--model", str(model_path), "--world-size", "7", "--size", "1M"]) == 2
     assert "no model for all_gather N=7" in capsys.readouterr().err
+
+
+def _strict_loads(text: str):
+    def reject(constant: str):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=reject)   # what jq and browsers do with Infinity / NaN
+
+
+def test_model_json_is_strict_and_says_why_a_number_is_null(tmp_path, capsys) -> None:
+    """Time that does not grow with size (latency-bound, flat) has no finite bandwidth: model.json writes
+    null there, never Infinity, and its nonfinite list names the field and the reason."""
+    flat = [make_record("gloo", "all_gather", 2, size, [1e-3 * (1 + 0.01 * (i % 3)) for i in range(6)])
+            for size in (KiB, 2 * KiB)]
+    flat[1] = make_record("gloo", "all_gather", 2, 2 * KiB, [0.9e-3 * (1 + 0.01 * (i % 3)) for i in range(6)])
+    path = write_records(tmp_path / "flat.jsonl", flat)
+    out = tmp_path / "m.json"
+    assert main(["model", "fit", str(path), "-o", str(out)]) == 0
+    document = _strict_loads(out.read_text())
+    linear = document["models"][0]["linear"]
+    assert linear["beta_s_per_byte"] < 0 and linear["bandwidth_Bps"] is None
+    notes = {n["path"]: n for n in document["nonfinite"]}
+    assert notes["models[0].linear.bandwidth_Bps"]["was"] == "Infinity"
+    assert "time does not grow with size" in notes["models[0].linear.bandwidth_Bps"]["why"]
+    # the file reads back: predict works on it
+    assert main(["model", "predict", "--model", str(out), "--world-size", "2", "--size", "1K"]) == 0
+    assert "on 2 ranks with torch:gloo" in capsys.readouterr().out
+    # and the report's model.json is strict too
+    assert all(n["was"] in ("Infinity", "-Infinity", "NaN") for n in models_to_json(fit_all(flat), [])["nonfinite"])

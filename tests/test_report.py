@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from report_helpers import (
     ANOMALY_SHAPES,
@@ -91,6 +92,9 @@ def test_full_run_dir_renders_every_plot_and_agrees_with_records(full_run_dir: P
             assert f"`{f['rule']}`" in md
     model = json.loads((out / "model.json").read_text())
     assert {(m["transport"], m["world_size"]) for m in model["models"]} >= {("torch:gloo", 2), ("raw:ring", 4)}
+    # samples.csv: one line per timed iteration of every record (long format)
+    lines = (out / "samples.csv").read_text().splitlines()
+    assert len(lines) == 1 + sum(len(r.times_s) for r in records)
 
 
 def test_report_cli_default_out_and_missing_parts(tmp_path: Path, capsys) -> None:
@@ -230,3 +234,66 @@ def test_report_html_screenshot_is_not_blank(full_run_dir: Path, tmp_path: Path)
     colourful = (pixels.max(axis=2) - pixels.min(axis=2)) > 0.3
     assert colourful[: 1500].mean() > 0.001, "no coloured plot in the top half: the headline figure is missing"
     assert np.unique((pixels[::7, ::7] * 16).astype(int).reshape(-1, 3), axis=0).shape[0] > 20
+
+
+def _screenshot(browser: str, page: Path, shot: Path, width: int, height: int) -> np.ndarray:
+    from matplotlib.image import imread
+
+    proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--force-device-scale-factor=1", f"--screenshot={shot}", f"--window-size={width},{height}",
+                           page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert shot.exists(), proc.stderr[-2000:]
+    return imread(shot)[..., :3]
+
+
+CARD_BORDER = np.array([0x2A, 0x5D, 0xB0]) / 255      # .verdict border (diag/report/document.py)
+CARD_BACKGROUND = np.array([0xF2, 0xF6, 0xFD]) / 255
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_verdict_card_is_the_first_thing_on_the_page(full_run_dir: Path, tmp_path: Path, width: int) -> None:
+    """A person opening report.html (desktop or phone) reads the verdict before anything else: the card is
+    the first element of the page, its box starts at the top, it fits the width, and report.md opens with it."""
+    import shutil
+    from html.parser import HTMLParser
+
+    from report_helpers import advise_doc
+
+    (full_run_dir / "advise").mkdir()
+    (full_run_dir / "advise" / "advise.json").write_text(json.dumps(advise_doc()))
+    write_report(load_run([full_run_dir]), full_run_dir / "report")
+    page = full_run_dir / "report" / "report.html"
+
+    class FirstInBody(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.in_body, self.first = False, None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "body":
+                self.in_body = True
+            elif self.in_body and self.first is None:
+                self.first = (tag, dict(attrs))
+
+    parser = FirstInBody()
+    parser.feed(page.read_text())
+    assert parser.first == ("section", {"class": "verdict", "id": "verdict"})
+    md = (full_run_dir / "report" / "report.md").read_text()
+    assert md.startswith("# diag report: run\n\n## Verdict\n\n- **What is slow:** torch:gloo all_gather at N=2")
+    assert md.index("## Verdict") < md.index("n2_busbw_dip")     # rule ids come after the card
+
+    browser = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
+                    if shutil.which(name)), None)
+    if browser is None:
+        pytest.skip("no chromium on this machine: the screenshot check needs a headless browser")
+    pixels = _screenshot(browser, page, tmp_path / f"card-{width}.png", width, 1400)
+    border = (np.abs(pixels - CARD_BORDER) < 0.06).all(axis=2)
+    rows = np.nonzero(border.any(axis=1))[0]
+    cols = np.nonzero(border.any(axis=0))[0]
+    assert rows.size and rows[0] < 40, "the card's top edge is not at the top of the page"
+    assert cols[0] < 0.1 * width and cols[-1] > 0.9 * width and cols[-1] < width, "the card does not span the page"
+    # inside the card, its background covers the top rows (nothing else is drawn above or over it)
+    inside = pixels[rows[0] + 4: rows[0] + 60, cols[0] + 4: cols[-1] - 4]
+    assert (np.abs(inside - CARD_BACKGROUND) < 0.03).all(axis=2).mean() > 0.5
+    # nothing overflows to the right at phone width: no text pixels in the last columns outside the card
+    assert not (pixels[: rows[-1], cols[-1] + 2:] < 0.5).any(axis=2).any() if cols[-1] + 2 < width else True

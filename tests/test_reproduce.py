@@ -25,6 +25,11 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "findings (" in proc.stdout
+    # the terminal summary opens with the verdict card; every step line carries the plan-level bar and ETA
+    assert "\nverdict:\n  slow:" in proc.stdout and proc.stdout.index("verdict:") < proc.stdout.index("findings (")
+    steps = [line for line in proc.stderr.splitlines() if "] " in line and line.split("] ", 1)[0].split("[")[-1][:1].isdigit()]
+    assert steps and all(" elapsed, eta " in line for line in steps if "failed" not in line)
+    assert "[--------------------]   0%" in steps[0]
     # no namespace of ours is left behind
     assert not {ns for ns in _namespaces() - before if ns.startswith("diag-repro")}
 

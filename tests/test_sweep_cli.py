@@ -172,3 +172,73 @@ def test_records_survive_a_torn_last_line(tmp_path):
     assert proc.returncode == 0, proc.stderr
     loaded = load_records(Path(out))
     assert [r.size_bytes for r in loaded.records] == [1024, 2048] and loaded.complete and loaded.torn_lines == 1
+
+
+def test_sweep_closes_with_nccl_tests_lines_and_gates_on_min_busbw(tmp_path):
+    """Like nccl-tests: '# Out of bounds values : 0 OK' and '# Avg bus bandwidth : X' close the table; exit 0,
+    and exit 7 when the average busbw is below --min-busbw (NCCL_TESTS_MIN_BW); --samples-csv has one line per
+    timed iteration."""
+    out, samples = tmp_path / "run.jsonl", tmp_path / "samples.csv"
+    proc = run_diag("sweep", "--nproc", "2", "--sizes", "4K,64K", "--iters", "3", "--warmup", "1", "--out", str(out),
+                    "--samples-csv", str(samples))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "# Out of bounds values : 0 OK" in lines
+    avg = next(line for line in lines if line.startswith("# Avg bus bandwidth    : "))
+    records = load_records(out).records
+    expected = sum(r.busbw_Bps for r in records) / len(records) / 1e9
+    assert float(avg.split(":")[1]) == pytest.approx(expected, rel=1e-5)
+    rows = list(csv.DictReader(samples.open()))
+    assert len(rows) == 6 and {int(r["iteration"]) for r in rows} == {0, 1, 2}
+    assert [float(r["time_s"]) for r in rows[:3]] == records[0].times_s
+
+    gated = run_diag("sweep", "--nproc", "2", "--sizes", "4K", "--iters", "2", "--warmup", "0",
+                     "--out", str(tmp_path / "gated.jsonl"), "--min-busbw", "1000")
+    assert gated.returncode == 7, gated.stderr
+    assert gated.stderr.strip().splitlines()[-1].startswith("diag sweep: average bus bandwidth ")
+    assert "below --min-busbw 1000 GB/s" in gated.stderr
+
+
+WRONG_IN_PLACE = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from harness_helpers import CorruptingTransport
+import diag.worker
+real = diag.worker.make_transport
+diag.worker.make_transport = lambda spec, rank, world: CorruptingTransport(real(spec, rank, world), 0, "flip")
+from diag.__main__ import main
+sys.exit(main(["sweep", "--sizes", "64K", "--iters", "2", "--warmup", "0", "--out", {out!r}]))
+"""
+
+
+def test_wrong_data_exits_non_zero_with_nccl_tests_failed_line(tmp_path):
+    """A sweep whose data check fails (#wrong > 0) exits 6, in place (diag/worker.py), as nccl-tests does."""
+    out = tmp_path / "wrong.jsonl"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    code = WRONG_IN_PLACE.format(tests=str(Path(__file__).parent), out=str(out))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 6, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (record,) = load_records(out).records
+    assert record.nwrong > 0
+    assert f"# Out of bounds values : {record.nwrong} FAILED" in proc.stdout.splitlines()
+    assert "the data check failed" in proc.stderr
+
+
+def test_gate_status_over_launched_rows():
+    """The launching diag sweep gates over every world size's rows (the ranks leave it to it)."""
+    from report_helpers import make_record
+
+    from diag.errors import EXIT_BELOW_MIN_BUSBW, EXIT_OK, EXIT_WRONG_DATA
+    from diag.gates import closing_lines, sweep_status
+
+    good = make_record("gloo", "all_gather", 2, 1 << 20, [0.01, 0.011])
+    bad = make_record("gloo", "all_gather", 3, 1 << 20, [0.01, 0.011], nwrong=4)
+    assert sweep_status([good])[0] == EXIT_OK
+    assert sweep_status([good, bad])[0] == EXIT_WRONG_DATA
+    assert sweep_status([good], min_busbw_GBps=good.busbw_Bps / 1e9 * 1.01)[0] == EXIT_BELOW_MIN_BUSBW
+    assert sweep_status([good], min_busbw_GBps=good.busbw_Bps / 1e9 * 0.99)[0] == EXIT_OK
+    assert closing_lines([good, bad])[0] == "# Out of bounds values : 4 FAILED"

@@ -5,9 +5,10 @@ unchanged harness on the diag_tcp backend (through diag exec), one after the oth
 then reports each workaround as a speed-up with Welch's t-test. Results are written as they finish:
 DIR/records.jsonl and DIR/advise.json.
 
-    diag lab up --name adv --hosts 2 --rate 200mbit
-    diag advise --lab adv --sizes 16M,32M
-    diag lab down --name adv
+examples:
+  diag lab up --name adv --hosts 2 --rate 200mbit
+  diag advise --lab adv --sizes 16M,32M
+  diag lab down --name adv
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from diag.errors import require_torch
+
+    require_torch("diag advise")
     from diag.advise import render_text, run_advise
     from diag.errors import DiagError
     from diag.units import parse_size_list

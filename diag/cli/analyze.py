@@ -2,6 +2,11 @@
 
 Counts follow tshark's tcp.analysis definitions (see docs/analyzer.md); duplex overlap shows whether the two
 directions of a connection (and the transmit/receive of a host) carry data at the same time.
+
+examples:
+  diag analyze run.pcap
+  diag analyze run.pcap --records runs/sweep.jsonl --json --out run.analysis.json
+  diag analyze big.pcap.gz --plot plots/
 """
 
 from __future__ import annotations
@@ -9,6 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+# How many times the streaming analyzer reads a big capture (diag/capture/stream.py): the progress bar's
+# expectation; more passes only make the bar longer.
+STREAM_PASSES = 5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,10 +54,15 @@ def run(args: argparse.Namespace) -> int:
             load_records(records)  # a wrong --records file fails now, not after the captures were read
 
     tune_for_one_shot_analysis()  # before numpy is imported
+    from diag.capture import stream
     from diag.capture.flows import analyze
+    from diag.console import ReadProgress
 
-    result, packets = analyze(args.pcaps, args.records, args.bin_s, args.idle_gap_s, not args.no_series,
-                              keep_sequence=bool(args.plot))
+    # On a terminal, a bar over the bytes read (a streamed capture is read in several passes)
+    passes = STREAM_PASSES if not args.plot and stream.should_stream(args.pcaps) else 1
+    with ReadProgress(args.pcaps, passes):
+        result, packets = analyze(args.pcaps, args.records, args.bin_s, args.idle_gap_s, not args.no_series,
+                                  keep_sequence=bool(args.plot))
     if args.out:
         from pathlib import Path
 

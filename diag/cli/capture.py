@@ -1,6 +1,10 @@
 """Capture TCP traffic with tcpdump (scapy's sniffer when tcpdump is missing) for a while or until Ctrl-C.
 
 Writes PCAP and PCAP.capture.json (interface, snaplen, filter, start/stop, the kernel's dropped-packet count).
+
+examples:
+  diag capture -i lo -w lo.pcap --duration 10
+  diag capture -i eth0 -w node.pcap -f 'tcp port 29500' -s 96
 """
 
 from __future__ import annotations

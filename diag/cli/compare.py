@@ -3,12 +3,19 @@
 Rows match on backend/algo/op/world_size/size (before vs after), or with --across on op/world_size/size
 only (backend vs backend: e.g. gloo in A against raw:ring in B, or both from one file with --a-transport
 and --b-transport). A difference counts when p < --alpha and the time changed by at least --threshold.
+
+examples:
+  diag compare before.jsonl after.jsonl
+  diag compare before.jsonl after.jsonl --html compare.html --fail-on slower:5%
+  diag compare runs/sweep.jsonl runs/sweep.jsonl --across --a-transport gloo --b-transport raw:ring
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,10 +30,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="smallest relative time change that counts (default 0.05 = 5%%)")
     parser.add_argument("--alpha", type=float, default=None, help="significance level (default 0.05)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--html", type=Path, default=None, metavar="FILE",
+                        help="also write FILE: busbw vs size per N, both runs overlaid with their spreads, and the "
+                             "rows (one self-contained page)")
+    parser.add_argument("--fail-on", default=None, metavar="slower:PERCENT",
+                        help="exit 8 when a row of B is significantly slower than A by PERCENT or more, e.g. "
+                             "slower:5%% (a CI gate on a regression)")
 
 
 def run(args: argparse.Namespace) -> int:
     from diag.errors import DiagError
+    from diag.gates import CompareGate
     from diag.report.compare import ALPHA, THRESHOLD, compare, render_text
     from diag.report.rundir import load_run
 
@@ -34,12 +48,28 @@ def run(args: argparse.Namespace) -> int:
     alpha = ALPHA if args.alpha is None else args.alpha
     if threshold < 0 or not 0 < alpha < 1:
         raise DiagError("--threshold must be >= 0 and --alpha between 0 and 1")
+    gate = CompareGate.parse(args.fail_on) if args.fail_on else None
+    if args.html is not None:
+        from diag import validate
+
+        validate.output_file(args.html, "--html")
     a = load_run([args.a]).records
     b = load_run([args.b]).records
     result = compare(a, b, across=args.across, a_transport=args.a_transport, b_transport=args.b_transport,
                      alpha=alpha, threshold=threshold)
+    text = render_text(result)
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
     else:
-        print(render_text(result))
-    return 0
+        print(text)
+    if args.html is not None:
+        from diag.report.overlay import write_compare_html
+
+        write_compare_html(args.html, a, b, result, args.a, args.b, text.splitlines()[-1] if text else "")
+        print(f"overlay: {args.html}", file=sys.stderr)
+    if gate is None:
+        return 0
+    code, why = gate.check(result.rows)
+    if why:
+        print(f"diag compare: {why}", file=sys.stderr)
+    return code

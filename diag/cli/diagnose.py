@@ -1,13 +1,20 @@
 """Findings with evidence from a run directory (or record files): rules with named thresholds.
 
 Each finding says what, how sure (strong/moderate/weak), the evidence (numbers, source file, plot, phase)
-and the threshold that fired; a rule that lacks its inputs says it cannot decide. Exit status 0 either way.
+and the threshold that fired; a rule that lacks its inputs says it cannot decide. Exit status 0 either way,
+unless --fail-on fired|strong makes a fired finding a failure (exit 9).
+
+examples:
+  diag diagnose runs/reproduce-20250101-120000
+  diag diagnose RUN_DIR --json --write findings.json
+  diag diagnose RUN_DIR --fail-on fired            # exit 9 when a rule fired (CI gate)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -17,22 +24,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print findings as JSON (as findings.json)")
     parser.add_argument("--write", type=Path, default=None, metavar="FILE",
                         help="also write findings JSON to FILE")
+    parser.add_argument("--fail-on", choices=["fired", "strong"], default=None,
+                        help="exit 9 when a finding fired (strong: only a strong one): a CI gate")
 
 
 def run(args: argparse.Namespace) -> int:
     from diag.report import load_run
     from diag.report.diagnose import diagnose, findings_to_json, render_text
+    from diag.report.verdict import build_verdict, verdict_lines
 
     data = load_run(args.paths)
     findings = diagnose(data)
-    document = findings_to_json(findings, data)
+    from diag.typedjson import strict_document
+
+    # the same strict JSON as findings.json (diag.report.render.FINDINGS_NONFINITE, without matplotlib)
+    document = strict_document(findings_to_json(findings, data),
+                               "a ratio or rate over zero (a zero time or bandwidth): no finite value")
     if args.write:
         args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(json.dumps(document, indent=1, default=str) + "\n")
+        args.write.write_text(json.dumps(document, indent=1, default=str, allow_nan=False) + "\n")
     if args.json:
-        print(json.dumps(document, indent=1, default=str))
+        print(json.dumps(document, indent=1, default=str, allow_nan=False))
     else:
+        print("\n".join(verdict_lines(build_verdict(data, findings))) + "\n")
         print(render_text(findings))
         if data.missing:
             print("\nmissing inputs: " + "; ".join(data.missing))
-    return 0
+    for warning in data.duplicate_rows():
+        print(f"diag diagnose: warning: {warning}", file=sys.stderr)
+    if args.fail_on is None:
+        return 0
+    from diag.gates import findings_status
+
+    code, why = findings_status(findings, args.fail_on)
+    if why:
+        print(f"diag diagnose: {why}", file=sys.stderr)
+    return code

@@ -2,9 +2,10 @@
 
 The script selects the backend itself (e.g. ``DIST_BACKEND=diag_tcp`` with
 ``init_process_group(backend=os.getenv("DIST_BACKEND", "gloo"))``). The options below set the raw
-transport knobs through DIAG_TCP_* environment variables, so ranks started by torchrun inherit them:
+transport knobs through DIAG_TCP_* environment variables, so ranks started by torchrun inherit them.
 
-    DIST_BACKEND=diag_tcp torchrun --nproc-per-node 2 --no-python diag exec --conn shared -- train.py
+examples:
+  DIST_BACKEND=diag_tcp torchrun --nproc-per-node 2 --no-python diag exec --conn shared -- train.py
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from diag.errors import require_torch
+
+    require_torch("diag exec")
     from diag.exec import run_script
     from diag.transports.raw.knobs import knobs_from_args
 

@@ -1,5 +1,6 @@
 """Cluster in a box: network namespaces h0..hN-1 behind a bridge, each host link shaped both ways.
 
+examples:
   diag lab up --hosts 2 --rate 1gbit [--queue-limit BYTES] [--delay 100us] [--loss 0.1%] [--mtu 1500]
   diag lab status [--measure] [--ring 2,3,4]
   diag lab exec h0 -- ip addr

@@ -1,6 +1,7 @@
 """Fit and query latency/bandwidth models: T(S) = alpha + beta * S per (transport, op, N), plus a
 two-segment fit where the data bends; JSON for simulators.
 
+examples:
   diag model fit RUN_DIR|RECORDS... -o model.json
   diag model predict --model model.json --op all_gather --world-size 4 --size 16M [--backend gloo]
 """
@@ -43,10 +44,10 @@ def _fit(args: argparse.Namespace) -> int:
         raise DiagError("no (transport, op, N) group has two or more sizes: sweep more sizes to fit a model")
     document = models_to_json(models, [str(f.path) for f in data.record_files])
     if args.output is None:
-        print(json.dumps(document, indent=1))
+        print(json.dumps(document, indent=1, allow_nan=False))
         return 0
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(document, indent=1) + "\n")
+    args.output.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
     for m in models:
         bw = human_rate(m.linear.bandwidth_Bps) if m.linear.beta_s_per_byte > 0 else "n/a"
         bend = ""

@@ -2,11 +2,16 @@
 
 Reads files only (records/*.jsonl, run.json, analysis/, observe/, tcpinfo/, captures/*.capture.json), so it
 can be re-run at any time, on any machine, without torch. Missing parts are listed in the report.
+
+examples:
+  diag report runs/reproduce-20250101-120000
+  diag report runs/sweep-a.jsonl runs/sweep-b.jsonl --out report-ab/
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -28,7 +33,13 @@ def run(args: argparse.Namespace) -> int:
         if data.root is None:
             raise DiagError("plain record files: say where the report goes with --out DIR")
         out = data.root / "report"
+    for warning in data.duplicate_rows():
+        print(f"diag report: warning: {warning}", file=sys.stderr)
     result = write_report(data, out)
+    from diag.report.verdict import verdict_lines
+
+    if result.verdict is not None:
+        print("\n".join(verdict_lines(result.verdict)))
     print(f"report: {out / 'report.html'} ({len(result.files)} files)")
     for line in summary_lines(result.findings):
         print(f"  {line}")

@@ -5,6 +5,11 @@ link, runs gloo and raw-TCP all_gather sweeps at equal per-device volume D for e
 both orders and raw knob experiments at N=2, captures and observes them, analyses the captures, writes the
 report and prints the findings. --quick (N = 2, 3, 4) takes a few minutes; the default (N = 2..8) longer.
 Ctrl-C tears the lab down and keeps what finished.
+
+examples:
+  diag reproduce --quick                       # N = 2, 3, 4: a few minutes
+  diag reproduce --out runs/r1 --rate 1gbit     # N = 2..8 on a 1 Gbit/s lab
+  diag reproduce --quick --volumes 4M,16M,32M   # larger volumes D
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from diag.errors import require_torch
+
+    require_torch("diag reproduce")
     from diag.reproduce import run_reproduce
     from diag.units import parse_size_list
 

@@ -5,8 +5,12 @@ Three ways to start ranks:
   diag sweep --lab [NAME] --nproc 2,3    one launcher per lab host (network namespaces), as on a cluster
   torchrun ... -m diag sweep ...         in place, under torchrun / srun / any env:// launcher
 
+Ends with nccl-tests' closing lines (Out of bounds values, Avg bus bandwidth) and gates on them: exit 6 when a
+row has #wrong > 0, 7 when the average busbw is below --min-busbw (docs/cli.md, Exit codes).
+
 examples:
   diag sweep --backend gloo --op all_gather --nproc 2,3,4 --min 1K --max 64M
+  diag sweep --nproc 2 --sizes 16M,64M --min-busbw 0.05 --samples-csv samples.csv   # a CI gate + samples
   diag sweep --backend raw --algo ring --emulate gloo --nproc 2 --sizes 16M,64M
   diag sweep --backend gloo --op exchange --order send-first --nproc 2 --sizes 1M,32M
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -60,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="seconds a collective may take before a dead/hung peer fails the sweep (default 60)")
     how.add_argument("--no-check", action="store_true", help="skip the data check (nwrong is then -1)")
     how.add_argument("--seed", type=int, default=0, help="seed of the data pattern")
+    how.add_argument("--min-busbw", type=float, default=None, metavar="GBPS",
+                     help="exit 7 when the average bus bandwidth over the rows is below GBPS (GB/s, 1e9 bytes/s), "
+                          "as nccl-tests' NCCL_TESTS_MIN_BW (default: no bandwidth gate)")
 
     where = parser.add_argument_group("where ranks run")
     where.add_argument("--nproc", type=_int_list,
@@ -97,7 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--out", help="records file (JSON Lines, appended; default runs/sweep-<time>.jsonl)")
     out.add_argument("--run-dir", help="where logs, captures, observer and TCP_INFO files go "
                                        "(default: beside --out, <out>.d)")
-    out.add_argument("--csv", help="also export the rows as CSV to this file")
+    out.add_argument("--csv", help="also export this run's rows as CSV to this file (one line per row)")
+    out.add_argument("--samples-csv", metavar="FILE",
+                     help="also export every timed iteration (max over ranks) as one CSV row, long format for "
+                          "pandas and R (columns: diag.records.SAMPLE_FIELDS)")
     out.add_argument("--capture", nargs="?", const="", default=None, metavar="IFACE",
                      help="capture packets with tcpdump on IFACE (default: rank 0's host link; lo locally)")
     out.add_argument("--snaplen", type=int, default=128, help="capture snap length (default 128)")
@@ -145,6 +156,9 @@ def default_out() -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from diag.errors import require_torch
+
+    require_torch("diag sweep")
     spec = build_spec(args)
     in_place = not args.nproc and not args.lab
     if in_place and "RANK" not in os.environ:
@@ -160,30 +174,57 @@ def run(args: argparse.Namespace) -> int:
         validate.output_dir(run_dir, "--run-dir")
     if args.csv:
         validate.output_file(args.csv, "--csv")
+    if args.samples_csv:
+        validate.output_file(args.samples_csv, "--samples-csv")
+    if args.min_busbw is not None and not args.min_busbw >= 0:
+        raise DiagError("--min-busbw takes GB/s, a number >= 0, e.g. 0.1")
     if spec.backend == "raw":
         spec = spec.replace(knobs={**spec.knobs, "tcpinfo_dir": str((run_dir / "tcpinfo").resolve())})
 
+    from dataclasses import replace
+
     from diag.runner import make_job
 
-    job = make_job(spec, out, quiet=args.quiet)
+    job = replace(make_job(spec, out, quiet=args.quiet), min_busbw_GBps=args.min_busbw)
     if in_place:
         from diag.worker import run_job
 
-        code = run_job(job)
-        if code == 0 and args.csv and int(os.environ.get("RANK", "0")) == 0:
-            from diag.records import export_csv
-
-            export_csv(out, Path(args.csv))
+        code = run_job(job)  # rank 0: the closing lines and the gate's status
+        if int(os.environ.get("RANK", "0")) == 0 and out.exists():
+            export_tables(args, this_run(out, job.run_id))
         return code
-    code = run_local_or_lab(args, spec, job, out, run_dir)
-    if args.csv:
-        from diag.records import export_csv
+    run_local_or_lab(args, spec, job, out, run_dir)
+    records = this_run(out, job.run_id)
+    export_tables(args, records)
+    from diag.gates import closing_lines, sweep_status
 
-        export_csv(out, Path(args.csv))
+    if not args.quiet:
+        print("\n".join(closing_lines(records)), flush=True)
+    code, why = sweep_status(records, args.min_busbw)
+    if why:
+        print(f"diag sweep: {why}", file=sys.stderr)
     return code
 
 
-def run_local_or_lab(args: argparse.Namespace, spec, job, out: Path, run_dir: Path) -> int:
+def this_run(out: Path, run_id: str) -> list:
+    """The rows this invocation wrote (--out may hold earlier runs: it is appended to)."""
+    from diag.records import load_records
+
+    return [r for r in load_records(out).records if r.run_id == run_id or r.run_id.startswith(f"{run_id}-")]
+
+
+def export_tables(args: argparse.Namespace, records: list) -> None:
+    if args.csv:
+        from diag.records import write_csv
+
+        write_csv(records, Path(args.csv))
+    if args.samples_csv:
+        from diag.records import export_samples_csv
+
+        export_samples_csv(records, Path(args.samples_csv))
+
+
+def run_local_or_lab(args: argparse.Namespace, spec, job, out: Path, run_dir: Path) -> None:
     from diag.runner import run_worlds
 
     lab = None
@@ -194,4 +235,3 @@ def run_local_or_lab(args: argparse.Namespace, spec, job, out: Path, run_dir: Pa
     run_worlds(spec, job, out, run_dir, world_sizes=args.nproc, lab=lab, iface=args.iface,
                master_addr=args.master_addr, master_port=args.master_port, capture=args.capture,
                snaplen=args.snaplen, observe=args.observe)
-    return 0

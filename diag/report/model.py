@@ -24,7 +24,10 @@ import numpy as np
 from diag.errors import DiagError
 from diag.records import Record, transport_label
 
-# Schema history: 1 - first version (linear + optional two_segment per transport/op/world_size).
+# Schema history: 1 - first version (linear + optional two_segment per transport/op/world_size). Strict JSON
+# since issue 22: a number that is not finite (a bandwidth where beta <= 0, a covariance the points cannot
+# give) is written as null, and the document's "nonfinite" list says where and why (readers of schema 1
+# without it never saw a null, so it stays schema 1: nulls only replace what was invalid JSON).
 MODEL_SCHEMA = 1
 # Use the two-segment fit only when its relative RMS error is at most this fraction of the linear one's.
 BEND_IMPROVEMENT = 0.6
@@ -119,11 +122,16 @@ class GroupModel:
         return cls(
             backend=data["backend"], algo=data["algo"], op=data["op"], world_size=int(data["world_size"]),
             n_samples=int(data.get("n_samples", 0)), sizes_bytes=list(data.get("sizes_bytes", [])),
-            linear=LinearFit(lin["alpha_s"], lin["beta_s_per_byte"], lin["cov"], lin["rel_rms"]),
+            linear=LinearFit(lin["alpha_s"], lin["beta_s_per_byte"], _matrix(lin["cov"]), lin["rel_rms"]),
             two_segment=TwoSegmentFit(two["alpha_s"], two["beta1_s_per_byte"], two["beta2_s_per_byte"],
-                                      two["breakpoint_bytes"], two["cov"], two["rel_rms"]) if two else None,
+                                      two["breakpoint_bytes"], _matrix(two["cov"]), two["rel_rms"]) if two else None,
             best=data.get("best", "linear"),
         )
+
+
+def _matrix(rows: list[list[float | None]]) -> list[list[float]]:
+    """A covariance read back from strict JSON: null (no variance) is NaN again."""
+    return [[math.nan if v is None else float(v) for v in row] for row in rows]
 
 
 def _weighted_lstsq(design: np.ndarray, y: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
@@ -211,13 +219,29 @@ def fit_all(records: Iterable[Record]) -> list[GroupModel]:
     return models
 
 
+def nonfinite_reason(path: str) -> str:
+    """Why a model number is not finite, from where it sits (models[i].linear.bandwidth_Bps, ...cov[0][1])."""
+    name = path.rsplit(".", 1)[-1]
+    if name.startswith("bandwidth"):
+        return ("the fitted slope (beta) is zero or negative: time does not grow with size over the sizes "
+                "measured, so there is no finite bandwidth (sweep larger sizes)")
+    if name.startswith("cov") or name.endswith("_se_s") or name.endswith("_se_s_per_byte"):
+        return "too few distinct sizes for the parameters to have a variance (sweep more sizes)"
+    return "the fit produced no finite number here"
+
+
 def models_to_json(models: Sequence[GroupModel], sources: Sequence[str]) -> dict[str, Any]:
+    """model.json: strict JSON (no Infinity or NaN); ``nonfinite`` lists what was null'ed and why."""
+    from diag.typedjson import strict_json
+
+    models_json, notes = strict_json([m.to_json() for m in models], nonfinite_reason, "models")
     return {"schema": MODEL_SCHEMA, "kind": "diag-model", "created_ns": time.time_ns(),
             "sources": list(sources),
             "units": {"size": "bytes of per-rank input (records' size_bytes)", "time": "seconds per operation"},
             "formula": {"linear": "T = alpha_s + beta_s_per_byte * S",
                         "two_segment": "T = alpha_s + beta1*min(S,b) + beta2*max(S-b,0), b = breakpoint_bytes"},
-            "models": [m.to_json() for m in models]}
+            "models": models_json,
+            "nonfinite": notes}
 
 
 def models_from_json(data: dict[str, Any]) -> list[GroupModel]:

@@ -1,5 +1,6 @@
 """Write a run directory's report: report.md, a self-contained report.html (PNGs inline as base64),
-the PNGs themselves, findings.json and model.json. Reads files only, so it can be re-run at any time.
+the PNGs themselves, findings.json, model.json and samples.csv (every timed iteration). Reads files only, so it
+can be re-run at any time.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from diag.report.document import (
     Heading,
     Table,
     Text,
+    VerdictBlock,
     to_html,
     to_markdown,
 )
@@ -32,8 +34,12 @@ from diag.report.queries import raw_link_reach
 from diag.report.rundir import RING_PATTERN_CPU_LIMIT, RunData
 from diag.report.series import series_label
 from diag.report.thresholds import TABLE
+from diag.report.verdict import Verdict, build_verdict
+from diag.typedjson import strict_document
 from diag.units import human_bytes, human_rate, human_time
 
+# Why a findings.json number can be non-finite (written as null, listed under "nonfinite").
+FINDINGS_NONFINITE = "a ratio or rate over zero (a zero time or bandwidth): no finite value"
 # Env values longer than this are cut in the table (the full fingerprint is in the records' start event).
 ENV_VALUE_CHARS = 160
 
@@ -45,6 +51,7 @@ class ReportResult:
     plots: list[Plot | Skipped]
     findings: list[Finding]
     models: list[GroupModel]
+    verdict: Verdict | None = None
 
 
 def flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -114,19 +121,20 @@ def link_reference(run: RunData) -> tuple[str, list[list[str]]]:
 
 
 def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Finding], models: list[GroupModel],
-                   title: str, created: str) -> list[Block]:
-    """The report, once: the headline figure, the summary of findings, the other plots, every finding, the
-    records, the model, the thresholds and the environment."""
+                   title: str, created: str, verdict: Verdict | None = None) -> list[Block]:
+    """The report, once: the verdict card (with the headline figure), the summary of findings, the plots,
+    every finding, the records, the model, the thresholds and the environment."""
     sources = [run.relative(f.path) for f in run.record_files]
     fired = [f for f in findings if f.status == "fired"]
     records = sorted(run.records, key=lambda r: (series_label(r), r.op, r.world_size, r.size_bytes))
     env_rows = [[k, v] for k, v in flatten(run.env)]
     meta_rows = [[k, v] for k, v in flatten(run.meta)]
-    head = [p for p in plots if isinstance(p, Plot) and p.filename == "headline.png"]
-    rest = [p for p in plots if p not in head]
-    blocks: list[Block] = [Heading(1, title), Text(f"Generated {created} from {', '.join(sources)}.", muted=True)]
-    blocks += [FigureBlock(p) for p in head]
-    blocks += [Heading(2, "Summary"),
+    verdict = verdict or build_verdict(run, findings)
+    drawn = {p.filename: p for p in plots if isinstance(p, Plot)}
+    head = drawn.get(verdict.figure or "") or drawn.get("headline.png")
+    blocks: list[Block] = [VerdictBlock(verdict, title, head),
+                           Text(f"Generated {created} from {', '.join(sources)}.", muted=True)]
+    blocks += [Heading(2, "Summary of findings"),
                Bullets([(f.rule, f"({f.strength}): {f.statement}") for f in fired] or [("", "no rule fired")]),
                Text(summary_lines(findings)[-1] + ".")]
     if run.missing:
@@ -136,7 +144,10 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
         blocks += [Heading(3, "Link reference per N"), Text(reference_intro),
                    Table(LINK_REFERENCE_HEADER, reference_rows)]
     blocks += workaround_blocks(run.advise)
-    blocks += [Heading(2, "Plots"), *(FigureBlock(p) for p in rest)]
+    # The card's figure is drawn once, there; here its caption says how to read it.
+    blocks += [Heading(2, "Plots"),
+               *(Text(f"{p.title} (in the verdict card above): {p.caption}") if p is head else FigureBlock(p)
+                 for p in plots)]
     blocks += [Heading(2, "Findings"), *(FindingBlock(f) for f in ordered(findings))]
     blocks += [Heading(2, "Records"), Table(RECORD_HEADER, [record_row(r) for r in records])]
     blocks += [Heading(2, "Model (T = alpha + beta x per-rank bytes)"),
@@ -159,20 +170,27 @@ def write_report(run: RunData, out_dir: Path) -> ReportResult:
     sources = [run.relative(f.path) for f in run.record_files]
 
     findings_path = out_dir / "findings.json"
-    findings_path.write_text(json.dumps(findings_to_json(findings, run), indent=1, default=str) + "\n")
+    findings_path.write_text(json.dumps(strict_document(findings_to_json(findings, run), FINDINGS_NONFINITE), indent=1, default=str,
+                                        allow_nan=False) + "\n")
     model_path = out_dir / "model.json"
-    model_path.write_text(json.dumps(models_to_json(models, sources), indent=1) + "\n")
+    model_path.write_text(json.dumps(models_to_json(models, sources), indent=1, allow_nan=False) + "\n")
 
     title = f"diag report: {run.root.name if run.root else ', '.join(sources)}"
-    blocks = build_document(run, plots, findings, models, title, time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    verdict = build_verdict(run, findings)
+    blocks = build_document(run, plots, findings, models, title, time.strftime("%Y-%m-%d %H:%M:%S %Z"), verdict)
     md_path = out_dir / "report.md"
     md_path.write_text(to_markdown(blocks))
     html_path = out_dir / "report.html"
     html_path.write_text(to_html(blocks, title, out_dir))
 
-    files = [html_path, md_path, findings_path, model_path] + [out_dir / p.filename for p in plots
-                                                               if isinstance(p, Plot)]
-    return ReportResult(out_dir, files, plots, findings, models)
+    # Every timed iteration, long format, for pandas and R (diag.records.SAMPLE_FIELDS)
+    from diag.records import export_samples_csv
+
+    samples_path = out_dir / "samples.csv"
+    export_samples_csv(run.records, samples_path)
+    files = [html_path, md_path, findings_path, model_path, samples_path] + [out_dir / p.filename for p in plots
+                                                                             if isinstance(p, Plot)]
+    return ReportResult(out_dir, files, plots, findings, models, verdict)
 
 
 WORKAROUND_HEADER = ("workaround", "N", "per-rank size", "gloo busbw", "workaround busbw", "speed-up", "Welch p",

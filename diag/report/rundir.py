@@ -191,6 +191,30 @@ class RunData:
             return out
         return self.remember("trials", collect)
 
+    def to_pandas(self, samples: bool = False) -> Any:
+        """Every record of the run as a pandas DataFrame (one row per record, or with ``samples`` one row per
+        timed iteration), with a ``source`` column naming the records file. pandas is optional."""
+        from diag.records import records_frame, require_pandas
+
+        pandas = require_pandas()
+        frames = [records_frame(f.records, samples, source=self.relative(f.path)) for f in self.record_files]
+        return pandas.concat(frames, ignore_index=True) if frames else records_frame([], samples)
+
+    def duplicate_rows(self) -> list[str]:
+        """Rows that more than one record claims (same series, op, N and size), in plain sentences: plots and
+        tables keep one of them (the later), so the user should know."""
+        from diag.report.series import series_label
+
+        seen: dict[tuple[str, str, int, int], list[str]] = {}
+        for f in self.record_files:
+            for r in f.records:
+                seen.setdefault((series_label(r), r.op, r.world_size, r.size_bytes), []).append(self.relative(f.path))
+        from diag.units import human_bytes
+
+        return [f"{label} {op} N={n} {human_bytes(size)} per rank is in {len(files)} records "
+                f"({', '.join(sorted(set(files)))}): the later one is shown"
+                for (label, op, n, size), files in seen.items() if len(files) > 1]
+
     def source_of(self, record: Record) -> str:
         for f in self.record_files:
             if any(r is record for r in f.records):

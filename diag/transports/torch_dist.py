@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from diag.errors import DiagError
+from diag.errors import EXIT_NO_DEVICE, DiagError
 from diag.transports.base import UnsupportedOperation
 
 # Output buffers whose list of views is kept (the harness cycles through a ring of them), in bytes at most.
@@ -41,7 +41,7 @@ class TorchTransport:
     def __init__(self, backend: str, timeout_s: float, device: str = "cpu") -> None:
         if backend == "nccl" and not torch.cuda.is_available():
             raise DiagError("backend nccl needs CUDA, and no CUDA device is visible; use --backend gloo",
-                            exit_code=5)
+                            exit_code=EXIT_NO_DEVICE)
         if backend == "gloo":
             _check_interface(os.environ.get("GLOO_SOCKET_IFNAME"))
         self.backend = backend
