@@ -97,12 +97,15 @@ def test_reproduce_weights_follow_the_plan() -> None:
     from diag.reproduce import QUICK, per_rank_size, step_spec
 
     weights = __import__("diag.console", fromlist=["reproduce_weights"]).reproduce_weights(
-        QUICK, step_spec, per_rank_size(QUICK.knob_volume, 2))
+        QUICK, step_spec, per_rank_size(max(QUICK.knob_volumes), 2))
     steps = [(step, n) for step in QUICK.steps for n in QUICK.world_sizes_of(step)]
     assert len(weights) == len(steps) + 1 and all(w > 0 for w in weights)
     # equal per-device volume D at every N: on a link the N=2, 3 and 4 sweeps take about as long, and so weigh
     gloo = [w for (step, n), w in zip(steps, weights, strict=False) if step.name == "gloo-all_gather"]
     assert len(gloo) == 3 and max(gloo) / min(gloo) < 1.01
-    # the N=2 knob experiments run at the largest volume only: lighter than a whole sweep
-    knob = next(w for (step, n), w in zip(steps, weights, strict=False) if step.at == "n2" and step.op == "all_gather")
-    assert knob < gloo[0]
+    # the N=2 knob rows run at the experiment volumes only: lighter than a whole sweep; the interleaved trial
+    # runs every arm for at least min_rounds rounds: heavier than one sweep
+    knob = next(w for (step, n), w in zip(steps, weights, strict=False)
+                if step.at == "n2" and step.op == "all_gather" and step.trial is None)
+    trial = next(w for (step, n), w in zip(steps, weights, strict=False) if step.name == "n2-trial")
+    assert knob < gloo[0] < trial

@@ -136,9 +136,17 @@ def _suspect_name(f: Finding) -> str:
 
 
 def _reading(text: str) -> str:
-    """'experiment_id (what it means)' -> 'what it means': the card names no rule ids."""
-    start, end = text.find("("), text.rfind(")")
-    return text[start + 1:end] if 0 <= start < end else ""
+    """'experiment_id (what it means): figures (...)' -> 'what it means': the card names no rule ids. The
+    reading is the first parenthesis, to its matching close (figures after it may hold their own)."""
+    start = text.find("(")
+    if start < 0:
+        return ""
+    depth = 0
+    for index in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[index], 0)
+        if depth == 0:
+            return text[start + 1:index]
+    return ""
 
 
 def _after(text: str, marker: str) -> str:

@@ -148,7 +148,7 @@ def suspects(findings: Sequence[Finding]) -> list[Finding]:
     for s in SUSPECTS:
         experiment = by_rule.get(s.experiment) if s.experiment else None
         if experiment is not None and experiment.status == "fired":
-            out.append(Finding(s.id, "fired", f"{s.name}: shown by {s.experiment}: {_figures(experiment)}",
+            out.append(Finding(s.id, "fired", f"{s.name}: shown by {s.experiment} ({s.shown}): {_figures(experiment)}",
                                experiment.strength, experiment.evidence, experiment.thresholds,
                                explains=experiment.explains))
         elif experiment is not None and experiment.status == "clear":
