@@ -25,6 +25,13 @@ def seconds(value: float, flag: str, *, allow_zero: bool = False, maximum: float
     return float(value)
 
 
+def port(value: int, flag: str) -> int:
+    """A TCP port to listen on or connect to: 1..65535 (a larger one is an OverflowError deep in socket)."""
+    if not 1 <= value <= 65535:
+        raise DiagError(f"{flag} must be a TCP port between 1 and 65535, got {value}")
+    return value
+
+
 def output_file(path: str | os.PathLike[str], flag: str) -> Path:
     """A file diag will write or append to: not a directory, and its directory can be made and written."""
     p = Path(path)
