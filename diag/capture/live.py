@@ -16,7 +16,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from diag.errors import DiagError, MissingToolError, PrivilegeError
+from diag.lifeline import CHILD_CWD, child_env, python_command
 
 READY_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 15.0
@@ -99,7 +99,7 @@ class TcpdumpCapture:
         self.path = path
         self.iface, self.bpf_filter, self.snaplen, self.netns = iface, bpf_filter, snaplen, netns
         # -Z root: Debian's tcpdump otherwise drops to user 'tcpdump', which cannot write most run dirs.
-        command = ["tcpdump", "-i", iface, "-s", str(snaplen), "-w", str(path), "-n", "-Z", "root"]
+        command = ["tcpdump", "-i", iface, "-s", str(snaplen), "-w", str(path.resolve()), "-n", "-Z", "root"]
         if immediate:
             command.append("--immediate-mode")
         if buffer_kib:
@@ -107,7 +107,7 @@ class TcpdumpCapture:
         if bpf_filter:
             command.append(bpf_filter)
         # diag.lifeline: tcpdump gets SIGTERM (and finishes its file) if this process dies, even by SIGKILL.
-        command = [sys.executable, "-m", "diag.lifeline", str(os.getpid()), "--", *command]
+        command = [*python_command("-m", "diag.lifeline", str(os.getpid()), "--"), *command]
         if netns:
             command = ["ip", "netns", "exec", netns, *command]
         if os.geteuid() != 0:
@@ -116,7 +116,7 @@ class TcpdumpCapture:
         self._ready = threading.Event()
         self.start_ns = time.time_ns()
         self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True)
+                                      stderr=subprocess.PIPE, text=True, env=child_env(), cwd=CHILD_CWD)
         self._reader = threading.Thread(target=self._read_stderr, name="tcpdump-stderr", daemon=True)
         self._reader.start()
         deadline = time.monotonic() + READY_TIMEOUT_S
