@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from diag import safefs
 from diag.errors import DiagError
 from diag.lifeline import CHILD_CWD, child_env, python_command
 from diag.units import human_bytes
@@ -235,7 +236,7 @@ def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence
     watchdog_s = job.spec.timeout_s + watchdog_slack_s()
     work_dir = work_dir.resolve()   # the launchers run in CHILD_CWD: every path they get is absolute
     state_dir = work_dir / f"state-n{world_size}"
-    state_dir.mkdir(parents=True, exist_ok=True)
+    safefs.private_dir(state_dir)
     for stale in state_dir.glob("rank*.json"):
         stale.unlink()
     job.state_dir = str(state_dir)
@@ -260,7 +261,7 @@ def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence
         for index, host in enumerate(hosts):
             log_path = work_dir / f"launcher-n{world_size}-{host.name}.log"
             logs.append(log_path)
-            with log_path.open("wb") as log:
+            with os.fdopen(safefs.create(log_path, replace=True), "wb") as log:
                 procs.append(subprocess.Popen(
                     launcher_command(index, host, len(hosts), master_addr, master_port, job_path,
                                      via_exec=job.spec.backend == "diag_tcp"),

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from diag import safefs
 from diag.collectives import PAIRWISE_OPS
 from diag.errors import DiagError
 from diag.spec import SweepSpec
@@ -49,7 +50,7 @@ def run_worlds(spec: SweepSpec, job: Job, out: Path, run_dir: Path, world_sizes:
     rows_per_world = {n: len(plan_rows(spec, n)) for n in sizes}
     total = sum(rows_per_world.values())
     logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    safefs.private_dir(logs)
     if spec.backend == "raw" and "tcpinfo_dir" not in spec.knobs:
         spec = replace(spec, knobs={**spec.knobs, "tcpinfo_dir": str((run_dir / "tcpinfo").resolve())})
     done = 0

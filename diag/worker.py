@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diag import safefs
 from diag.errors import DiagError
 from diag.records import transport_label
 from diag.spec import SweepSpec
@@ -34,12 +35,18 @@ class Job:
     meta: dict[str, Any] = field(default_factory=dict)   # lab name, capture settings, ... (into start)
 
     def save(self, path: Path) -> None:
-        data = asdict(self)
-        path.write_text(json.dumps(data))
+        """0600, a new file renamed into place: it says what root's ranks run and where they write."""
+        safefs.write_file(path, json.dumps(asdict(self)), safefs.SECRET_MODE)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Job:
-        data = json.loads(Path(path).read_text())
+        """Only a job file of ours that nobody else can read or write (else another user could redirect
+        where root writes, or read the run token)."""
+        fd = safefs.open_trusted(path, secret=True)
+        if fd is None:
+            raise DiagError(f"job file {path} is not a regular file of yours with mode 0600; refusing to run it")
+        with os.fdopen(fd, "rb") as handle:
+            data = json.loads(handle.read())
         data["spec"] = SweepSpec.from_dict(data["spec"])
         return cls(**data)
 
@@ -81,9 +88,8 @@ class StateFile:
         self.state.update(changes, t_ns=time.time_ns())
         if self.path is None:
             return
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state))
-        tmp.replace(self.path)
+        # A new file (O_EXCL, O_NOFOLLOW; a planted rank<N>.tmp is removed, never followed) renamed over.
+        safefs.write_file(self.path, json.dumps(self.state), tmp=self.path.with_suffix(".tmp"))
 
 
 def _one_line(exc: BaseException) -> str:

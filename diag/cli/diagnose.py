@@ -10,6 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
+from diag import safefs
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="RUN_DIR|RECORDS",
@@ -27,8 +29,8 @@ def run(args: argparse.Namespace) -> int:
     findings = diagnose(data)
     document = findings_to_json(findings, data)
     if args.write:
-        args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(json.dumps(document, indent=1, default=str) + "\n")
+        safefs.write_file(safefs.make_parent(args.write), json.dumps(document, indent=1, default=str) + "\n",
+                          flag="--write")
     if args.json:
         print(json.dumps(document, indent=1, default=str))
     else:

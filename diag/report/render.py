@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from diag import safefs
 from diag.records import Record
 from diag.report.diagnose import Finding, diagnose, findings_to_json, format_threshold
 from diag.report.diagnose.findings import ordered, summary_lines
@@ -152,23 +153,23 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
 
 
 def write_report(run: RunData, out_dir: Path) -> ReportResult:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    safefs.private_dir(out_dir)   # ours and closed to others: the plots' savefig by name is safe there
     plots = render_plots(run, out_dir)
     findings = diagnose(run)
     models = fit_all(run.records)
     sources = [run.relative(f.path) for f in run.record_files]
 
     findings_path = out_dir / "findings.json"
-    findings_path.write_text(json.dumps(findings_to_json(findings, run), indent=1, default=str) + "\n")
+    safefs.write_file(findings_path, json.dumps(findings_to_json(findings, run), indent=1, default=str) + "\n")
     model_path = out_dir / "model.json"
-    model_path.write_text(json.dumps(models_to_json(models, sources), indent=1) + "\n")
+    safefs.write_file(model_path, json.dumps(models_to_json(models, sources), indent=1) + "\n")
 
     title = f"diag report: {run.root.name if run.root else ', '.join(sources)}"
     blocks = build_document(run, plots, findings, models, title, time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     md_path = out_dir / "report.md"
-    md_path.write_text(to_markdown(blocks))
+    safefs.write_file(md_path, to_markdown(blocks))
     html_path = out_dir / "report.html"
-    html_path.write_text(to_html(blocks, title, out_dir))
+    safefs.write_file(html_path, to_html(blocks, title, out_dir))
 
     files = [html_path, md_path, findings_path, model_path] + [out_dir / p.filename for p in plots
                                                                if isinstance(p, Plot)]

@@ -9,9 +9,9 @@ import socket
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from diag import safefs
 from diag.errors import DiagError
 from diag.transports.base import UnsupportedOperation
 from diag.transports.raw import mesh, schedules, tcpinfo, wire
@@ -116,9 +116,9 @@ class RawTransport:
         self._skew_s = knobs.skew_us / 1e6 if rank != 0 else 0.0
         self._barrier_out = bytearray(world_size)
         if knobs.tcpinfo_dir:
-            directory = Path(knobs.tcpinfo_dir)
-            directory.mkdir(parents=True, exist_ok=True)
-            self._sample_file = open(directory / f"tcpinfo-rank{rank}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+            directory = safefs.private_dir(knobs.tcpinfo_dir)
+            self._sample_file = os.fdopen(safefs.open_append(directory / f"tcpinfo-rank{rank}.jsonl"), "a",
+                                          encoding="utf-8")
         if knobs.tcpinfo_interval_s:
             self._sampler = threading.Thread(target=self._sample_periodically, name="diag-raw-tcpinfo",
                                              daemon=True)
