@@ -5,6 +5,7 @@ Used by ``diag sweep`` and ``diag reproduce``; each world size is one launch (la
 
 from __future__ import annotations
 
+import secrets
 import sys
 import uuid
 from dataclasses import replace
@@ -38,6 +39,7 @@ def run_worlds(spec: SweepSpec, job: Job, out: Path, run_dir: Path, world_sizes:
     from diag.harness import plan_rows
     from diag.hooks import CaptureHook, ObserveHook
     from diag.launch import HostLaunch, append_failure_end, run_world
+    from diag.transports.raw.wire import TOKEN_BYTES
 
     sizes = list(world_sizes or ([len(lab.hosts)] if lab is not None else []))
     if not sizes:
@@ -68,7 +70,9 @@ def run_worlds(spec: SweepSpec, job: Job, out: Path, run_dir: Path, world_sizes:
         if observe:
             hooks.append(ObserveHook())
         tag = f"{tag_prefix}{transport_tag(spec)}-{'-'.join(spec.ops)}-n{n}"
+        # Ranks diag starts itself get the raw transport's run token in their 0600 job file, not the store.
         world_job = replace(job, spec=spec, rows_before=done, rows_total=total, run_id=f"{job.run_id}-n{n}",
+                            token=secrets.token_hex(TOKEN_BYTES),
                             meta={"lab": lab.name if lab is not None else None, "capture": capture,
                                   "capture_tag": tag if capture is not None else None,
                                   "run_dir": str(run_dir.resolve())})

@@ -33,6 +33,9 @@ class Job:
     quiet: bool = False
     argv: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)   # lab name, capture settings, ... (into start)
+    # The raw transport's run token (hex) for ranks diag starts itself: it reaches them in this 0600 file,
+    # never through the TCPStore, which any local user can reach. Never written to records.
+    token: str | None = None
 
     def save(self, path: Path) -> None:
         """0600, a new file renamed into place: it says what root's ranks run and where they write."""
@@ -61,18 +64,22 @@ def env_rank() -> tuple[int, int]:
         ) from None
 
 
-def make_transport(spec: SweepSpec, rank: int, world_size: int):
+def make_transport(spec: SweepSpec, rank: int, world_size: int, token: str | None = None):
+    """``token``: the raw transport's run token (hex) from the job file; None under the user's launcher."""
     if spec.backend == "raw":
         from diag.transports.raw import create_transport
 
-        return create_transport(spec, rank, world_size, spec.timeout_s)
+        return create_transport(spec, rank, world_size, spec.timeout_s,
+                                token=bytes.fromhex(token) if token else None)
     from diag.transports.torch_dist import TorchTransport
 
     if spec.backend == "diag_tcp":
-        from diag.transports.raw.backend import ENV_KNOBS, register
+        from diag.transports.raw.backend import ENV_KNOBS, ENV_TOKEN, register
 
         if spec.knobs:
             os.environ[ENV_KNOBS] = json.dumps(spec.knobs)
+        if token:
+            os.environ[ENV_TOKEN] = token   # this process's own environment: the backend reads it there
         register()   # a no-op when diag.exec started this rank and registered it already
     return TorchTransport(spec.backend, spec.timeout_s, spec.device)
 
@@ -117,7 +124,7 @@ def run_job(job: Job) -> int:
     try:
         spec = job.spec
         plans = plan_rows(spec, world_size)
-        transport = make_transport(spec, rank, world_size)
+        transport = make_transport(spec, rank, world_size, job.token)
         if rank == 0:
             if job.out:
                 writer = RecordWriter(job.out)
