@@ -230,7 +230,10 @@ def test_early_recv_ready_notices_within_the_bound_are_kept() -> None:
     engine, mine, theirs = _engine_against_a_peer(early_credits=4)
     state = _receive_one(engine, 1000)
     theirs.sendall(b"".join(_notice(wire.MSG_RECV_READY, seq, 1000) for seq in range(4))
-                   + _notice(wire.MSG_SEND_READY, 0, 1000) + _notice(wire.MSG_DATA, 0, 1000) + bytes(range(250)) * 4)
+                   + _notice(wire.MSG_SEND_READY, 0, 1000))
+    kind, _stream, _seq, length = wire.parse_header(bytearray(read_exactly(theirs, wire.HEADER_BYTES)), 0)
+    assert (kind, length) == (wire.MSG_RECV_READY, 1000)   # data goes only once the receive is posted
+    theirs.sendall(_notice(wire.MSG_DATA, 0, 1000) + bytes(range(250)) * 4)
     state["thread"].join(WAIT_S)
     assert "error" not in state, state.get("error")
     assert bytes(state["out"]) == bytes(range(250)) * 4
