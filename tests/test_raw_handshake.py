@@ -178,6 +178,39 @@ def test_a_forged_or_replayed_ack_fails() -> None:
         assert seen["after"] == b"", name   # it never got a PROOF to learn from
 
 
+def test_a_late_rank_survives_a_crowd_of_partial_hellos(raw_log: list[str]) -> None:
+    """200 strays that send 28 of HELLO's 29 bytes; the real rank connects in the middle of them and sends
+    its HELLO 50 ms late. Evicting by bytes received closed the rank; evicting the oldest closes strays."""
+    address, result, thread = start_acceptor()
+    partial = wire.pack_hello(1, wire.ROLE_SHARED, 0)[:-1]
+    strays: list[socket.socket] = []
+
+    def open_strays(count: int) -> None:
+        for _ in range(count):
+            stray = socket.create_connection(address, timeout=WAIT_S)
+            stray.sendall(partial)
+            strays.append(stray)
+
+    open_strays(150)                # more than MAX_PENDING_HANDSHAKES: the acceptor is already evicting
+    time.sleep(0.2)
+    rank = socket.create_connection(address, timeout=WAIT_S)
+    started = time.monotonic()
+    open_strays(50)                 # while the rank is silent
+    time.sleep(max(0.0, 0.05 - (time.monotonic() - started)))
+    hello = wire.pack_hello(1, wire.ROLE_SHARED, 0)
+    rank.sendall(hello)
+    ack = read_exactly(rank, wire.ACK.size)
+    assert len(ack) == wire.ACK.size, "the real rank was closed before its handshake reply"
+    wire.check_ack(TOKEN, hello, ack, 0)
+    rank.sendall(wire.pack_proof(TOKEN, hello, ack))
+    assert read_exactly(rank, wire.READY.size) == wire.READY_MAGIC
+    accepted = finish(result, thread)
+    assert [c.peer for c in accepted] == [1]
+    for sock in (rank, *strays, *(c.sock for c in accepted)):
+        sock.close()
+    assert any("the oldest" in m for m in raw_log)
+
+
 def _engine_against_a_peer(early_credits: int) -> tuple[Engine, socket.socket, socket.socket]:
     listener = socket.create_server(("127.0.0.1", 0))
     mine = socket.create_connection(listener.getsockname())

@@ -8,8 +8,9 @@ that carries only the ready notices.
 
 The accepting side multiplexes the listener and every half-open connection in one poll loop with
 per-connection deadlines, so a stray client that sends half a HELLO cannot stall the real ranks. When more
-than MAX_PENDING_HANDSHAKES clients are half-open, the stalest one (fewest bytes sent, then longest waiting)
-is closed to make room. A connecting rank whose connection was closed or reset before the handshake
+than MAX_PENDING_HANDSHAKES clients are half-open, the oldest one is closed to make room: a real rank
+completes its handshake within a round trip, so only a crowd arriving faster than that can push it out,
+and then it connects again. A connecting rank whose connection was closed or reset before the handshake
 completed tries again until the deadline. The listener is closed once the mesh is complete: later strays
 are refused by the kernel.
 
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("diag.raw")
 
 HANDSHAKE_TIMEOUT_S = 5.0      # how long one accepted client may take to complete its handshake
-MAX_PENDING_HANDSHAKES = 128   # beyond this many half-open clients, the stalest is closed for a newcomer
+MAX_PENDING_HANDSHAKES = 128   # beyond this many half-open clients, the oldest is closed for a newcomer
+ACCEPT_BATCH = 16              # clients accepted per poll round, between which half-open ones are read
 LISTEN_BACKLOG = 4096          # completed connections the kernel queues before accept (capped by somaxconn)
 RETRY_PAUSE_S = 0.05           # between two connection attempts to a peer
 LOGGED_DROPS = 20              # closed strays logged one by one; after that, one line per hundred
@@ -339,7 +341,11 @@ def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes
             on_hello(fd, entry)
 
     def accept_new() -> None:
-        while expected:
+        # A bounded batch per poll round: a real rank's PROOF, one round trip after its HELLO, is read before
+        # a backlog of strays accepted behind it could push it out.
+        for _ in range(ACCEPT_BATCH):
+            if not expected:
+                return
             try:
                 sock, origin = listener.accept()
             except BlockingIOError:
@@ -350,10 +356,13 @@ def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes
                     return
                 raise
             if len(pending) >= MAX_PENDING_HANDSHAKES:
-                # Make room by closing the stalest half-open client rather than refusing the newcomer, who
-                # may be a real rank: a real rank sends its whole HELLO at once, a stray little or nothing.
-                stalest = min(pending, key=lambda k: (pending[k].filled, pending[k].deadline))
-                drop(stalest, f"{MAX_PENDING_HANDSHAKES} half-open clients; this one the stalest")
+                # Make room by closing the oldest half-open client rather than refusing the newcomer, who may
+                # be a real rank. A real rank completes its handshake within a round trip of connecting, so it
+                # is never the oldest unless MAX_PENDING_HANDSHAKES clients arrived in that time. (Closing by
+                # fewest bytes received could be gamed: strays that send 28 of HELLO's 29 bytes outranked a
+                # real rank whose HELLO was a little late.)
+                oldest = min(pending, key=lambda k: pending[k].accepted_at)
+                drop(oldest, f"{MAX_PENDING_HANDSHAKES} half-open clients; this one the oldest")
             sock.setblocking(False)
             fd = sock.fileno()
             now = time.monotonic()
