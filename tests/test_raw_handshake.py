@@ -273,3 +273,51 @@ def test_early_recv_ready_notices_within_the_bound_are_kept() -> None:
     assert len(engine.channels[(1, 0)].credits) == 4
     mine.close()
     theirs.close()
+
+
+def _token_body(rank: int, world_size: int, token: bytes | None) -> dict[str, Any]:
+    from diag.spec import SweepSpec
+    from diag.transports.raw import create_transport
+    from diag.transports.raw.transport import rendezvous_store
+    from tests.raw_helpers import check_all_gather
+
+    store = rendezvous_store(rank, world_size, 30)
+    transport = create_transport(SweepSpec(backend="raw"), rank, world_size, 30, store=store, token=token)
+    try:
+        wrong = check_all_gather(transport, rank, world_size, 4096)
+        published = store.check(["diag_raw/1/token"])
+        transport.barrier()   # nobody leaves (rank 0 hosts the store) before all have looked
+        return {"wrong": wrong, "published": published}
+    finally:
+        transport.close()
+
+
+@pytest.mark.parametrize("token", [bytes(range(16)), None])
+def test_a_token_given_to_the_ranks_never_enters_the_store(token: bytes | None) -> None:
+    """--nproc/--lab ranks get the token from their job file: nothing in the TCPStore (which any local user can
+    reach) names it. In place (no token given), rank 0 publishes one there: the documented trust model."""
+    from tests.raw_helpers import assert_all_ok, run_ranks
+
+    results = assert_all_ok(run_ranks(_token_body, 3, token))
+    assert [r["wrong"] for r in results] == [0, 0, 0]
+    assert {r["published"] for r in results} == {token is None}
+
+
+def test_ranks_diag_starts_get_their_token_in_the_job_file(tmp_path: Any) -> None:
+    """A --nproc sweep's job file carries the token (0600); the records never do."""
+    import json
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    out, run_dir = tmp_path / "r.jsonl", tmp_path / "r.d"
+    proc = subprocess.run([sys.executable, "-m", "diag", "sweep", "--nproc", "2", "--backend", "raw", "--sizes", "1K",
+                           "--iters", "1", "--warmup", "0", "--quiet", "--out", str(out), "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    job_path = run_dir / "logs" / "job-n2.json"
+    assert stat.S_IMODE(os.stat(job_path).st_mode) == 0o600
+    token = json.loads(job_path.read_text())["token"]
+    assert len(bytes.fromhex(token)) == wire.TOKEN_BYTES
+    assert token not in out.read_text()
