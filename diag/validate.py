@@ -35,7 +35,7 @@ def port(value: int, flag: str) -> int:
 
 def output_file(path: str | os.PathLike[str], flag: str) -> Path:
     """A file diag will write or append to: not a directory, its missing directories created (0700, see
-    diag.safefs), and not an existing symlink (diag never writes through one)."""
+    diag.safefs), and not an existing symlink (diag never writes through one) nor someone else's file."""
     p = Path(path)
     if p.is_dir():
         raise DiagError(f"{flag} {p} is a directory; give a file path such as {p / 'out.jsonl'}")
@@ -46,6 +46,11 @@ def output_file(path: str | os.PathLike[str], flag: str) -> Path:
     if p.is_symlink():
         raise DiagError(f"{flag} {p} is a symlink; diag does not write through symlinks: remove it or give the "
                         "real path")
+    if p.exists():
+        info = p.stat()
+        if info.st_uid != os.geteuid() or info.st_nlink != 1:
+            raise DiagError(f"{flag} {p} belongs to uid {info.st_uid} or has other hard links; diag writes only "
+                            "files of yours: remove it or choose another path")
     target = p if p.exists() else parent
     if not os.access(target, os.W_OK):
         raise DiagError(f"{flag} {p}: no permission to write {target}")

@@ -181,3 +181,19 @@ def test_a_sweep_run_dir_and_its_files_are_private(tmp_path: Path) -> None:
     for directory in (run_dir, run_dir / "logs", run_dir / "logs" / "state-n2", run_dir / "tcpinfo"):
         assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700, directory
     assert stat.S_IMODE(os.stat(run_dir / "logs" / "job-n2.json").st_mode) == 0o600
+
+
+def test_the_cli_refuses_a_records_file_of_someone_else_before_any_rank(tmp_path: Path) -> None:
+    target = victim(tmp_path)
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    proc = run_diag("sweep", "--nproc", "2", "--sizes", "1K", "--out", str(link))
+    assert_one_line(proc, "--out", "symlink")
+    if os.geteuid() == 0:
+        foreign = tmp_path / "foreign.jsonl"
+        foreign.write_text("")
+        os.chown(foreign, NOBODY, NOBODY)
+        assert_one_line(run_diag("sweep", "--nproc", "2", "--sizes", "1K", "--out", str(foreign)), "--out",
+                        f"uid {NOBODY}")
+    assert_untouched(target)
+    assert not (tmp_path / "link.d").exists() and not (tmp_path / "foreign.d").exists()

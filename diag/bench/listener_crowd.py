@@ -1,5 +1,4 @@
-"""A crowd at the raw transport's door: silent, garbage and partial-HELLO connections during rendezvous change
-nothing.
+"""A crowd at the raw transport's door: silent, garbage and partial-HELLO strays during rendezvous change nothing.
 
     python -m diag.bench.listener_crowd --silent 500 --garbage 500 --partial 500 [--world-size 3] [--size 1M]
 

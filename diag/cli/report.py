@@ -28,6 +28,9 @@ def run(args: argparse.Namespace) -> int:
         if data.root is None:
             raise DiagError("plain record files: say where the report goes with --out DIR")
         out = data.root / "report"
+    from diag import validate
+
+    validate.output_dir(out, "--out")   # created 0700, or an existing one of yours closed to others
     result = write_report(data, out)
     print(f"report: {out / 'report.html'} ({len(result.files)} files)")
     for line in summary_lines(result.findings):
