@@ -303,8 +303,10 @@ def test_a_token_given_to_the_ranks_never_enters_the_store(token: bytes | None) 
     assert {r["published"] for r in results} == {token is None}
 
 
-def test_ranks_diag_starts_get_their_token_in_the_job_file(tmp_path: Any) -> None:
-    """A --nproc sweep's job file carries the token (0600); the records never do."""
+@pytest.mark.parametrize("backend", ["raw", "diag_tcp"])
+def test_ranks_diag_starts_get_their_token_in_the_job_file(tmp_path: Any, backend: str) -> None:
+    """A --nproc sweep's job file carries the token (0600); the records never do (diag_tcp's ranks hold it in
+    $DIAG_TCP_TOKEN, which must not be recorded with the other DIAG_TCP_* knobs)."""
     import json
     import os
     import stat
@@ -312,12 +314,12 @@ def test_ranks_diag_starts_get_their_token_in_the_job_file(tmp_path: Any) -> Non
     import sys
 
     out, run_dir = tmp_path / "r.jsonl", tmp_path / "r.d"
-    proc = subprocess.run([sys.executable, "-m", "diag", "sweep", "--nproc", "2", "--backend", "raw", "--sizes", "1K",
-                           "--iters", "1", "--warmup", "0", "--quiet", "--out", str(out), "--run-dir", str(run_dir)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "diag", "sweep", "--nproc", "2", "--backend", backend, "--sizes",
+                           "1K", "--iters", "1", "--warmup", "0", "--quiet", "--out", str(out), "--run-dir",
+                           str(run_dir)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     job_path = run_dir / "logs" / "job-n2.json"
     assert stat.S_IMODE(os.stat(job_path).st_mode) == 0o600
     token = json.loads(job_path.read_text())["token"]
     assert len(bytes.fromhex(token)) == wire.TOKEN_BYTES
-    assert token not in out.read_text()
+    assert token not in out.read_text() and "DIAG_TCP_TOKEN" not in out.read_text()
