@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from diag import safefs
 from diag.errors import DiagError
 from diag.spec import SweepSpec
 
@@ -84,7 +85,7 @@ def run_advise(out_dir: Path, *, lab: Any = None, world_size: int = 2, sizes: tu
     from diag.runner import make_job, run_worlds
 
     say = say or (lambda text: None)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    safefs.private_dir(out_dir, "--out")
     records = out_dir / RECORDS_NAME
     steps = advise_specs(tuple(sizes), warmup, iters)
     result: dict[str, Any] = {
@@ -143,10 +144,7 @@ def _compare(rows: list[Any], world_size: int) -> list[dict[str, Any]]:
 
 
 def _write(out_dir: Path, result: dict[str, Any]) -> None:
-    path = out_dir / ADVISE_NAME
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(path)
+    safefs.write_file(out_dir / ADVISE_NAME, json.dumps(result, indent=1))
 
 
 def load_advise(path: Path) -> dict[str, Any]:

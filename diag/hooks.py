@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diag import safefs
 from diag.launch import WorldContext
 
 
@@ -30,7 +31,7 @@ class CaptureHook:
         host = context.hosts[self.host_index]
         iface = self.iface or host.iface or "lo"
         directory = context.run_dir / "captures"
-        directory.mkdir(parents=True, exist_ok=True)
+        safefs.private_dir(directory)
         path = directory / f"{context.tag}.pcap"
         self._handle = start_capture(path, iface, bpf_filter=self.bpf_filter, snaplen=self.snaplen,
                                      netns=host.netns)
@@ -62,7 +63,7 @@ class ObserveHook:
 
         host = context.hosts[self.host_index]
         directory = context.run_dir / "observe"
-        directory.mkdir(parents=True, exist_ok=True)
+        safefs.private_dir(directory)
         # Local runs: one launcher holds every rank. Lab runs: observe all hosts' launchers; ss runs in the
         # first host's namespace (that host's sockets), CPU samples cover every rank on this machine.
         self._handle = start_observers(list(context.launcher_pids) or [], directory / f"{context.tag}.jsonl",

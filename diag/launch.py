@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from diag import safefs
 from diag.errors import DiagError
+from diag.lifeline import CHILD_CWD, child_env, python_command
 from diag.units import human_bytes
 from diag.worker import Job
 
@@ -103,7 +105,7 @@ def launcher_command(host_index: int, host: HostLaunch, nnodes: int, master_addr
     module = ["-m", "diag.exec", "-m", "diag.worker"] if via_exec else ["-m", "diag.worker"]
     # diag.lifeline: the launcher gets SIGTERM (and stops its workers) if this process dies, even by SIGKILL.
     return [
-        *host.prefix, sys.executable, "-m", "diag.lifeline", str(os.getpid()), "-m", "torch.distributed.run",
+        *host.prefix, *python_command("-m", "diag.lifeline", str(os.getpid()), "-m", "torch.distributed.run"),
         f"--nnodes={nnodes}", f"--node-rank={host_index}", f"--nproc-per-node={host.nproc}",
         "--rdzv-backend=static", f"--master-addr={master_addr}", f"--master-port={master_port}",
         "--max-restarts=0", "--monitor-interval=0.1",
@@ -232,8 +234,9 @@ def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence
         check_port_free(master_addr, master_port)
 
     watchdog_s = job.spec.timeout_s + watchdog_slack_s()
+    work_dir = work_dir.resolve()   # the launchers run in CHILD_CWD: every path they get is absolute
     state_dir = work_dir / f"state-n{world_size}"
-    state_dir.mkdir(parents=True, exist_ok=True)
+    safefs.private_dir(state_dir)
     for stale in state_dir.glob("rank*.json"):
         stale.unlink()
     job.state_dir = str(state_dir)
@@ -241,11 +244,10 @@ def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence
     job_path = work_dir / f"job-n{world_size}.json"
     job.save(job_path)
 
-    env_base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    # The launcher re-imports diag in a fresh interpreter (child_env: the same package, never one planted in
+    # the working directory; the launcher and its workers run in CHILD_CWD).
+    env_base = child_env({k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
     env_base.setdefault("PYTHONUNBUFFERED", "1")
-    # The launcher re-imports diag in a fresh interpreter: make sure it finds the same package.
-    package_root = str(Path(__file__).resolve().parent.parent)
-    env_base["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env_base.get("PYTHONPATH")) if p)
     context = WorldContext(world_size, hosts, run_dir or work_dir, tag or f"n{world_size}",
                            master_port=master_port)
 
@@ -259,12 +261,13 @@ def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence
         for index, host in enumerate(hosts):
             log_path = work_dir / f"launcher-n{world_size}-{host.name}.log"
             logs.append(log_path)
-            with log_path.open("wb") as log:
+            with os.fdopen(safefs.create(log_path, replace=True), "wb") as log:
                 procs.append(subprocess.Popen(
                     launcher_command(index, host, len(hosts), master_addr, master_port, job_path,
                                      via_exec=job.spec.backend == "diag_tcp"),
                     env={**env_base, **host.env}, stderr=log, stdout=None if index == 0 else log,
                     start_new_session=True,  # Ctrl-C goes to us; we stop the launchers in order
+                    cwd=CHILD_CWD,
                 ))
         context.launcher_pids = [p.pid for p in procs]
         for hook in started_hooks:

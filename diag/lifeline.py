@@ -9,6 +9,13 @@ starts, and the parent is checked once afterwards: had it died before the prctl,
 
 torch's launcher starts every worker in a new session of its own, so killing the launcher's process group
 does not reach them: ``diag.worker`` binds itself to its launcher with :func:`bind_to_parent` as well.
+
+diag runs as root, often in a directory others can write (a shared scratch dir, /tmp). ``python -m X``
+puts the current directory first on sys.path, so a ``diag/`` or ``torch/`` planted there would run as
+root in every child. Every Python child therefore starts through :func:`python_command` (``-P``) with
+:func:`child_env` (``PYTHONSAFEPATH=1``, inherited by the workers torch's launcher starts in turn) and
+:data:`CHILD_CWD` as its working directory. Python 3.10 knows neither ``-P`` nor PYTHONSAFEPATH: there the
+working directory, "/", which only root can write, is what keeps sys.path[0] safe.
 """
 
 from __future__ import annotations
@@ -18,9 +25,34 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+CHILD_CWD = "/"    # the working directory of every child diag starts: root's own, so nothing is planted there
+SAFE_PATH_FLAG = ("-P",) if sys.version_info >= (3, 11) else ()
+
+
+def python_command(*args: str) -> list[str]:
+    """``[python, -P, *args]``: this interpreter, never importing from its working directory (3.11+)."""
+    return [sys.executable, *SAFE_PATH_FLAG, *args]
+
+
+def child_env(base: Mapping[str, str] | None = None, package_path: bool = True) -> dict[str, str]:
+    """The environment of a Python child: ``base`` (default os.environ) with PYTHONSAFEPATH=1, and
+    PYTHONPATH holding diag's own package root first (the child imports the same diag); empty entries,
+    which name the working directory, are dropped and relative ones made absolute (the child runs in
+    CHILD_CWD, not here)."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONSAFEPATH"] = "1"
+    entries = [os.path.abspath(entry) for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    if package_path:
+        entries.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if entries:
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(entries))
+    else:
+        env.pop("PYTHONPATH", None)
+    return env
 
 
 class Terminated(KeyboardInterrupt):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diag import safefs
 from diag.errors import DiagError
 
 SCHEMA_VERSION = 2
@@ -183,10 +184,11 @@ class RecordWriter:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.is_dir():
             raise DiagError(f"{self.path} is a directory; give a records file path such as runs/sweep.jsonl")
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # O_NOFOLLOW, and an existing file must be a regular one of ours (diag.safefs): root never appends
+        # through a planted symlink or hard link.
+        self._fd = safefs.open_append(safefs.make_parent(self.path), read=True)
         self._fence_torn_tail()
 
     def _fence_torn_tail(self) -> None:
@@ -196,9 +198,7 @@ class RecordWriter:
         size = os.fstat(self._fd).st_size
         if size == 0:
             return
-        with self.path.open("rb") as reader:
-            reader.seek(size - 1)
-            last = reader.read(1)
+        last = os.pread(self._fd, 1, size - 1)
         if last and last != b"\n":
             os.write(self._fd, b"\n")
 
@@ -300,16 +300,16 @@ def records_frame(records: list[Record], samples: bool = False, source: str | No
 def export_samples_csv(records: list[Record], csv_path: str | os.PathLike[str]) -> int:
     """The long-format samples CSV (SAMPLE_FIELDS); returns the rows written."""
     import csv
+    import io
 
-    out = Path(csv_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(SAMPLE_FIELDS)
     count = 0
-    with out.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(SAMPLE_FIELDS)
-        for row in sample_rows(records):
-            writer.writerow(row)
-            count += 1
+    for row in sample_rows(records):
+        writer.writerow(row)
+        count += 1
+    safefs.write_file(safefs.make_parent(csv_path), text.getvalue())
     return count
 
 
@@ -321,11 +321,11 @@ def export_csv(records_path: str | os.PathLike[str], csv_path: str | os.PathLike
 def write_csv(rows: list[Record], csv_path: str | os.PathLike[str]) -> None:
     """These records as CSV rows (CSV_FIELDS)."""
     import csv
+    import io
 
-    out = Path(csv_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(CSV_FIELDS)
-        for record in rows:
-            writer.writerow([getattr(record, name) for name in CSV_FIELDS])
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(CSV_FIELDS)
+    for record in rows:
+        writer.writerow([getattr(record, name) for name in CSV_FIELDS])
+    safefs.write_file(safefs.make_parent(csv_path), text.getvalue())

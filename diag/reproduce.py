@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from diag import safefs
 from diag.errors import DiagError
 from diag.spec import SweepSpec
 from diag.trial import Comparison, TrialArm, TrialSpec
@@ -195,7 +196,7 @@ class Run:
     meta: dict[str, Any]
 
     def save(self) -> None:
-        (self.root / "run.json").write_text(json.dumps(self.meta, indent=1, default=str))
+        safefs.write_file(self.root / "run.json", json.dumps(self.meta, indent=1, default=str))
 
 
 def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | None, keep_going: bool,
@@ -207,8 +208,9 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
     run_dir = out or Path("runs") / f"reproduce-{time.strftime('%Y%m%d-%H%M%S')}"
     if (run_dir / "records").exists() and any((run_dir / "records").iterdir()):
         raise DiagError(f"{run_dir} already holds records: choose a new --out directory")
+    safefs.private_dir(run_dir, "--out")
     for sub in ("records", "captures", "analysis", "observe", "tcpinfo"):
-        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        safefs.private_dir(run_dir / sub)
 
     use_lab = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
     started = time.monotonic()
@@ -430,5 +432,5 @@ def _analyze(run_dir: Path, say: Callable[[str], None]) -> None:
         except DiagError as exc:
             say(f"[analyze] {pcap.name}: {exc}")
             continue
-        (run_dir / "analysis" / f"{pcap.stem}.json").write_text(json.dumps(result, default=str))
+        safefs.write_file(run_dir / "analysis" / f"{pcap.stem}.json", json.dumps(result, default=str))
     say(f"[analyze] {len(pcaps)} captures in {time.monotonic() - started:.0f} s")

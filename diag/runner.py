@@ -5,12 +5,14 @@ Used by ``diag sweep`` and ``diag reproduce``; each world size is one launch (la
 
 from __future__ import annotations
 
+import secrets
 import sys
 import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from diag import safefs
 from diag.collectives import PAIRWISE_OPS
 from diag.errors import DiagError
 from diag.spec import SweepSpec
@@ -37,6 +39,7 @@ def run_worlds(spec: SweepSpec, job: Job, out: Path, run_dir: Path, world_sizes:
     from diag.harness import plan_rows
     from diag.hooks import CaptureHook, ObserveHook
     from diag.launch import HostLaunch, append_failure_end, run_world
+    from diag.transports.raw.wire import TOKEN_BYTES
 
     sizes = list(world_sizes or ([len(lab.hosts)] if lab is not None else []))
     if not sizes:
@@ -54,7 +57,7 @@ def run_worlds(spec: SweepSpec, job: Job, out: Path, run_dir: Path, world_sizes:
     total = sum(rows_per_world.values())
     weight_done = 0.0
     logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    safefs.private_dir(logs)
     if spec.backend == "raw" and "tcpinfo_dir" not in spec.knobs:
         spec = replace(spec, knobs={**spec.knobs, "tcpinfo_dir": str((run_dir / "tcpinfo").resolve())})
     done = 0
@@ -72,9 +75,11 @@ def run_worlds(spec: SweepSpec, job: Job, out: Path, run_dir: Path, world_sizes:
         if observe:
             hooks.append(ObserveHook())
         tag = f"{tag_prefix}{transport_tag(spec)}-{'-'.join(spec.ops)}-n{n}"
-        # The gate (closing lines, exit status) is the launching command's, over all its world sizes.
+        # The gate (closing lines, exit status) is the launching command's, over all its world sizes. Ranks diag
+        # starts itself get the raw transport's run token in their 0600 job file, not the store.
         world_job = replace(job, spec=spec, rows_before=done, rows_total=total, run_id=f"{job.run_id}-n{n}",
                             weight_before=weight_done, weight_total=sum(weights.values()), gate=False,
+                            token=secrets.token_hex(TOKEN_BYTES),
                             meta={**job.meta, "lab": lab.name if lab is not None else None, "capture": capture,
                                   "capture_tag": tag if capture is not None else None,
                                   "run_dir": str(run_dir.resolve())})

@@ -10,6 +10,7 @@ import math
 import os
 from pathlib import Path
 
+from diag import safefs
 from diag.errors import DiagError
 
 # Longer than any real collective or run; larger values overflow timedelta/poll arithmetic downstream.
@@ -25,18 +26,31 @@ def seconds(value: float, flag: str, *, allow_zero: bool = False, maximum: float
     return float(value)
 
 
+def port(value: int, flag: str) -> int:
+    """A TCP port to listen on or connect to: 1..65535 (a larger one is an OverflowError deep in socket)."""
+    if not 1 <= value <= 65535:
+        raise DiagError(f"{flag} must be a TCP port between 1 and 65535, got {value}")
+    return value
+
+
 def output_file(path: str | os.PathLike[str], flag: str) -> Path:
-    """A file diag will write or append to: not a directory, and its directory can be made and written."""
+    """A file diag will write or append to: not a directory, its missing directories created (0700, see
+    diag.safefs), and not an existing symlink (diag never writes through one) nor someone else's file."""
     p = Path(path)
     if p.is_dir():
         raise DiagError(f"{flag} {p} is a directory; give a file path such as {p / 'out.jsonl'}")
+    safefs.make_parent(p, flag)
     parent = p.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DiagError(f"{flag} {p}: cannot create its directory {parent} ({exc.strerror})") from None
     if not parent.is_dir():
         raise DiagError(f"{flag} {p}: {parent} is not a directory")
+    if p.is_symlink():
+        raise DiagError(f"{flag} {p} is a symlink; diag does not write through symlinks: remove it or give the "
+                        "real path")
+    if p.exists():
+        info = p.stat()
+        if info.st_uid != os.geteuid() or info.st_nlink != 1:
+            raise DiagError(f"{flag} {p} belongs to uid {info.st_uid} or has other hard links; diag writes only "
+                            "files of yours: remove it or choose another path")
     target = p if p.exists() else parent
     if not os.access(target, os.W_OK):
         raise DiagError(f"{flag} {p}: no permission to write {target}")
@@ -44,14 +58,12 @@ def output_file(path: str | os.PathLike[str], flag: str) -> Path:
 
 
 def output_dir(path: str | os.PathLike[str], flag: str) -> Path:
-    """A directory diag will write into: created if missing, must not be a file."""
+    """A directory diag will write into: created 0700 if missing; an existing one must be the caller's and
+    closed to writes by others (diag.safefs), and must not be a file."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise DiagError(f"{flag} {p} is a file, not a directory; give a directory path")
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DiagError(f"{flag} {p}: cannot create the directory ({exc.strerror})") from None
+    safefs.private_dir(p, flag)
     if not os.access(p, os.W_OK):
         raise DiagError(f"{flag} {p}: no permission to write there")
     return p

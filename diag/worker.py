@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diag import safefs
 from diag.errors import DiagError
 from diag.records import transport_label
 from diag.spec import SweepSpec
@@ -38,14 +39,23 @@ class Job:
     # (diag.gates); a rank started by diag's own launcher leaves both to the launching diag sweep.
     gate: bool = True
     min_busbw_GBps: float | None = None
+    # The raw transport's run token (hex) for ranks diag starts itself: it reaches them in this 0600 file,
+    # never through the TCPStore, which any local user can reach. Never written to records.
+    token: str | None = None
 
     def save(self, path: Path) -> None:
-        data = asdict(self)
-        path.write_text(json.dumps(data))
+        """0600, a new file renamed into place: it says what root's ranks run and where they write."""
+        safefs.write_file(path, json.dumps(asdict(self)), safefs.SECRET_MODE)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Job:
-        data = json.loads(Path(path).read_text())
+        """Only a job file of ours that nobody else can read or write (else another user could redirect
+        where root writes, or read the run token)."""
+        fd = safefs.open_trusted(path, secret=True)
+        if fd is None:
+            raise DiagError(f"job file {path} is not a regular file of yours with mode 0600; refusing to run it")
+        with os.fdopen(fd, "rb") as handle:
+            data = json.loads(handle.read())
         data["spec"] = SweepSpec.from_dict(data["spec"])
         return cls(**data)
 
@@ -60,18 +70,22 @@ def env_rank() -> tuple[int, int]:
         ) from None
 
 
-def make_transport(spec: SweepSpec, rank: int, world_size: int):
+def make_transport(spec: SweepSpec, rank: int, world_size: int, token: str | None = None):
+    """``token``: the raw transport's run token (hex) from the job file; None under the user's launcher."""
     if spec.backend == "raw":
         from diag.transports.raw import create_transport
 
-        return create_transport(spec, rank, world_size, spec.timeout_s)
+        return create_transport(spec, rank, world_size, spec.timeout_s,
+                                token=bytes.fromhex(token) if token else None)
     from diag.transports.torch_dist import TorchTransport
 
     if spec.backend == "diag_tcp":
-        from diag.transports.raw.backend import ENV_KNOBS, register
+        from diag.transports.raw.backend import ENV_KNOBS, ENV_TOKEN, register
 
         if spec.knobs:
             os.environ[ENV_KNOBS] = json.dumps(spec.knobs)
+        if token:
+            os.environ[ENV_TOKEN] = token   # this process's own environment: the backend reads it there
         register()   # a no-op when diag.exec started this rank and registered it already
     return TorchTransport(spec.backend, spec.timeout_s, spec.device)
 
@@ -87,9 +101,8 @@ class StateFile:
         self.state.update(changes, t_ns=time.time_ns())
         if self.path is None:
             return
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state))
-        tmp.replace(self.path)
+        # A new file (O_EXCL, O_NOFOLLOW; a planted rank<N>.tmp is removed, never followed) renamed over.
+        safefs.write_file(self.path, json.dumps(self.state), tmp=self.path.with_suffix(".tmp"))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -118,7 +131,7 @@ def run_job(job: Job) -> int:
     try:
         spec = job.spec
         plans = plan_rows(spec, world_size)
-        transport = make_transport(spec, rank, world_size)
+        transport = make_transport(spec, rank, world_size, job.token)
         if rank == 0:
             if job.out:
                 writer = RecordWriter(job.out)

@@ -128,6 +128,16 @@ def test_analyze_arguments(tmp_path: Path) -> None:
     (["--sizes", "1K", "--timeout", "-1"], ["--timeout"]),
     (["--sizes", "1K", "--gap-ms", "nan"], ["--gap-ms"]),
     (["--sizes", "1K", "--backend", "raw", "--tcpinfo-interval", "inf"], ["--tcpinfo-interval"]),
+    # raw knobs: checked in the CLI, not by each rank after torchrun started them
+    (["--sizes", "1K", "--backend", "raw", "--streams", "0"], ["--streams", "between 1 and"]),
+    (["--sizes", "1K", "--backend", "diag_tcp", "--streams", "65"], ["--streams", "between 1 and"]),
+    (["--sizes", "1K", "--backend", "raw", "--chunks", "0"], ["--chunks", "between 1 and"]),
+    (["--sizes", "1K", "--backend", "raw", "--chunks", "1025"], ["--chunks", "between 1 and"]),
+    (["--sizes", "1K", "--backend", "raw", "--chunk-bytes", "1"], ["--chunk-bytes", "between"]),
+    (["--sizes", "1K", "--backend", "raw", "--skew-us", "-1"], ["--skew-us", "between 0 and"]),
+    (["--sizes", "1K", "--backend", "raw", "--sockbuf", "10"], ["--sockbuf", "between"]),
+    (["--sizes", "1K", "--master-port", "70000"], ["--master-port", "between 1 and 65535"]),
+    (["--sizes", "1K", "--master-port", "0"], ["--master-port", "between 1 and 65535"]),
 ])
 def test_sweep_arguments_fail_before_any_rank(tmp_path: Path, args: list[str], needles: list[str]) -> None:
     out = write_records(tmp_path / "kept.jsonl", [make_record("gloo", "all_gather", 2, 1024, [0.001] * 3)])

@@ -15,12 +15,13 @@ from diag.lab.config import (
     ETH_WIRE_OVERHEAD_BYTES,
     MAX_HOSTS,
     host_address,
+    lab_name_of,
     owns_netns,
     parse_delay_s,
     parse_loss_pct,
 )
 from diag.lab.shaping import netem_line, parse_qdiscs, tbf_line
-from diag.lab.topology import Lab, plan_lab
+from diag.lab.topology import Lab, plan_lab, tear_down
 
 
 @pytest.mark.parametrize(
@@ -137,3 +138,26 @@ def test_parse_tc_json() -> None:
     assert tbf.burst_bytes == 12325 and tbf.overhead_bytes == 24 and tbf.drops == 3
     assert netem.kind == "netem" and netem.parent == "1:1" and netem.rate_bps is None
     assert parse_qdiscs("ns", "eth0", "not json") == []
+
+
+@pytest.mark.parametrize("name", ["zzq\n", "diag\n", "a\nb", "x" * 13, "", "Zz"])
+def test_lab_name_is_matched_whole(name: str) -> None:
+    # "zzq\n" passed NAME_RE.match (its "$" matches before a final newline) and would split an ip -batch line.
+    with pytest.raises(DiagError, match="bad lab name"):
+        LabConfig(name=name).validated()
+    with pytest.raises(DiagError, match="bad lab name"):
+        tear_down(name)   # checked before anything looks at namespaces
+
+
+def test_down_all_sees_only_namespaces_a_lab_could_create() -> None:
+    # One length bound for both: a namespace named like a lab whose name is too long is not a lab's, so
+    # `lab down --all` never stops on a name it would refuse.
+    longest = "x" * 12
+    assert lab_name_of(f"diag-{longest}-h0") == longest
+    assert lab_name_of(f"diag-{longest}y-h0") is None
+    assert lab_name_of("diag-zzq\n-h0") is None
+    assert lab_name_of("diag-zzq-h0\n") is None
+    for netns in ("diag-a-h0", "diag-a-sw", f"diag-{longest}-h63"):
+        name = lab_name_of(netns)
+        assert name is not None
+        LabConfig(name=name).validated()

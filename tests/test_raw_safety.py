@@ -52,10 +52,12 @@ def _send_strays(port: int, results: dict[str, Any]) -> None:
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
     host, listen_port = bytes(store.get("diag_raw/1/addr/0")).decode().rsplit(":", 1)
     target = (host, int(listen_port))
-    forged = wire.pack_hello(b"\x00" * wire.TOKEN_BYTES, 1, wire.ROLE_SHARED, 0)
+    # A well-formed HELLO and, sent blind, a PROOF made without the token: answered with the acceptor's
+    # challenge (ACK), then closed without the READY that would admit it.
+    forged = wire.pack_hello(1, wire.ROLE_SHARED, 0) + bytes(wire.PROOF.size)
     garbage = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + os.urandom(200)
-    half = forged[: len(forged) // 2]
-    claims_rank0 = wire.pack_hello(b"\x00" * wire.TOKEN_BYTES, 0, wire.ROLE_SHARED, 0)
+    half = forged[: wire.HELLO.size // 2]
+    claims_rank0 = wire.pack_hello(0, wire.ROLE_SHARED, 0)
     clients = []
     for payload in (forged, garbage, half, claims_rank0, b"", struct.pack("<I", 0xFFFFFFFF) * 100):
         client = socket.create_connection(target, timeout=5)
@@ -64,7 +66,7 @@ def _send_strays(port: int, results: dict[str, Any]) -> None:
         clients.append(client)
     time.sleep(0.5)   # let the rank read what arrived before the mesh completes
     store.set("test/strays_sent", "1")
-    # the forged clients must be closed by the rank, never answered with an ACK
+    # the forged clients must be closed by the rank, never admitted (READY)
     answers = []
     for client in clients:
         client.settimeout(10)
@@ -87,7 +89,9 @@ def test_stray_clients_change_nothing_and_are_logged() -> None:
         strays.join(timeout=30)
     results = assert_all_ok(outcome)
     assert [result["wrong"] for result in results] == [0, 0]
-    assert stray_results["answers"] == [b""] * 6          # nobody got a handshake reply
+    answers = stray_results["answers"]
+    assert answers[0][:4] == wire.ACK_MAGIC and wire.READY_MAGIC not in answers[0]   # challenged, not admitted
+    assert answers[1:] == [b""] * 5                       # nobody else got a handshake reply
     log = "\n".join(results[0]["log"])
     assert "wrong run token" in log
     assert "bad magic" in log

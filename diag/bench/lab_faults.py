@@ -31,7 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-DIAG = [sys.executable, "-m", "diag"]
+from diag.lifeline import python_command
+
+DIAG = python_command("-m", "diag")   # -P: never the working directory's diag (this runs as root)
 
 
 def diag(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

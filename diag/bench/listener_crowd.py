@@ -1,12 +1,14 @@
-"""A crowd at the raw transport's door: silent and garbage connections during rendezvous change nothing.
+"""A crowd at the raw transport's door: silent, garbage and partial-HELLO strays during rendezvous change nothing.
 
-    python -m diag.bench.listener_crowd --silent 500 --garbage 500 [--world-size 3] [--size 1M] [--iters 5]
+    python -m diag.bench.listener_crowd --silent 500 --garbage 500 --partial 500 [--world-size 3] [--size 1M]
 
 Runs the raw transport twice on loopback, N ranks each (spawned processes, env:// rendezvous): once alone
 and once with a crowd. For the crowded run the last rank waits before it connects while the crowd opens
-``--silent`` connections that send nothing and ``--garbage`` connections that send random bytes to the
-listener of every rank that accepts (all but the last), read from the TCPStore as a stranger on the same
-network could. The silent ones stay open until every rank is done. Then the last rank connects; every rank runs
+``--silent`` connections that send nothing, ``--garbage`` connections that send random bytes and
+``--partial`` connections that send 28 of a HELLO's 29 bytes (and then nothing: a stray that evicting by
+bytes received would have kept over a real rank) to the listener of every rank that accepts (all but the
+last), read from the TCPStore as a stranger on the same network could. The silent and partial ones stay
+open until every rank is done. Then the last rank connects; every rank runs
 all_gather with seeded data and counts wrong bytes. It prints both runs: outcome, wrong bytes, rendezvous
 seconds, median busbw, and what happened to the crowd's connections. Exit code 1 if either run failed or
 any byte was wrong.
@@ -79,8 +81,10 @@ def _rank(rank: int, world_size: int, port: int, gated: bool, size: int, iters: 
 class Crowd:
     """Silent and garbage clients of the ranks' listeners (found in the store, as a stranger would)."""
 
-    def __init__(self, port: int, world_size: int, silent: int, garbage: int, timeout_s: float) -> None:
+    def __init__(self, port: int, world_size: int, silent: int, garbage: int, timeout_s: float,
+                 partial: int = 0) -> None:
         self.port, self.world_size, self.silent, self.garbage = port, world_size, silent, garbage
+        self.partial = partial
         self.timeout_s = timeout_s
         self.stats: dict[str, int] = {"opened": 0, "connect_failed": 0}
         self.finished = threading.Event()   # set when the ranks are done
@@ -117,43 +121,50 @@ class Crowd:
                 sock.close()
 
     def _open(self, target: tuple[str, int]) -> None:
-        """Open all clients of one listener at once (non-blocking connects), send the garbage."""
+        """Open all clients of one listener at once (non-blocking connects), send the garbage and partial HELLOs."""
+        from diag.transports.raw import wire
+
+        partial_hello = wire.pack_hello(self.world_size - 1, wire.ROLE_UP, 0)[:-1]
         selector = selectors.DefaultSelector()
-        for index in range(self.silent + self.garbage):
+        kinds = ["silent"] * self.silent + ["garbage"] * self.garbage + ["partial"] * self.partial
+        for kind in kinds:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setblocking(False)
             sock.connect_ex(target)
-            selector.register(sock, selectors.EVENT_WRITE, index >= self.silent)
+            selector.register(sock, selectors.EVENT_WRITE, kind)
         deadline = time.monotonic() + 15
         while selector.get_map() and time.monotonic() < deadline:
             for key, _ in selector.select(timeout=0.2):
-                sock, garbage = key.fileobj, key.data
+                sock, kind = key.fileobj, key.data
                 selector.unregister(sock)
                 if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
                     self.stats["connect_failed"] += 1
                     sock.close()
                     continue
                 self.stats["opened"] += 1
-                if garbage:
-                    with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError):
+                    if kind == "garbage":
                         sock.send(b"GET / HTTP/1.1\r\n\r\n" + os.urandom(100))
-                self._sockets.append((sock, not garbage))
+                    elif kind == "partial":
+                        sock.send(partial_hello)
+                self._sockets.append((sock, kind != "garbage"))
         for key in list(selector.get_map().values()):
             self.stats["connect_failed"] += 1
             key.fileobj.close()
         selector.close()
 
 
-def run_once(world_size: int, silent: int, garbage: int, size: int, iters: int, timeout_s: float) -> dict[str, Any]:
+def run_once(world_size: int, silent: int, garbage: int, size: int, iters: int, timeout_s: float,
+             partial: int = 0) -> dict[str, Any]:
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = free_port()
-    gated = silent + garbage > 0
+    gated = silent + garbage + partial > 0
     processes = [context.Process(target=_rank, args=(r, world_size, port, gated, size, iters, timeout_s, results))
                  for r in range(world_size)]
     for process in processes:
         process.start()
-    crowd = Crowd(port, world_size, silent, garbage, timeout_s) if gated else None
+    crowd = Crowd(port, world_size, silent, garbage, timeout_s, partial) if gated else None
     if crowd is not None:
         crowd.start()
     try:
@@ -166,7 +177,7 @@ def run_once(world_size: int, silent: int, garbage: int, size: int, iters: int, 
     missing = [r for r in range(world_size) if r not in outcome]
     ok = {r: v for r, (s, v) in outcome.items() if s == "ok"}
     summary: dict[str, Any] = {
-        "silent": silent, "garbage": garbage, "world_size": world_size, "size_bytes": size,
+        "silent": silent, "garbage": garbage, "partial": partial, "world_size": world_size, "size_bytes": size,
         "ok": not errors and not missing, "errors": {**{str(r): v for r, v in errors.items()},
                                                      **{str(r): "no result (hung)" for r in missing}},
         "wrong_bytes": sum(v["wrong"] for v in ok.values()),
@@ -188,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diag.bench.listener_crowd", description=__doc__.splitlines()[0])
     parser.add_argument("--silent", type=int, default=500)
     parser.add_argument("--garbage", type=int, default=500)
+    parser.add_argument("--partial", type=int, default=500, help="clients that send 28 of a HELLO's 29 bytes")
     parser.add_argument("--world-size", type=int, default=3)
     parser.add_argument("--size", default="1M", help="per-rank all_gather size (default 1M)")
     parser.add_argument("--iters", type=int, default=5)
@@ -195,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     size = parse_size(args.size)
     alone = run_once(args.world_size, 0, 0, size, args.iters, args.timeout)
-    crowded = run_once(args.world_size, args.silent, args.garbage, size, args.iters, args.timeout)
+    crowded = run_once(args.world_size, args.silent, args.garbage, size, args.iters, args.timeout, args.partial)
     print(json.dumps({"alone": alone, "crowded": crowded}, indent=1))
     good = all(run["ok"] and run["wrong_bytes"] == 0 for run in (alone, crowded)) and crowded.get("crowd_error") is None
     return 0 if good else 1

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from diag.lifeline import CHILD_CWD, python_command
+
 TSHARK_FIELDS = ["frame.time_epoch", "ip.src", "tcp.srcport", "ip.dst", "tcp.dstport", "tcp.seq_raw", "tcp.ack_raw",
                  "tcp.len", "tcp.window_size_value", "tcp.flags", "tcp.options.timestamp.tsval",
                  "tcp.options.timestamp.tsecr"]
@@ -87,8 +89,8 @@ def generate(path: Path, packets: int, rate_Bps: int = DEFAULT_RATE_BPS) -> Gene
                                immediate=False)
         target_bytes = int(packets * DATA_MARGIN * SMALL_MSS)
         try:
-            subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", TRANSFER, str(target_bytes),
-                            str(SMALL_MSS), str(rate_Bps)], check=True, timeout=GENERATE_TIMEOUT_S)
+            subprocess.run(["ip", "netns", "exec", netns, *python_command("-c", TRANSFER, str(target_bytes),
+                            str(SMALL_MSS), str(rate_Bps))], check=True, timeout=GENERATE_TIMEOUT_S, cwd=CHILD_CWD)
         finally:
             time.sleep(BLOCK_FLUSH_S)
             info = handle.stop()
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
         from diag.capture.native import available
 
-        command = [sys.executable, "-m", "diag", "analyze", str(pcap), "--json"]
+        command = python_command("-m", "diag", "analyze", str(pcap), "--json")
         # As an installed package runs: with its bytecode cached (an environment with PYTHONDONTWRITEBYTECODE
         # would compile every module from source on every run, ~50 ms here). One untimed run writes the
         # bytecode and brings the capture into the page cache.

@@ -16,7 +16,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -24,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from diag import safefs
 from diag.errors import DiagError, MissingToolError, PrivilegeError
+from diag.lifeline import CHILD_CWD, child_env, python_command
 
 READY_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 15.0
@@ -74,8 +75,7 @@ def start_capture(path: str | os.PathLike[str], iface: str, bpf_filter: str = "t
     immediate: deliver each packet to tcpdump at once (--immediate-mode); False lets libpcap batch, which
     costs far less CPU per packet and so drops less at hundreds of thousands of packets a second.
     """
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = safefs.make_parent(path)
     if snaplen < 0:
         raise DiagError(f"snaplen must be >= 0 (0 = whole packets), got {snaplen}")
     chosen = tool or ("tcpdump" if shutil.which("tcpdump") else "scapy")
@@ -98,8 +98,10 @@ class TcpdumpCapture:
                  buffer_kib: int | None = None, immediate: bool = True) -> None:
         self.path = path
         self.iface, self.bpf_filter, self.snaplen, self.netns = iface, bpf_filter, snaplen, netns
-        # -Z root: Debian's tcpdump otherwise drops to user 'tcpdump', which cannot write most run dirs.
-        command = ["tcpdump", "-i", iface, "-s", str(snaplen), "-w", str(path), "-n", "-Z", "root"]
+        # tcpdump never opens the pcap itself: it writes to its stdout (-w -), a file diag created (O_EXCL,
+        # O_NOFOLLOW, diag.safefs), so a symlink planted at the path is never followed. Holding no path to
+        # write, it can drop root right after opening the interface (-Z), as tcpdump means to.
+        command = ["tcpdump", "-i", iface, "-s", str(snaplen), "-w", "-", "-n", "-Z", _unprivileged_user()]
         if immediate:
             command.append("--immediate-mode")
         if buffer_kib:
@@ -107,7 +109,7 @@ class TcpdumpCapture:
         if bpf_filter:
             command.append(bpf_filter)
         # diag.lifeline: tcpdump gets SIGTERM (and finishes its file) if this process dies, even by SIGKILL.
-        command = [sys.executable, "-m", "diag.lifeline", str(os.getpid()), "--", *command]
+        command = [*python_command("-m", "diag.lifeline", str(os.getpid()), "--"), *command]
         if netns:
             command = ["ip", "netns", "exec", netns, *command]
         if os.geteuid() != 0:
@@ -115,8 +117,12 @@ class TcpdumpCapture:
         self._stderr_lines: list[str] = []
         self._ready = threading.Event()
         self.start_ns = time.time_ns()
-        self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True)
+        out_fd = safefs.create(path, replace=True)
+        try:
+            self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=subprocess.PIPE,
+                                          text=True, env=child_env(), cwd=CHILD_CWD)
+        finally:
+            os.close(out_fd)   # tcpdump holds its own copy
         self._reader = threading.Thread(target=self._read_stderr, name="tcpdump-stderr", daemon=True)
         self._reader.start()
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -156,7 +162,7 @@ class TcpdumpCapture:
             notes.append(f"the kernel dropped {dropped} packets: the capture is incomplete")
         info = CaptureInfo(str(self.path), self.iface, self.snaplen, self.bpf_filter, self.start_ns, stop_ns,
                            dropped, packets, "tcpdump", socket.gethostname(), self.netns, tuple(notes))
-        meta_path(self.path).write_text(json.dumps(info.to_json(), indent=1) + "\n")
+        safefs.write_file(meta_path(self.path), json.dumps(info.to_json(), indent=1) + "\n")
         return info
 
     def __enter__(self) -> TcpdumpCapture:
@@ -165,6 +171,18 @@ class TcpdumpCapture:
     def __exit__(self, *exc: object) -> None:
         if self._proc.poll() is None:
             self.stop()
+
+
+def _unprivileged_user() -> str:
+    """Who tcpdump becomes after opening the interface: its own user where the system has one (Debian, Fedora),
+    else nobody."""
+    import pwd
+
+    for name in ("tcpdump", "nobody"):
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    return "root"   # a system with neither: tcpdump would fail to switch; it keeps root, as before
 
 
 def _summary_number(text: str, pattern: str) -> int | None:
@@ -180,7 +198,8 @@ class ScapyCapture:
 
         self.path = path
         self.iface, self.bpf_filter, self.snaplen = iface, bpf_filter, snaplen
-        self._writer = PcapWriter(str(path), sync=False, snaplen=snaplen or 65535)
+        self._writer = PcapWriter(os.fdopen(safefs.create(path, replace=True), "wb"), sync=False,
+                                  snaplen=snaplen or 65535)
         self._count = 0
         self._lock = threading.Lock()
         self.start_ns = time.time_ns()
@@ -209,5 +228,5 @@ class ScapyCapture:
             self._writer.close()
         info = CaptureInfo(str(self.path), self.iface, self.snaplen, self.bpf_filter, self.start_ns, stop_ns,
                            None, self._count, "scapy", socket.gethostname(), None, (SCAPY_DROP_WARNING,))
-        meta_path(self.path).write_text(json.dumps(info.to_json(), indent=1) + "\n")
+        safefs.write_file(meta_path(self.path), json.dumps(info.to_json(), indent=1) + "\n")
         return info

@@ -3,12 +3,14 @@ time-sequence graph, advertised window and bytes in flight, and the segment-size
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from diag import safefs
 from diag.capture.flows import Packets
 
 # Plot at most this many connections (the ones that carried the most bytes) so a busy capture stays readable.
@@ -25,8 +27,7 @@ def plot_connections(result: dict[str, Any], packets: Packets, out_dir: str | Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = safefs.private_dir(out_dir, "--plot")   # ours, closed to others: savefig by name is safe there
     conns = sorted(result["connections"], key=lambda c: -sum(d["payload_bytes"] for d in c["directions"].values()))
     written: list[Path] = []
     cols, st = packets.cols, packets.state
@@ -71,7 +72,8 @@ def plot_connections(result: dict[str, Any], packets: Packets, out_dir: str | Pa
         fig.suptitle(f"{conn['a']}  <->  {conn['b']}")
         fig.tight_layout()
         path = out / f"conn_{c}_{name}.png"
-        fig.savefig(path, dpi=90)
+        with os.fdopen(safefs.create(path, replace=True), "wb") as handle:   # never through a planted symlink
+            fig.savefig(handle, format="png", dpi=90)
         plt.close(fig)
         written.append(path)
     return written

@@ -64,10 +64,9 @@ def run(args: argparse.Namespace) -> int:
         result, packets = analyze(args.pcaps, args.records, args.bin_s, args.idle_gap_s, not args.no_series,
                                   keep_sequence=bool(args.plot))
     if args.out:
-        from pathlib import Path
+        from diag import safefs
 
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result) + "\n")
+        safefs.write_file(safefs.make_parent(args.out), json.dumps(result) + "\n", flag="--out")
     if args.plot:
         from diag.capture.plots import plot_connections
 

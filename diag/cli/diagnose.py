@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from diag import safefs
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="RUN_DIR|RECORDS",
@@ -41,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     document = strict_document(findings_to_json(findings, data),
                                "a ratio or rate over zero (a zero time or bandwidth): no finite value")
     if args.write:
-        args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(json.dumps(document, indent=1, default=str, allow_nan=False) + "\n")
+        safefs.write_file(safefs.make_parent(args.write), json.dumps(document, indent=1, default=str, allow_nan=False) + "\n",
+                          flag="--write")
     if args.json:
         print(json.dumps(document, indent=1, default=str, allow_nan=False))
     else:

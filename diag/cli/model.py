@@ -12,6 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
+from diag import safefs
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="model_command", metavar="ACTION", required=True)
@@ -46,8 +48,7 @@ def _fit(args: argparse.Namespace) -> int:
     if args.output is None:
         print(json.dumps(document, indent=1, allow_nan=False))
         return 0
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
+    safefs.write_file(safefs.make_parent(args.output), json.dumps(document, indent=1, allow_nan=False) + "\n", flag="--output")
     for m in models:
         bw = human_rate(m.linear.bandwidth_Bps) if m.linear.beta_s_per_byte > 0 else "n/a"
         bend = ""

@@ -33,6 +33,9 @@ def run(args: argparse.Namespace) -> int:
         if data.root is None:
             raise DiagError("plain record files: say where the report goes with --out DIR")
         out = data.root / "report"
+    from diag import validate
+
+    validate.output_dir(out, "--out")   # created 0700, or an existing one of yours closed to others
     for warning in data.duplicate_rows():
         print(f"diag report: warning: {warning}", file=sys.stderr)
     result = write_report(data, out)

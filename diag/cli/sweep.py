@@ -137,11 +137,16 @@ def build_spec(args: argparse.Namespace):
             raise DiagError(f"unknown op {op!r}: choose from {', '.join(OPS)}")
     knobs: dict[str, object] = {}
     if args.backend in ("raw", "diag_tcp"):
-        from diag.transports.raw.knobs import knobs_from_args
+        from diag.transports.raw.knobs import knobs_from_args, resolve_knobs
 
         knobs = knobs_from_args(args)
         if args.tcpinfo_interval is not None:
             knobs["tcpinfo_interval_s"] = args.tcpinfo_interval
+        # The ranks resolve the knobs again; resolving them here too refuses a bad one (--streams 0) with one
+        # line before any launcher starts, not as N ranks' failures after torchrun did.
+        resolve_knobs(args.algo if args.backend == "raw" else "ring", args.order or "recv-first", knobs)
+    if args.master_port is not None:
+        validate.port(args.master_port, "--master-port")
     device = args.device or ("cuda" if args.backend == "nccl" else "cpu")
     return SweepSpec(
         backend=args.backend, ops=ops, sizes=tuple(sizes), world_sizes=tuple(args.nproc or ()),

@@ -14,7 +14,13 @@ from diag.units import parse_rate_bps
 
 MAX_HOSTS = 64                  # every host is a namespace + veth pair; 64 already outruns 2-core sweeps
 MIN_MTU, MAX_MTU = 576, 9000    # IPv4 minimum datagram .. jumbo frames
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,11}$")  # keeps namespace names short and unambiguous
+# A lab name: 1..MAX_NAME_LEN of a-z, 0-9, _ (starting with a letter or digit). Short, so its namespace and
+# interface names stay unambiguous. Always checked with fullmatch: "$" in a pattern also matches before a
+# final newline, and "zzq\n" would split an `ip -batch` line. The namespace rule below reuses this pattern,
+# so every namespace a lab could create is one whose lab name `lab down --all` accepts, and no other.
+MAX_NAME_LEN = 12
+NAME_PATTERN = rf"[a-z0-9][a-z0-9_]{{0,{MAX_NAME_LEN - 1}}}"
+NAME_RE = re.compile(NAME_PATTERN)
 
 ETH_HEADER_BYTES = 14           # what tbf counts per frame besides the IP packet (veth skb->len)
 # Preamble 7 + SFD 1 + inter-frame gap 12 + FCS 4: bytes a real Ethernet wire spends per frame that a veth
@@ -43,6 +49,14 @@ SUBNET_PREFIX = "10.77.0."      # host i is SUBNET_PREFIX + (i + 1), /24, inside
 SUBNET_BITS = 24
 
 
+def check_lab_name(name: object) -> str:
+    """``name`` if it is a valid lab name, else DiagError with the rule."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise DiagError(f"bad lab name {name!r}: use 1-{MAX_NAME_LEN} of a-z, 0-9, _ (starting with a letter or "
+                        "digit)")
+    return name
+
+
 @dataclass(frozen=True)
 class LabConfig:
     """A lab as asked for. ``rate`` is a tc-style string ("1gbit") or bits per second."""
@@ -59,8 +73,7 @@ class LabConfig:
 
     def validated(self) -> LabConfig:
         """Check every field; raise DiagError with one line that says what to fix."""
-        if not isinstance(self.name, str) or not NAME_RE.match(self.name):
-            raise DiagError(f"bad lab name {self.name!r}: use 1-12 of a-z, 0-9, _ (starting with a letter or digit)")
+        check_lab_name(self.name)
         if isinstance(self.hosts, bool) or not isinstance(self.hosts, int):
             raise DiagError(f"--hosts must be a whole number, got {self.hosts!r}")
         if not 2 <= self.hosts <= MAX_HOSTS:
@@ -164,12 +177,12 @@ def host_address(index: int) -> str:
 
 # The lab naming rule, in one place: lab NAME owns namespaces diag-NAME-sw (the switch) and diag-NAME-h<i>.
 DEFAULT_NAME = "diag"
-_NETNS_RE = re.compile(r"^diag-([a-z0-9_]+)-(?:sw|h\d+)$")
+_NETNS_RE = re.compile(rf"diag-({NAME_PATTERN})-(?:sw|h\d+)")
 
 
 def lab_name_of(netns: str) -> str | None:
     """The lab a namespace belongs to, or None for a namespace that is not a diag lab's."""
-    match = _NETNS_RE.match(netns)
+    match = _NETNS_RE.fullmatch(netns)
     return match.group(1) if match else None
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from diag import safefs
 from diag.errors import DiagError
 
 RUN_STATE_DIR = Path("/run/diag/labs")
@@ -40,29 +41,20 @@ def state_dirs() -> list[Path]:
 
 
 def _private_dir(directory: Path, create: bool) -> bool:
-    """True if directory is a directory of ours that nobody else can write (creating it 0700 if asked)."""
+    """True if directory is a directory of ours that nobody else can write (creating it 0700 if asked).
+
+    safefs's rule, with two differences for a directory only diag uses: a symlink is never followed, and
+    one of ours made with a looser umask is closed (chmod 0700) rather than refused."""
     if create:
         try:
-            directory.parent.mkdir(parents=True, exist_ok=True)
-            directory.mkdir(mode=0o700)
-        except FileExistsError:
-            pass
-        except OSError:
+            safefs.make_dirs(directory)
+        except DiagError:
             return False
-    try:
-        info = os.lstat(directory)
-    except OSError:
-        return False
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-        return False
-    if not create:
-        return not info.st_mode & 0o022   # to trust what is in it, nobody else may write there
-    if info.st_mode & 0o077:
-        try:
-            os.chmod(directory, 0o700)  # ours, once made with a looser umask: close it
-        except OSError:
-            return False
-    return True
+        with contextlib.suppress(OSError):
+            info = os.lstat(directory)
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and info.st_mode & 0o077:
+                os.chmod(directory, 0o700)  # ours, once made with a looser umask: close it
+    return safefs.dir_problem(directory, follow=False) is None
 
 
 def writable_state_dir() -> Path:
@@ -87,15 +79,7 @@ def _trusted_dirs() -> list[Path]:
 
 def _open_trusted(path: Path) -> int | None:
     """A read descriptor of path if it is a regular file owned by us that nobody else can write."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        os.close(fd)
-        return None
-    return fd
+    return safefs.open_trusted(path)
 
 
 def state_path(name: str) -> Path | None:
@@ -127,14 +111,9 @@ def read_state(name: str) -> dict[str, Any] | None:
 def write_state(name: str, state: dict[str, Any]) -> Path:
     directory = writable_state_dir()
     path = directory / f"{name}.json"
-    tmp = directory / f".{name}.json.{os.getpid()}"
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(json.dumps({"schema": STATE_SCHEMA, **state}, indent=1, sort_keys=True))
-    os.replace(tmp, path)   # atomic: a reader sees the old or the new file, never half of one
-    return path
+    # atomic: a reader sees the old or the new file, never half of one
+    return safefs.write_file(path, json.dumps({"schema": STATE_SCHEMA, **state}, indent=1, sort_keys=True),
+                             safefs.SECRET_MODE, tmp=directory / f".{name}.json.{os.getpid()}")
 
 
 def remove_state(name: str) -> None:

@@ -26,9 +26,9 @@ from diag.errors import DiagError
 from diag.lab import netns as ns_tools
 from diag.lab import shaping, state
 from diag.lab.config import (
-    NAME_RE,
     SUBNET_BITS,
     LabConfig,
+    check_lab_name,
     host_address,
     host_netns,
     owns_netns,
@@ -232,8 +232,7 @@ def describe(config: LabConfig) -> str:
 # --- internals -------------------------------------------------------------------------------------------
 
 def _check_name(name: str) -> None:
-    if not NAME_RE.match(name or ""):
-        raise DiagError(f"bad lab name {name!r}: use 1-12 of a-z, 0-9, _")
+    check_lab_name(name)
 
 
 def _present_netns(name: str) -> list[str]:

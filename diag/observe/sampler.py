@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from diag import safefs
+
 SS_TIMEOUT_S = 2.0
 _PID_RE = re.compile(r"pid=(\d+)")
 _RATE_RE = re.compile(r"^([\d.]+)([KMG]?)bps$")
@@ -80,7 +82,7 @@ class Observers:
 
         self.pids = list(pids)
         self.path = Path(out_path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        safefs.make_parent(self.path)
         self.interval_s = interval_s
         self.netns = netns
         self.iface = iface
@@ -90,7 +92,7 @@ class Observers:
         self._cpu_prev: dict[int, tuple[float, float]] = {}  # tid -> (cpu seconds, wall)
         self._host_prev: list[tuple[float, float]] | None = None  # per CPU: (busy seconds, total seconds)
         self._has_ss = shutil.which("ss") is not None
-        self._handle: IO[str] = self.path.open("a", encoding="utf-8")
+        self._handle: IO[str] = os.fdopen(safefs.open_append(self.path), "a", encoding="utf-8")
         self._thread = threading.Thread(target=self._loop, name="diag-observers", daemon=True)
         self._thread.start()
 

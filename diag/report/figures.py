@@ -12,12 +12,14 @@ spec with one panel helper (matplotlib, Agg backend), so every plot follows the 
 from __future__ import annotations
 
 import math
+import os
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from diag import safefs
 from diag.units import human_bytes
 
 DPI = 90
@@ -224,6 +226,9 @@ def render(spec: FigureSpec, out: Path) -> Plot:
     for ax, panel in zip(flat, spec.panels, strict=False):
         draw_panel(ax, panel)
     fig.tight_layout()
-    fig.savefig(out / spec.filename, dpi=DPI, bbox_inches="tight")  # long labels and outside legends fit
+    # Into a new file (O_EXCL, O_NOFOLLOW): never through a symlink at that name.
+    with os.fdopen(safefs.create(out / spec.filename, replace=True), "wb") as handle:
+        fig.savefig(handle, format=Path(spec.filename).suffix.lstrip(".") or "png", dpi=DPI,
+                    bbox_inches="tight")  # long labels and outside legends fit
     plt.close(fig)
     return Plot(spec.filename, spec.title, spec.caption)

@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from diag import safefs
 from diag.records import Record
 from diag.report.compare import Comparison
 from diag.report.series import busbw_samples, series_label
@@ -117,6 +118,5 @@ def write_compare_html(path: Path, a: Sequence[Record], b: Sequence[Record], res
             f"<tbody>{body}</tbody></table><p class='muted'>time B/A &gt; 1: B is slower. A difference counts "
             f"when Welch's t-test on the per-iteration times gives p below alpha and the time changed by at "
             f"least the threshold (diag compare --help).</p></body></html>")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page)
+    safefs.write_file(safefs.make_parent(path), page)
     return path

@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+from diag import safefs
 from diag.records import Record
 from diag.report.figures import Bars, FigureSpec, Line, Panel, Plot, RefLine, Skipped, render
 from diag.report.queries import (
@@ -339,7 +340,7 @@ PLOTS: tuple[Builder, ...] = (headline, time_vs_volume, busbw_vs_size, efficienc
 
 
 def render_plots(run: RunData, out: Path) -> list[Plot | Skipped]:
-    out.mkdir(parents=True, exist_ok=True)
+    safefs.private_dir(out)
     drawn: list[Plot | Skipped] = []
     for build in PLOTS:
         spec = build(run)

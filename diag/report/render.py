@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from diag import safefs
 from diag.records import Record
 from diag.report.diagnose import Finding, diagnose, findings_to_json, format_threshold
 from diag.report.diagnose.findings import ordered, summary_lines
@@ -163,25 +164,25 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
 
 
 def write_report(run: RunData, out_dir: Path) -> ReportResult:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    safefs.private_dir(out_dir)   # ours and closed to others: the plots' savefig by name is safe there
     plots = render_plots(run, out_dir)
     findings = diagnose(run)
     models = fit_all(run.records)
     sources = [run.relative(f.path) for f in run.record_files]
 
     findings_path = out_dir / "findings.json"
-    findings_path.write_text(json.dumps(strict_document(findings_to_json(findings, run), FINDINGS_NONFINITE), indent=1, default=str,
-                                        allow_nan=False) + "\n")
+    safefs.write_file(findings_path, json.dumps(strict_document(findings_to_json(findings, run), FINDINGS_NONFINITE),
+                                                indent=1, default=str, allow_nan=False) + "\n")
     model_path = out_dir / "model.json"
-    model_path.write_text(json.dumps(models_to_json(models, sources), indent=1, allow_nan=False) + "\n")
+    safefs.write_file(model_path, json.dumps(models_to_json(models, sources), indent=1, allow_nan=False) + "\n")
 
     title = f"diag report: {run.root.name if run.root else ', '.join(sources)}"
     verdict = build_verdict(run, findings)
     blocks = build_document(run, plots, findings, models, title, time.strftime("%Y-%m-%d %H:%M:%S %Z"), verdict)
     md_path = out_dir / "report.md"
-    md_path.write_text(to_markdown(blocks))
+    safefs.write_file(md_path, to_markdown(blocks))
     html_path = out_dir / "report.html"
-    html_path.write_text(to_html(blocks, title, out_dir))
+    safefs.write_file(html_path, to_html(blocks, title, out_dir))
 
     # Every timed iteration, long format, for pandas and R (diag.records.SAMPLE_FIELDS)
     from diag.records import export_samples_csv

@@ -71,7 +71,8 @@ class TorchTransport:
     def knobs(self) -> dict[str, Any]:
         knobs: dict[str, Any] = {"timeout_s": self.timeout_s, "device": str(self.device)}
         for name, value in sorted(os.environ.items()):
-            if name.startswith(("GLOO_", "NCCL_", "TORCH_GLOO", "TP_", "DIAG_TCP_")):
+            # DIAG_TCP_TOKEN is the raw transport's run token: a secret, never a recorded knob
+            if name.startswith(("GLOO_", "NCCL_", "TORCH_GLOO", "TP_", "DIAG_TCP_")) and name != "DIAG_TCP_TOKEN":
                 knobs[name] = value
         return knobs
 

@@ -19,12 +19,13 @@ if TYPE_CHECKING:
 
 
 def create_transport(spec: SweepSpec, rank: int, world_size: int, timeout_s: float,
-                     store: Any | None = None) -> RawTransport:
-    """Rendezvous (env:// or ``store``), build the connection mesh, return a ready transport."""
+                     store: Any | None = None, token: bytes | None = None) -> RawTransport:
+    """Rendezvous (env:// or ``store``), build the connection mesh, return a ready transport. ``token``: the
+    run token from a private channel (diag's 0600 job file); None: rank 0 publishes one in the store."""
     from diag.transports.raw.transport import RawTransport
 
     knobs = resolve_knobs(spec.algo, spec.order, spec.knobs)
-    return RawTransport(knobs, rank, world_size, timeout_s, store=store)
+    return RawTransport(knobs, rank, world_size, timeout_s, store=store, token=token)
 
 
 __all__ = ["RawKnobs", "create_transport", "resolve_knobs"]

@@ -7,6 +7,8 @@ from the environment, so the script needs no change:
 - ``DIAG_TCP_ALGO``  ring | pairwise | direct (default ring)
 - ``DIAG_TCP_ORDER`` recv-first | send-first
 - ``DIAG_TCP_KNOBS`` JSON object of raw transport knobs, e.g. ``{"conn": "shared", "chunks": 2}``
+- ``DIAG_TCP_TOKEN`` the run token, 32 hex digits, the same on every rank; unset: rank 0 publishes one in
+  the job's store (docs/raw-tcp.md, "Trust model"). diag's own launches set it from the 0600 job file.
 
 Operations complete before they return (the returned Work is already finished); CPU tensors only.
 """
@@ -28,6 +30,7 @@ BACKEND_NAME = "diag_tcp"
 ENV_ALGO = "DIAG_TCP_ALGO"
 ENV_ORDER = "DIAG_TCP_ORDER"
 ENV_KNOBS = "DIAG_TCP_KNOBS"
+ENV_TOKEN = "DIAG_TCP_TOKEN"
 
 
 def knobs_from_env() -> Any:
@@ -42,6 +45,16 @@ def knobs_from_env() -> Any:
     return resolve_knobs(os.environ.get(ENV_ALGO, "ring"), os.environ.get(ENV_ORDER, "recv-first"), extra)
 
 
+def token_from_env() -> bytes | None:
+    text = os.environ.get(ENV_TOKEN)
+    if not text:
+        return None
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise DiagError(f"${ENV_TOKEN} must be hex digits (32 of them), e.g. from secrets.token_hex(16)") from None
+
+
 def register() -> None:
     """Idempotent: registering twice in one process is a no-op."""
     import torch.distributed as dist
@@ -54,7 +67,8 @@ def register() -> None:
 def create_process_group(store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
     from diag.transports.raw.transport import RawTransport
 
-    transport = RawTransport(knobs_from_env(), rank, world_size, timeout.total_seconds(), store=store)
+    transport = RawTransport(knobs_from_env(), rank, world_size, timeout.total_seconds(), store=store,
+                             token=token_from_env())
     return _process_group_class()(transport)
 
 

@@ -20,6 +20,12 @@ socket of their own (``--notice own-conn``). Notices that arrived between operat
 start of the next one before anything is posted, as gloo's device thread reads them the moment they
 arrive. A send completes when its last byte is handed to the kernel, as in gloo.
 
+A RECV_READY that finds no send waiting is kept as a credit for a later send, but never more credits than
+the peer can have posted receives for: this operation's sends on that (peer, stream) not yet posted, plus
+one operation's worth (``early_credits``: a peer is at most one operation ahead, since its next one needs
+this one's data from us). A peer that sends more is refused with a protocol error, so notices cannot grow
+a rank's memory.
+
 Zero copy: payload bytes go from the caller's buffer to ``send``/``sendmsg`` (memoryview slices, header
 and payload in one call so Nagle never splits them) and from ``recv_into`` straight into the caller's
 output buffer. Python touches each chunk a handful of times, never each byte.
@@ -53,6 +59,9 @@ ALTERNATE_READ_WAIT_S = 0.005       # how long a receive turn waits before givin
 _POLL_IN = select.POLLIN | select.POLLPRI
 _POLL_OUT = select.POLLOUT
 _EMPTY = memoryview(b"")
+# Receives one operation posts per (peer, stream) at most, for two ranks without --chunks: a block in up to
+# MAX_CHUNKS pieces per stream, world_size - 1 blocks per ring step sequence (the transport passes its own).
+DEFAULT_EARLY_CREDITS = 2 * 1024
 
 
 @dataclass(eq=False, slots=True)
@@ -131,9 +140,13 @@ class Engine:
     """Runs schedules on the links of one transport. Not thread safe: one operation at a time."""
 
     def __init__(self, links: dict[tuple[int, int, bool], Link], *, notify: bool, send_first: bool,
-                 alternate: bool, sockbuf: int | None, notice_links: dict[int, Link] | None = None) -> None:
+                 alternate: bool, sockbuf: int | None, notice_links: dict[int, Link] | None = None,
+                 early_credits: int = DEFAULT_EARLY_CREDITS) -> None:
         # key: (peer, stream, sends?) -> the link that carries that direction
         self.routes = links
+        self.early_credits = early_credits
+        # notify: this operation's sends not yet posted, per (peer, stream): what the credits are capped at
+        self.unposted: collections.Counter[tuple[int, int]] = collections.Counter()
         self.notice_links = notice_links or {}   # peer -> its notice socket (--notice own-conn)
         self.channels: dict[tuple[int, int], Channel] = {}
         self.program: collections.deque[Op] = collections.deque()
@@ -150,6 +163,9 @@ class Engine:
             raise DiagError(f"the raw transport is unusable after an earlier failure ({self.broken}); "
                             "restart all ranks")
         deadline = time.monotonic() + timeout_s
+        if self.notify:
+            self.unposted = collections.Counter((op.peer, op.stream) for stage in stages for op in stage
+                                                if op.kind == SEND)
         try:
             for stage in stages:
                 if stage:
@@ -302,6 +318,7 @@ class Engine:
                 self._notice(channel.send_notices, wire.MSG_SEND_READY, channel.send_ready_out, len(op.view),
                              op.stream)
                 channel.send_ready_out += 1
+                self.unposted[(op.peer, op.stream)] -= 1
                 if channel.credits:
                     self._start_send(channel, op, channel.credits.popleft())
                 else:
@@ -335,8 +352,12 @@ class Engine:
         channel.recv_ready_in += 1
         if channel.waiting:
             self._start_send(channel, channel.waiting.popleft(), length)
-        else:
-            channel.credits.append(length)
+            return
+        limit = max(0, self.unposted[(peer, stream)]) + self.early_credits
+        if len(channel.credits) >= limit:
+            raise DiagError(f"rank {peer} sent more RECV_READY notices (stream {stream}) than it can have posted "
+                            f"receives for ({limit}); are all ranks running the same diag and operations?")
+        channel.credits.append(length)
 
     def _complete(self, op: Op) -> None:
         op.done = True

@@ -8,16 +8,17 @@ that carries only the ready notices.
 
 The accepting side multiplexes the listener and every half-open connection in one poll loop with
 per-connection deadlines, so a stray client that sends half a HELLO cannot stall the real ranks. When more
-than MAX_PENDING_HANDSHAKES clients are half-open, the stalest one (fewest bytes sent, then longest waiting)
-is closed to make room: a crowd of silent connections cannot lock the real ranks out, since a real rank
-sends its HELLO at once. A connecting rank whose connection was closed or reset before the handshake reply
-tries again until the deadline. The listener is closed once the mesh is complete: later strays are refused
-by the kernel.
+than MAX_PENDING_HANDSHAKES clients are half-open, the oldest one is closed to make room: a real rank
+completes its handshake within a round trip, so only a crowd arriving faster than that can push it out,
+and then it connects again. A connecting rank whose connection was closed or reset before the handshake
+completed tries again until the deadline. The listener is closed once the mesh is complete: later strays
+are refused by the kernel.
 
-The run token (random, from the TCPStore) tells this run's ranks from strays, other runs and port scanners:
-it stops accidents. It is no defence against an attacker who can read the TCPStore (anyone who can reach
-MASTER_ADDR:MASTER_PORT): such a client can present the token and take a rank's place. Run on a trusted
-network, as torch.distributed itself requires.
+Both ends prove the run token with HMACs over both sides' nonces (wire.py); the token itself never crosses
+the network. Where the token comes from decides whom it keeps out (docs/raw-tcp.md, "Trust model"): runs
+whose ranks diag starts itself (--nproc, --lab) read it from their 0600 job file, so no other local user
+can take a rank's place; in place (the user's torchrun) rank 0 publishes it in the job's TCPStore, so
+whoever can reach MASTER_ADDR:MASTER_PORT is trusted, as torch.distributed itself trusts them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hmac
 import logging
 import os
 import select
@@ -43,8 +43,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("diag.raw")
 
-HANDSHAKE_TIMEOUT_S = 5.0      # how long one accepted client may take to send its HELLO
-MAX_PENDING_HANDSHAKES = 128   # beyond this many half-open clients, the stalest is closed for a newcomer
+HANDSHAKE_TIMEOUT_S = 5.0      # how long one accepted client may take to complete its handshake
+MAX_PENDING_HANDSHAKES = 128   # beyond this many half-open clients, the oldest is closed for a newcomer
+ACCEPT_BATCH = 16              # clients accepted per poll round, between which half-open ones are read
 LISTEN_BACKLOG = 4096          # completed connections the kernel queues before accept (capped by somaxconn)
 RETRY_PAUSE_S = 0.05           # between two connection attempts to a peer
 LOGGED_DROPS = 20              # closed strays logged one by one; after that, one line per hundred
@@ -181,32 +182,26 @@ def _attempt(rank: int, peer: int, address: tuple[str, int], token: bytes, role:
     try:
         apply_socket_options(sock, knobs)
         sock.settimeout(max(0.001, min(deadline - time.monotonic(), HANDSHAKE_TIMEOUT_S)))
+        hello = wire.pack_hello(rank, role, stream)
         try:
             sock.connect(address)
-            sock.sendall(wire.pack_hello(token, rank, role, stream))
+            sock.sendall(hello)
         except (ConnectionError, TimeoutError) as exc:  # refused, reset, broken pipe, SYN unanswered
             raise _Retry(f"connecting to {where}: {exc.strerror or type(exc).__name__}") from None
-        reply = bytearray(wire.ACK.size)
-        view = memoryview(reply)
-        got = 0
-        while got < len(reply):
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
-            try:
-                n = sock.recv_into(view[got:])
-            except TimeoutError:
-                raise DiagError(f"timed out waiting for {where} to accept the connection; is it running the same "
-                                "run? (raise --timeout if the cluster is slow to start)") from None
-            except ConnectionError as exc:
-                raise _Retry(f"{where} reset the connection before its handshake reply "
-                             f"({exc.strerror or type(exc).__name__})") from None
-            if n == 0:
-                # A crowded listener closes half-open clients to make room; a wrong token or settings close
-                # it too (then every retry fails the same way until the deadline, which names the peer).
-                raise _Retry(f"{where} closed the connection before its handshake reply (crowded listener, or "
-                             "a different run token/settings: see that rank's log)")
-            got += n
-        magic, acceptor = wire.ACK.unpack(reply)
-        if magic != wire.ACK_MAGIC or acceptor != peer:
+        ack = _read_reply(sock, wire.ACK.size, deadline, where)
+        try:
+            wire.check_ack(token, hello, ack, peer)
+        except ValueError as exc:
+            # Whoever answers there is not this run's rank (a stray listener, a rewritten store address): it
+            # never learns anything it could use, and this rank does not talk to it.
+            raise DiagError(f"{address[0]}:{address[1]} is not rank {peer} of this run: {exc}") from None
+        try:
+            sock.sendall(wire.pack_proof(token, hello, ack))
+        except (ConnectionError, TimeoutError) as exc:
+            raise _Retry(f"{where} closed the connection during the handshake "
+                         f"({exc.strerror or type(exc).__name__})") from None
+        ready = _read_reply(sock, wire.READY.size, deadline, where)
+        if wire.READY.unpack(ready)[0] != wire.READY_MAGIC:
             raise DiagError(f"{address[0]}:{address[1]} is not rank {peer} of this run (bad handshake reply)")
         return make_conn(sock, rank, peer, role, stream, knobs)
     except BaseException:
@@ -214,13 +209,43 @@ def _attempt(rank: int, peer: int, address: tuple[str, int], token: bytes, role:
         raise
 
 
+def _read_reply(sock: socket.socket, size: int, deadline: float, where: str) -> bytearray:
+    """Exactly ``size`` handshake bytes from the acceptor; _Retry if it closes or resets first."""
+    reply = bytearray(size)
+    view = memoryview(reply)
+    got = 0
+    while got < size:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        try:
+            n = sock.recv_into(view[got:])
+        except TimeoutError:
+            raise DiagError(f"timed out waiting for {where} to accept the connection; is it running the same "
+                            "run? (raise --timeout if the cluster is slow to start)") from None
+        except ConnectionError as exc:
+            raise _Retry(f"{where} reset the connection before its handshake reply "
+                         f"({exc.strerror or type(exc).__name__})") from None
+        if n == 0:
+            # A crowded listener closes half-open clients to make room; a wrong token or settings close it too
+            # (then every retry fails the same way until the deadline, which names the peer).
+            raise _Retry(f"{where} closed the connection before its handshake reply (crowded listener, or "
+                         "a different run token/settings: see that rank's log)")
+        got += n
+    return reply
+
+
 @dataclass(eq=False)
 class _Pending:
+    """A half-open client: its HELLO being read, or (hello set) its PROOF after our ACK went out."""
+
     sock: socket.socket
     origin: str
+    accepted_at: float
     deadline: float
     buffer: bytearray = field(default_factory=lambda: bytearray(wire.HELLO.size))
     filled: int = 0
+    hello: bytes = b""
+    ack: bytes = b""
+    claim: tuple[int, int, int] = (-1, -1, -1)   # (rank, role, stream) its HELLO claimed
 
 
 def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes, knobs: RawKnobs,
@@ -246,8 +271,51 @@ def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes
                         f" ({dropped} closed so far)" if dropped > LOGGED_DROPS else "")
         entry.sock.close()
 
+    def reply(fd: int, entry: _Pending, message: bytes) -> bool:
+        """Send a handshake message whole (a fresh socket's buffer always holds it), or drop the client."""
+        try:
+            sent = entry.sock.send(message)
+        except OSError as exc:
+            drop(fd, f"left during the handshake ({exc.strerror or type(exc).__name__})")
+            return False
+        if sent != len(message):
+            drop(fd, "its receive window would not take a handshake reply")
+            return False
+        return True
+
+    def on_hello(fd: int, entry: _Pending) -> None:
+        try:
+            hello = wire.parse_hello(entry.buffer)
+        except ValueError as exc:
+            drop(fd, str(exc))
+            return
+        entry.claim = (hello.rank, hello.role, hello.stream)
+        if entry.claim not in expected:
+            drop(fd, f"unexpected or duplicate connection (rank {hello.rank}, role {hello.role}, "
+                     f"stream {hello.stream})")
+            return
+        entry.hello = bytes(entry.buffer)
+        entry.ack = wire.pack_ack(token, entry.hello, rank)
+        entry.buffer, entry.filled = bytearray(wire.PROOF.size), 0
+        reply(fd, entry, entry.ack)
+
+    def on_proof(fd: int, entry: _Pending) -> None:
+        claimed_rank = entry.claim[0]
+        if not wire.check_proof(token, entry.hello, entry.ack, entry.buffer):
+            drop(fd, f"wrong run token (claimed rank {claimed_rank})")
+            return
+        if entry.claim not in expected:   # another client proved the same connection first
+            drop(fd, f"duplicate connection (rank {claimed_rank}, role {entry.claim[1]}, stream {entry.claim[2]})")
+            return
+        if not reply(fd, entry, wire.READY.pack(wire.READY_MAGIC)):
+            return
+        pending.pop(fd)
+        poller.unregister(fd)
+        expected.discard(entry.claim)
+        accepted.append(make_conn(entry.sock, rank, claimed_rank, entry.claim[1], entry.claim[2], knobs))
+
     def service(fd: int) -> None:
-        """Read what a half-open client sent; finish its handshake once its HELLO is complete."""
+        """Read what a half-open client sent; answer its HELLO, accept it once its PROOF is right."""
         entry = pending.get(fd)
         if entry is None:
             return
@@ -259,42 +327,25 @@ def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes
             drop(fd, exc.strerror or "socket error")
             return
         if n == 0:
-            drop(fd, f"closed after {entry.filled} handshake bytes")
+            drop(fd, f"closed after {entry.filled} {'PROOF' if entry.hello else 'HELLO'} bytes")
             return
         entry.filled += n
-        if entry.filled >= 4 and bytes(entry.buffer[:4]) != wire.HELLO_MAGIC:
+        if not entry.hello and entry.filled >= 4 and bytes(entry.buffer[:4]) != wire.HELLO_MAGIC:
             drop(fd, "not a diag raw-transport client (bad magic)")
             return
         if entry.filled < len(entry.buffer):
             return
-        try:
-            hello = wire.parse_hello(entry.buffer)
-        except ValueError as exc:
-            drop(fd, str(exc))
-            return
-        if not hmac.compare_digest(hello.token, token):
-            drop(fd, f"wrong run token (claimed rank {hello.rank})")
-            return
-        key = (hello.rank, hello.role, hello.stream)
-        if key not in expected:
-            drop(fd, f"unexpected or duplicate connection (rank {hello.rank}, role {hello.role}, "
-                     f"stream {hello.stream})")
-            return
-        entry = pending.pop(fd)
-        poller.unregister(fd)
-        entry.sock.setblocking(True)
-        entry.sock.settimeout(HANDSHAKE_TIMEOUT_S)
-        try:
-            entry.sock.sendall(wire.ACK.pack(wire.ACK_MAGIC, rank))
-        except OSError as exc:
-            log.warning("raw transport rank %d: rank %d left during the handshake: %s", rank, hello.rank, exc)
-            entry.sock.close()
-            return
-        expected.discard(key)
-        accepted.append(make_conn(entry.sock, rank, hello.rank, hello.role, hello.stream, knobs))
+        if entry.hello:
+            on_proof(fd, entry)
+        else:
+            on_hello(fd, entry)
 
     def accept_new() -> None:
-        while expected:
+        # A bounded batch per poll round: a real rank's PROOF, one round trip after its HELLO, is read before
+        # a backlog of strays accepted behind it could push it out.
+        for _ in range(ACCEPT_BATCH):
+            if not expected:
+                return
             try:
                 sock, origin = listener.accept()
             except BlockingIOError:
@@ -305,16 +356,20 @@ def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes
                     return
                 raise
             if len(pending) >= MAX_PENDING_HANDSHAKES:
-                # Make room by closing the stalest half-open client rather than refusing the newcomer, who
-                # may be a real rank: a real rank sends its whole HELLO at once, a stray little or nothing.
-                stalest = min(pending, key=lambda k: (pending[k].filled, pending[k].deadline))
-                drop(stalest, f"{MAX_PENDING_HANDSHAKES} half-open clients; this one the stalest")
+                # Make room by closing the oldest half-open client rather than refusing the newcomer, who may
+                # be a real rank. A real rank completes its handshake within a round trip of connecting, so it
+                # is never the oldest unless MAX_PENDING_HANDSHAKES clients arrived in that time. (Closing by
+                # fewest bytes received could be gamed: strays that send 28 of HELLO's 29 bytes outranked a
+                # real rank whose HELLO was a little late.)
+                oldest = min(pending, key=lambda k: pending[k].accepted_at)
+                drop(oldest, f"{MAX_PENDING_HANDSHAKES} half-open clients; this one the oldest")
             sock.setblocking(False)
             fd = sock.fileno()
-            pending[fd] = _Pending(sock=sock, origin=f"{origin[0]}:{origin[1]}",
-                                   deadline=time.monotonic() + HANDSHAKE_TIMEOUT_S)
+            now = time.monotonic()
+            pending[fd] = _Pending(sock=sock, origin=f"{origin[0]}:{origin[1]}", accepted_at=now,
+                                   deadline=now + HANDSHAKE_TIMEOUT_S)
             poller.register(fd, select.POLLIN)
-            service(fd)  # a real rank's HELLO is usually there already: done before any eviction
+            service(fd)  # a real rank's HELLO is usually there already: answered before any eviction
 
     try:
         while expected:
@@ -324,11 +379,13 @@ def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes
             wait = _remaining(deadline, f"waiting for ranks {sorted({p for p, _, _ in expected})} to connect")
             if pending:
                 wait = min(wait, max(0.0, min(entry.deadline for entry in pending.values()) - now))
-            for fd, _event in poller.poll(int(wait * 1000) + 1):
-                if fd == listener.fileno():
-                    accept_new()
-                else:
+            events = poller.poll(int(wait * 1000) + 1)
+            # Half-open clients first, then new ones: a PROOF that arrived is never behind a batch of strays.
+            for fd, _event in events:
+                if fd != listener.fileno():
                     service(fd)
+            if any(fd == listener.fileno() for fd, _event in events):
+                accept_new()
     except BaseException:
         for conn in accepted:
             conn.sock.close()

@@ -9,14 +9,14 @@ import socket
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from diag import safefs
 from diag.errors import DiagError
 from diag.transports.base import UnsupportedOperation
 from diag.transports.raw import mesh, schedules, tcpinfo, wire
 from diag.transports.raw.engine import RECV, SEND, Engine, Link
-from diag.transports.raw.knobs import RawKnobs
+from diag.transports.raw.knobs import MAX_CHUNKS, RawKnobs
 
 if TYPE_CHECKING:
     import torch
@@ -62,8 +62,15 @@ class RawTransport:
     backend = "raw"
 
     def __init__(self, knobs: RawKnobs, rank: int, world_size: int, timeout_s: float,
-                 store: Any | None = None) -> None:
+                 store: Any | None = None, token: bytes | None = None) -> None:
+        """``token``: the run token, given to every rank over a private channel (diag's 0600 job file, or
+        $DIAG_TCP_TOKEN); None: rank 0 makes one and publishes it in the store (the in-place trust model,
+        docs/raw-tcp.md)."""
         import torch.distributed as dist
+
+        if token is not None and len(token) != wire.TOKEN_BYTES:
+            raise DiagError(f"the raw transport's run token must be {wire.TOKEN_BYTES} bytes, got {len(token)}")
+        self._token = token
 
         self.settings = knobs
         self.algo = knobs.algo
@@ -111,14 +118,15 @@ class RawTransport:
                 links[(conn.peer, conn.stream, False)] = link
         self._engine = Engine(links, notify=knobs.handshake == "notify", send_first=knobs.order == "send-first",
                               alternate=knobs.io == "alternate", sockbuf=knobs.sockbuf,
-                              notice_links=notice_links)
+                              notice_links=notice_links,
+                              early_credits=world_size * (knobs.chunks or MAX_CHUNKS))
         # --skew-us: every rank but 0 starts each operation (not the barrier) this much later.
         self._skew_s = knobs.skew_us / 1e6 if rank != 0 else 0.0
         self._barrier_out = bytearray(world_size)
         if knobs.tcpinfo_dir:
-            directory = Path(knobs.tcpinfo_dir)
-            directory.mkdir(parents=True, exist_ok=True)
-            self._sample_file = open(directory / f"tcpinfo-rank{rank}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+            directory = safefs.private_dir(knobs.tcpinfo_dir)
+            self._sample_file = os.fdopen(safefs.open_append(directory / f"tcpinfo-rank{rank}.jsonl"), "a",
+                                          encoding="utf-8")
         if knobs.tcpinfo_interval_s:
             self._sampler = threading.Thread(target=self._sample_periodically, name="diag-raw-tcpinfo",
                                              daemon=True)
@@ -127,7 +135,7 @@ class RawTransport:
     # ----------------------------------------------------------------------------------- setup
     def _connect(self, listener: socket.socket, deadline: float) -> None:
         store = self._store
-        if self.rank == 0:
+        if self._token is None and self.rank == 0:
             store.set("token", secrets.token_bytes(wire.TOKEN_BYTES))
         port = listener.getsockname()[1]
         store.set(f"addr/{self.rank}", f"{self._address}:{port}")
@@ -137,7 +145,7 @@ class RawTransport:
                                  sort_keys=True)
         store.set(f"knobs/{self.rank}", fingerprint)
         try:
-            token = bytes(store.get("token"))
+            token = self._token if self._token is not None else bytes(store.get("token"))
             fingerprints = [bytes(store.get(f"knobs/{peer}")).decode() for peer in range(self.world_size)]
             self._addresses = [bytes(store.get(f"addr/{peer}")).decode() for peer in range(self.world_size)]
         except RuntimeError as exc:

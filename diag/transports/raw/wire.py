@@ -1,9 +1,18 @@
 """Wire format of the raw transport: the connection handshake and the message header.
 
-Every connection opens with HELLO (connector -> acceptor) and ACK (acceptor -> connector). HELLO carries a
-per-run token taken from the rendezvous store, the connector's rank and which logical connection this
-socket is; anything that is not a well-formed HELLO with the right token is closed and logged, and its
-bytes only ever land in a fixed HELLO-sized scratch buffer.
+Every connection opens with a four-message handshake in which both ends prove they hold the run's token
+without ever sending it:
+
+    HELLO  connector -> acceptor   magic, version, nonce_c (16 random bytes), connector rank, role, stream
+    ACK    acceptor -> connector   magic, acceptor rank, nonce_a, HMAC-SHA256(token, "ack" | HELLO | rank | nonce_a)
+    PROOF  connector -> acceptor   HMAC-SHA256(token, "proof" | HELLO | ACK)
+    READY  acceptor -> connector   magic: the connection is this run's (the connector may use it)
+
+Each MAC covers both sides' fresh nonces, so an ACK or PROOF recorded from one connection proves nothing on
+another (replay), and one made without the token fails ``hmac.compare_digest``. A connector that receives
+an ACK that does not prove the token gives up on that address (it is not this run's rank); an acceptor
+closes and logs a client whose PROOF fails. Before PROOF the acceptor keeps nothing of a client but fixed
+HELLO- and PROOF-sized scratch buffers.
 
 After the handshake a stream carries messages: a 48-byte header, then ``length`` payload bytes for DATA.
 48 bytes is the size of gloo's preamble (six 64-bit fields, gloo/transport/tcp/pair.h), so a notice of
@@ -16,19 +25,30 @@ write past a posted buffer.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 import struct
 from dataclasses import dataclass
 
 from diag.errors import DiagError
 
-PROTOCOL_VERSION = 2   # 2: 48-byte header with a stream index, SEND_READY, notice connections
+# Version history: 2: 48-byte header with a stream index, SEND_READY, notice connections; 3: the token is
+# proven by HMACs over both sides' nonces (HELLO, ACK, PROOF, READY), never sent.
+PROTOCOL_VERSION = 3
 HELLO_MAGIC = b"DGRW"
 ACK_MAGIC = b"DGOK"
+READY_MAGIC = b"DGGO"
 TOKEN_BYTES = 16
+NONCE_BYTES = 16
+MAC_BYTES = 32   # HMAC-SHA256
 
-# magic, version, token, connector rank, role, stream index
+# magic, version, connector's nonce, connector rank, role, stream index
 HELLO = struct.Struct("<4sH16sIBH")
-ACK = struct.Struct("<4sI")
+# magic, acceptor rank, acceptor's nonce, MAC
+ACK = struct.Struct("<4sI16s32s")
+PROOF = struct.Struct("<32s")
+READY = struct.Struct("<4s")
 
 # Logical connection roles. "up"/"down" are the two directions of a split pair: "up" carries data from
 # the lower rank to the higher rank, "down" the other way. "shared" carries both, as gloo's pair does.
@@ -51,26 +71,57 @@ HEADER_BYTES = HEADER.size
 
 @dataclass(frozen=True)
 class Hello:
-    token: bytes
+    nonce: bytes
     rank: int
     role: int
     stream: int
 
 
-def pack_hello(token: bytes, rank: int, role: int, stream: int) -> bytes:
-    return HELLO.pack(HELLO_MAGIC, PROTOCOL_VERSION, token, rank, role, stream)
+def pack_hello(rank: int, role: int, stream: int, nonce: bytes | None = None) -> bytes:
+    """A HELLO with a fresh random nonce (or ``nonce``, for tests)."""
+    return HELLO.pack(HELLO_MAGIC, PROTOCOL_VERSION, nonce or secrets.token_bytes(NONCE_BYTES), rank, role, stream)
+
+
+def _mac(token: bytes, label: bytes, *parts: bytes) -> bytes:
+    return hmac.new(token, b"diag-raw " + label + b"\0" + b"".join(parts), hashlib.sha256).digest()
+
+
+def pack_ack(token: bytes, hello: bytes, rank: int, nonce: bytes | None = None) -> bytes:
+    """The acceptor's reply to ``hello`` (its raw bytes): its rank, a fresh nonce, and a MAC over both."""
+    nonce = nonce or secrets.token_bytes(NONCE_BYTES)
+    return ACK.pack(ACK_MAGIC, rank, nonce, _mac(token, b"ack", hello, struct.pack("<I", rank), nonce))
+
+
+def check_ack(token: bytes, hello: bytes, ack: bytes | bytearray, peer: int) -> None:
+    """Raise ValueError unless ``ack`` is rank ``peer``'s answer to ``hello`` made with ``token``."""
+    magic, rank, nonce, mac = ACK.unpack(ack)
+    if magic != ACK_MAGIC:
+        raise ValueError("not a diag raw-transport rank (bad handshake reply)")
+    if rank != peer:
+        raise ValueError(f"it answers as rank {rank}, not {peer}")
+    if not hmac.compare_digest(mac, _mac(token, b"ack", hello, struct.pack("<I", rank), nonce)):
+        raise ValueError("its handshake reply does not prove this run's token")
+
+
+def pack_proof(token: bytes, hello: bytes, ack: bytes | bytearray) -> bytes:
+    return PROOF.pack(_mac(token, b"proof", hello, bytes(ack)))
+
+
+def check_proof(token: bytes, hello: bytes, ack: bytes, proof: bytes | bytearray) -> bool:
+    (mac,) = PROOF.unpack(proof)
+    return hmac.compare_digest(mac, _mac(token, b"proof", hello, ack))
 
 
 def parse_hello(data: bytes | bytearray | memoryview) -> Hello:
     """Raise ValueError with the reason on anything that is not a HELLO of this protocol version."""
-    magic, version, token, rank, role, stream = HELLO.unpack(data)
+    magic, version, nonce, rank, role, stream = HELLO.unpack(data)
     if magic != HELLO_MAGIC:
         raise ValueError("not a diag raw-transport client (bad magic)")
     if version != PROTOCOL_VERSION:
         raise ValueError(f"protocol version {version}, expected {PROTOCOL_VERSION}")
     if role not in ROLE_NAMES:
         raise ValueError(f"unknown connection role {role}")
-    return Hello(token=token, rank=rank, role=role, stream=stream)
+    return Hello(nonce=nonce, rank=rank, role=role, stream=stream)
 
 
 def pack_header(into: bytearray, kind: int, seq: int, length: int, stream: int = 0) -> None:

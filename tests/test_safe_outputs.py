@@ -1,0 +1,199 @@
+"""diag (root) never writes through a planted symlink or into a directory someone else controls.
+
+Each test plants what an unprivileged user could (a symlink at a name diag writes, a hard link, a
+world-writable or foreign-owned output directory) and checks that the victim file is untouched, or that
+the command refuses with one line before any work starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from report_helpers import make_record, write_records
+
+from diag import validate
+from diag.errors import DiagError
+from diag.records import RecordWriter, export_csv
+from diag.spec import SweepSpec
+from diag.worker import Job, StateFile
+from tests.common import run_diag
+
+NOBODY = 65534
+VICTIM_TEXT = "precious\n"
+
+
+def victim(tmp_path: Path) -> Path:
+    path = tmp_path / "elsewhere" / "victim"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(VICTIM_TEXT)
+    return path
+
+
+def assert_untouched(path: Path) -> None:
+    assert path.read_text() == VICTIM_TEXT
+
+
+def assert_one_line(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, (proc.returncode, err)
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_a_planted_state_tmp_symlink_is_not_followed(tmp_path: Path) -> None:
+    target = victim(tmp_path)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "rank0.tmp").symlink_to(target)
+    StateFile(str(state_dir), 0).update(status="running")
+    assert_untouched(target)
+    assert '"status": "running"' in (state_dir / "rank0.json").read_text()
+    assert not (state_dir / "rank0.tmp").exists()
+
+
+def test_a_planted_job_file_symlink_is_replaced_and_the_job_file_is_0600(tmp_path: Path) -> None:
+    target = victim(tmp_path)
+    job_path = tmp_path / "job-n2.json"
+    job_path.symlink_to(target)
+    job = Job(spec=SweepSpec(backend="gloo"), out=str(tmp_path / "r.jsonl"), run_id="x")
+    job.save(job_path)
+    assert_untouched(target)
+    info = os.lstat(job_path)
+    assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600
+    assert Job.load(job_path).run_id == "x"
+
+
+def test_a_job_file_others_can_write_or_read_is_refused(tmp_path: Path) -> None:
+    job_path = tmp_path / "job-n2.json"
+    Job(spec=SweepSpec(backend="gloo"), out=None, run_id="x").save(job_path)
+    for mode in (0o666, 0o644):
+        os.chmod(job_path, mode)
+        with pytest.raises(DiagError, match="mode 0600"):
+            Job.load(job_path)
+
+
+def test_records_are_never_appended_through_a_symlink_or_hard_link(tmp_path: Path) -> None:
+    target = victim(tmp_path)
+    link = tmp_path / "sweep.jsonl"
+    link.symlink_to(target)
+    with pytest.raises(DiagError, match="symlink"):
+        RecordWriter(link)
+    hard = tmp_path / "hard.jsonl"
+    os.link(target, hard)
+    with pytest.raises(DiagError, match="hard links"):
+        RecordWriter(hard)
+    assert_untouched(target)
+
+
+def test_csv_export_replaces_a_planted_symlink(tmp_path: Path) -> None:
+    target = victim(tmp_path)
+    records = write_records(tmp_path / "r.jsonl", [make_record("gloo", "all_gather", 2, 1024, [0.001] * 3)])
+    csv_path = tmp_path / "rows.csv"
+    csv_path.symlink_to(target)
+    export_csv(records, csv_path)
+    assert_untouched(target)
+    assert not csv_path.is_symlink() and csv_path.read_text().startswith("backend,")
+
+
+def test_a_tcp_info_file_symlink_is_refused(tmp_path: Path) -> None:
+    from diag import safefs
+
+    target = victim(tmp_path)
+    (tmp_path / "tcpinfo-rank0.jsonl").symlink_to(target)
+    with pytest.raises(DiagError, match="symlink"):
+        safefs.open_append(tmp_path / "tcpinfo-rank0.jsonl")
+    assert_untouched(target)
+
+
+def test_directories_diag_creates_are_0700(tmp_path: Path) -> None:
+    created = validate.output_dir(tmp_path / "a" / "b", "--run-dir")
+    for directory in (created, created.parent):
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+
+
+@pytest.mark.parametrize("how", ["world-writable", "group-writable", "foreign-owned", "foreign-symlink"])
+def test_an_unsafe_existing_output_dir_is_refused(tmp_path: Path, how: str) -> None:
+    directory = tmp_path / "out"
+    directory.mkdir(mode=0o700)
+    if how == "world-writable":
+        os.chmod(directory, 0o1777)
+    elif how == "group-writable":
+        os.chmod(directory, 0o770)
+    elif how == "foreign-owned":
+        os.chown(directory, NOBODY, NOBODY)
+    else:
+        link = tmp_path / "link"
+        link.symlink_to(directory)
+        os.lchown(link, NOBODY, NOBODY)
+        directory = link
+    if os.geteuid() != 0 and how.startswith("foreign"):
+        pytest.skip("needs root to give a directory to another user")
+    with pytest.raises(DiagError) as caught:
+        validate.output_dir(directory, "--run-dir")
+    assert len(str(caught.value).splitlines()) == 1
+    assert "--run-dir" in str(caught.value)
+
+
+def test_the_cli_refuses_an_unsafe_run_dir_before_any_rank(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    proc = run_diag("sweep", "--nproc", "2", "--sizes", "1K", "--out", str(tmp_path / "r.jsonl"), "--run-dir",
+                    str(shared))
+    assert_one_line(proc, "--run-dir", "written by group or others")
+    assert not (shared / "logs").exists()
+    if os.geteuid() == 0:
+        foreign = tmp_path / "foreign"
+        foreign.mkdir()
+        os.chown(foreign, NOBODY, NOBODY)
+        assert_one_line(run_diag("reproduce", "--quick", "--out", str(foreign)), "--out", f"uid {NOBODY}")
+        assert list(foreign.iterdir()) == []
+
+
+def test_a_capture_never_writes_through_a_planted_symlink(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or not shutil.which("tcpdump"):
+        pytest.skip("needs root and tcpdump")
+    from diag.capture import start_capture
+
+    target = victim(tmp_path)
+    pcap = tmp_path / "c.pcap"
+    pcap.symlink_to(target)
+    (tmp_path / "c.pcap.capture.json").symlink_to(target)
+    info = start_capture(pcap, "lo", "tcp port 9", 64).stop()
+    assert info.tool == "tcpdump"
+    assert_untouched(target)
+    assert not pcap.is_symlink() and pcap.read_bytes()[:4] in (b"\xd4\xc3\xb2\xa1", b"\xa1\xb2\xc3\xd4")
+
+
+def test_a_sweep_run_dir_and_its_files_are_private(tmp_path: Path) -> None:
+    out, run_dir = tmp_path / "r.jsonl", tmp_path / "r.d"
+    proc = subprocess.run([sys.executable, "-m", "diag", "sweep", "--nproc", "2", "--backend", "raw", "--sizes", "1K",
+                           "--iters", "1", "--warmup", "0", "--quiet", "--out", str(out), "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for directory in (run_dir, run_dir / "logs", run_dir / "logs" / "state-n2", run_dir / "tcpinfo"):
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700, directory
+    assert stat.S_IMODE(os.stat(run_dir / "logs" / "job-n2.json").st_mode) == 0o600
+
+
+def test_the_cli_refuses_a_records_file_of_someone_else_before_any_rank(tmp_path: Path) -> None:
+    target = victim(tmp_path)
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    proc = run_diag("sweep", "--nproc", "2", "--sizes", "1K", "--out", str(link))
+    assert_one_line(proc, "--out", "symlink")
+    if os.geteuid() == 0:
+        foreign = tmp_path / "foreign.jsonl"
+        foreign.write_text("")
+        os.chown(foreign, NOBODY, NOBODY)
+        assert_one_line(run_diag("sweep", "--nproc", "2", "--sizes", "1K", "--out", str(foreign)), "--out",
+                        f"uid {NOBODY}")
+    assert_untouched(target)
+    assert not (tmp_path / "link.d").exists() and not (tmp_path / "foreign.d").exists()
