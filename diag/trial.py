@@ -209,9 +209,11 @@ class _CpuMeter:
 
 
 def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callable[[Any], None], run_id: str,
-              heartbeat: Callable[[], None] | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+              heartbeat: Callable[[], None] | None = None, say: Callable[[str], None] | None = None,
+              token: bytes | None = None) -> dict[str, Any]:
     """Every rank runs this; rank 0 emits the block records and returns the trial's summary for the end event.
-    ``gloo`` is the launch's TorchTransport (its default group carries the stop votes)."""
+    ``gloo`` is the launch's TorchTransport (its default group carries the stop votes); ``token``: the raw
+    arms' run token from the job file (None: rank 0 publishes one in the store, as for any raw launch)."""
     import torch
     import torch.distributed as dist
 
@@ -225,7 +227,7 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
     try:
         for arm in spec.arms:   # the same order on every rank: raw meshes rendezvous by creation order
             transports[arm.name] = gloo if arm.backend == "gloo" else create_transport(
-                arm_spec(base, arm, spec.sizes[0], 1, 0), rank, world, base.timeout_s)
+                arm_spec(base, arm, spec.sizes[0], 1, 0), rank, world, base.timeout_s, token=token)
         meter = _CpuMeter()
         summary: dict[str, Any] = {}
         for size_index, size in enumerate(spec.sizes):

@@ -178,7 +178,8 @@ def run_job(job: Job) -> int:
             from diag.trial import run_trial
 
             summary = run_trial(transport, job.meta["trial"], spec, emit, job.run_id, heartbeat,
-                                say=(lambda text: console.line(text)) if console else None)
+                                say=(lambda text: console.line(text)) if console else None,
+                                token=bytes.fromhex(job.token) if job.token else None)
         else:
             run_sweep(transport, spec, emit, job.run_id, on_row_start, heartbeat)
         transport.close()

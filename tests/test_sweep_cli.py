@@ -205,7 +205,7 @@ sys.path.insert(0, {tests!r})
 from harness_helpers import CorruptingTransport
 import diag.worker
 real = diag.worker.make_transport
-diag.worker.make_transport = lambda spec, rank, world: CorruptingTransport(real(spec, rank, world), 0, "flip")
+diag.worker.make_transport = lambda spec, rank, world, *token: CorruptingTransport(real(spec, rank, world, *token), 0, "flip")
 from diag.__main__ import main
 sys.exit(main(["sweep", "--sizes", "64K", "--iters", "2", "--warmup", "0", "--out", {out!r}]))
 """
