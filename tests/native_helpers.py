@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from diag.bench.fuzz_analyze import pcapng_block, pcapng_option
-from diag.capture import native, reader
+from diag.capture import native, pcapfile, reader
 from diag.errors import DiagError
 
 BUILD_COMMAND = "python -c 'import setuptools; setuptools.setup()' build_ext --inplace"
@@ -59,7 +59,7 @@ def engine(use_kernel: bool) -> Iterator[None]:
             os.environ[native.DISABLE_ENV] = before
 
 
-def read(path: Path, use_kernel: bool, first_frame: int = 1) -> reader.ReadResult | str:
+def read(path: Path, use_kernel: bool, first_frame: int = 1) -> pcapfile.ReadResult | str:
     """The ReadResult, or the one-line DiagError message."""
     with engine(use_kernel):
         try:
@@ -68,14 +68,14 @@ def read(path: Path, use_kernel: bool, first_frame: int = 1) -> reader.ReadResul
             return f"DiagError: {exc}"
 
 
-def comparable(result: reader.ReadResult | str) -> Any:
+def comparable(result: pcapfile.ReadResult | str) -> Any:
     """Everything of a ReadResult, endpoint ids replaced by their (address, port)."""
     if isinstance(result, str):
         return result
     endpoints = result.endpoints
     columns = {}
     for name, column in result.columns.items():
-        assert column.dtype == np.dtype(reader.COLUMN_DTYPES[name]), (name, column.dtype)
+        assert column.dtype == np.dtype(pcapfile.COLUMN_DTYPES[name]), (name, column.dtype)
         assert column.ndim == 1 and column.size == result.packets
         columns[name] = [endpoints[i] for i in column.tolist()] if name in ("src", "dst") else column.tolist()
     syns = [(s.frame, s.ts_ns, endpoints[s.src], endpoints[s.dst], s.flags, s.mss, s.wscale, s.sack_permitted,
@@ -88,7 +88,7 @@ def comparable(result: reader.ReadResult | str) -> Any:
     }
 
 
-def assert_twins(path: Path, first_frame: int = 1) -> reader.ReadResult | str:
+def assert_twins(path: Path, first_frame: int = 1) -> pcapfile.ReadResult | str:
     """Kernel and twin give the same result (or the same error) for path; returns the kernel's."""
     fast = read(path, True, first_frame)
     twin = read(path, False, first_frame)

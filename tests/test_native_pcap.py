@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from native_helpers import assert_twins, claim_caplen, comparable, engine, need_kernels, pcapng_capture, read
 
 from diag.bench.fuzz_analyze import mutate, seed_corpus
-from diag.capture import reader
+from diag.capture import decode, pcapfile, reader
 from diag.errors import DiagError
 
 
@@ -32,10 +32,10 @@ def _need_kernel() -> None:
     need_kernels("_cpcap")
 
 
-@pytest.fixture(params=[reader.CHUNK_BYTES, 512], ids=["chunk-8MiB", "chunk-512B"])
+@pytest.fixture(params=[pcapfile.CHUNK_BYTES, 512], ids=["chunk-8MiB", "chunk-512B"])
 def chunk_bytes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
     """The file read in the usual chunks, and in tiny ones (every record carried across chunks)."""
-    monkeypatch.setattr(reader, "CHUNK_BYTES", request.param)
+    monkeypatch.setattr(pcapfile, "CHUNK_BYTES", request.param)
     return int(request.param)
 
 
@@ -402,6 +402,6 @@ def test_check_mode_reads_both_and_names_what_differs(tmp_path: Path, monkeypatc
     empty.write_bytes(b"")
     with pytest.raises(DiagError, match="empty"):
         reader.read_capture(empty)
-    monkeypatch.setattr(reader, "parse_tcp_options", lambda data: {})  # the twin loses the SYN options
+    monkeypatch.setattr(decode, "parse_tcp_options", lambda data: {})  # the twin loses the SYN options
     with pytest.raises(AssertionError, match=r"differ on .* in syns"):
         reader.read_capture(pcap)

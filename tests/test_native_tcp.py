@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from diag.capture import tcpstate
-from diag.capture.flows import connections, read_files
-from diag.capture.reader import ACK, FIN, PSH, RST, SYN
+from diag.capture.analysis import tcp_inputs
+from diag.capture.pcapfile import ACK, FIN, PSH, RST, SYN
 from diag.capture.tcpstate import PacketState
 
 BUILD_COMMAND = "python -c \"import setuptools; setuptools.setup()\" build_ext --inplace"
@@ -69,8 +69,7 @@ def assert_twins(ctcp: ModuleType, cols: dict[str, np.ndarray], conn: np.ndarray
 
 
 def assert_twins_on_capture(ctcp: ModuleType, paths: list[Path]) -> PacketState:
-    cols, endpoints, results = read_files(paths)
-    conn, direction, _, _, wscale, _, _, first_rtt = connections(cols, endpoints, results)
+    cols, conn, direction, wscale, first_rtt = tcp_inputs(paths)
     n = conn.size
     return assert_twins(ctcp, cols, conn, direction, wscale, first_rtt, chunk_sizes=(max(1, n // 3), 4096),
                         spill_window=64)
@@ -339,8 +338,7 @@ def test_dispatch_and_switch(ctcp: ModuleType, monkeypatch: pytest.MonkeyPatch, 
     """analyze_packets runs the kernel, DIAG_NATIVE=0 the twin, DIAG_NATIVE=check both (and compares)."""
     frames = [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()]
     pcap = write_pcap(tmp_path / "flow.pcap", frames, linktype=1)
-    cols, endpoints, results = read_files([pcap])
-    conn, direction, _, _, wscale, _, _, first_rtt = connections(cols, endpoints, results)
+    cols, conn, direction, wscale, first_rtt = tcp_inputs([pcap])
     calls: list[str] = []
     real_native, real_numpy = tcpstate.analyze_packets_native, tcpstate._analyze_packets_numpy
     monkeypatch.setattr(tcpstate, "analyze_packets_native", lambda *a, **k: calls.append("c") or real_native(*a, **k))

@@ -2,7 +2,7 @@
 
     python -m diag.bench.reader_speed FILE [--repeat 5]
 
-Times ``flows.read_files([FILE])`` (file -> columns, what `diag analyze` does before any TCP analysis) with
+Times ``source.read_files([FILE])`` (file -> columns, what `diag analyze` does before any TCP analysis) with
 the kernel and with DIAG_NATIVE=0, alternately, after the memory settings `diag analyze` uses. Prints CPU
 time (process: every thread) and wall time, best and median of --repeat runs each, and the ratios. The
 file should be in the page cache (the first, untimed read puts it there). The first read of a process also
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from diag.capture.memory import tune_for_one_shot_analysis
 
     tune_for_one_shot_analysis()
-    from diag.capture import flows, native
+    from diag.capture import native, source
 
     engines = {"kernel": "1", "numpy twin": "0"}
     os.environ[native.DISABLE_ENV] = "1"
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, switch in engines.items():
             os.environ[native.DISABLE_ENV] = switch
             cpu0, wall0 = time.process_time(), time.perf_counter()
-            cols, _endpoints, _results = flows.read_files([args.file])
+            cols, _endpoints, _results = source.read_files([args.file])
             cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
             packets = int(cols["ts_ns"].size)
             del cols, _endpoints, _results

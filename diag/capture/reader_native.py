@@ -9,7 +9,7 @@ read's memory is the columns plus two chunk buffers. The kernel releases the GIL
 this thread reads chunk k+1 into the other buffer.
 
 Streaming (``reader.stream_capture``): the same read with a ``consume`` callback. The columns are then sized
-for one chunk; after each decoded chunk its rows are handed to ``consume`` as a ``reader.CaptureChunk`` and the
+for one chunk; after each decoded chunk its rows are handed to ``consume`` as a ``pcapfile.CaptureChunk`` and the
 Decoder is rewound (the next chunk is written from row 0 again, frames and endpoint ids carry on), so the
 read's memory no longer grows with the capture.
 
@@ -35,8 +35,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from diag.capture import reader
-from diag.capture.reader import (
+from diag.capture import pcapfile
+from diag.capture.pcapfile import (
     COLUMN_DTYPES,
     MAX_RECORD_BYTES,
     PCAP_MAGICS,
@@ -268,7 +268,7 @@ class _Inline(contextlib.AbstractContextManager):
 
 def read_pcap(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: Path,
               chunk_bytes: int | None = None) -> None:
-    """pcap records through the kernel, chunk by chunk (chunk_bytes, default reader.CHUNK_BYTES); reading
+    """pcap records through the kernel, chunk by chunk (chunk_bytes, default pcapfile.CHUNK_BYTES); reading
     chunk k+1 overlaps decoding chunk k."""
     endian, ns_per_tick = PCAP_MAGICS[magic]
     snaplen, linktype, limit = pcap_header(handle, magic, path)
@@ -277,7 +277,7 @@ def read_pcap(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: Pat
     big = endian == ">"
     # Each buffer keeps `room` bytes in front of its chunk for the unfinished record of the chunk before.
     room = limit + 16
-    stores = [bytearray(room + (reader.CHUNK_BYTES if chunk_bytes is None else chunk_bytes)) for _ in range(2)]
+    stores = [bytearray(room + (pcapfile.CHUNK_BYTES if chunk_bytes is None else chunk_bytes)) for _ in range(2)]
     start = room
     with memoryview(stores[0]) as view:
         got = _read_into(handle, view[room:])
@@ -341,7 +341,7 @@ def read_pcapng(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: P
     carry = b""
     consumed = 0  # file offset of buf[0], for messages
     # Room for every packet block a chunk can hold (the smallest is 16 bytes); rows are written only as found.
-    table = [np.empty((reader.CHUNK_BYTES + MAX_RECORD_BYTES + 64) // 16 + 1, dtype=np.int64)
+    table = [np.empty((pcapfile.CHUNK_BYTES + MAX_RECORD_BYTES + 64) // 16 + 1, dtype=np.int64)
              for _ in range(4)]
     for data in _chunks(handle, magic):
         buf = carry + data if carry else data

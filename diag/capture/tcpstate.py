@@ -25,7 +25,7 @@ from types import ModuleType
 import numpy as np
 
 from diag.capture import native
-from diag.capture.reader import ACK, FIN, RST, SYN
+from diag.capture.pcapfile import ACK, FIN, RST, SYN
 
 # tshark: a retransmission within this time of the reverse direction's last (>=2) duplicate ACK is "fast".
 FAST_RETRANSMISSION_WINDOW_NS = 20_000_000
@@ -186,7 +186,7 @@ def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np
     return state
 
 
-# The kernel's input columns and their dtypes (the reader's, see reader.COLUMN_DTYPES).
+# The kernel's input columns and their dtypes (the reader's, see pcapfile.COLUMN_DTYPES).
 _KERNEL_INPUTS = {"ts_ns": np.int64, "seq": np.uint32, "ack": np.uint32, "plen": np.int32, "win": np.uint16,
                   "flags": np.uint8, "tsval": np.uint32, "tsecr": np.uint32, "has_ts": np.bool_}
 # PacketState's computed fields and their dtypes (those of the numpy twin).

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
             load_records(records)  # a wrong --records file fails now, not after the captures were read
 
     tune_for_one_shot_analysis()  # before numpy is imported
-    from diag.capture.flows import analyze
+    from diag.capture.analysis import analyze
 
     result, packets = analyze(args.pcaps, args.records, args.bin_s, args.idle_gap_s, not args.no_series,
                               keep_sequence=bool(args.plot))

@@ -1,0 +1,377 @@
+"""The packet source and the passes over it: every chunk of TCP rows, numbered, with its TCP state.
+
+A source is the capture file read chunk by chunk (FileChunks: reader.stream_capture, memory one chunk
+whatever the file's size), or one chunk in memory (OneChunk: pipes, several files merged in time order,
+--plot, a machine without the C kernels, and a file whose chunks cannot be analyzed exactly -- Fallback
+says why). The Streamer reads the source once per Pass and hands each chunk, with its connection and
+direction ids (numbered by first appearance, as tshark's tcp.stream) and, in the passes that need it, its
+TCP state (the _ctcp kernel fed chunk by chunk, or tcpstate.analyze_packets over the one chunk), to the
+aggregations. Each pass keeps only what the next one needs:
+
+  COUNTS      connections, SYNs (window scale, MSS), counts and sums, idle runs, bulk gaps counted
+  HANDSHAKES  each connection's handshake RTT (the TCP state needs it from the first packet); stops early
+  CADENCE     TCP state: verdicts, RTT/window/in-flight counted, exact bulk gaps -> run gaps, series
+  RUNS        TCP state: exact order statistics, busy runs at each run gap, turn candidates
+  OVERLAP     bytes inside the other stream's busy runs, handoff triggers, control frames' peer times
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from diag.capture import native
+from diag.capture.pcapfile import ACK, SYN, CaptureChunk, ReadResult
+from diag.capture.reader import read_capture, stream_capture
+from diag.capture.tcpstate import PacketState, analyze_packets
+
+VERDICTS = ("retransmission", "fast_retransmission", "spurious_retransmission", "out_of_order",
+            "lost_segment", "dup_ack", "zero_window", "window_full")
+# The JSON's names of the verdict counts, in its key order.
+VERDICT_KEYS = ("retransmissions", "fast_retransmissions", "spurious_retransmissions", "out_of_order",
+                "lost_segments", "dup_acks", "zero_windows", "window_full")
+_STATE_DTYPES = {"new_bytes": np.int64, **{name: np.bool_ for name in VERDICTS}, "in_flight": np.int64,
+                 "window_bytes": np.int32, "ack_rtt_ns": np.int64, "ts_rtt_ns": np.int64}
+_KERNEL_INPUTS = {"ts_ns": np.int64, "seq": np.uint32, "ack": np.uint32, "plen": np.int32, "win": np.uint16,
+                  "flags": np.uint8, "tsval": np.uint32, "tsecr": np.uint32, "has_ts": np.bool_}
+# The TCP state kernel keeps every data segment's end (a retransmission or late ACK of any age must find
+# it): 17 bytes a segment. Streaming, it keeps this many a direction in memory and the older ones on disk.
+SPILL_WINDOW = 1 << 20
+
+
+
+
+class Pass(enum.IntEnum):
+    """The reads of the source, in order (see the module docstring)."""
+
+    COUNTS = 1
+    HANDSHAKES = 2
+    CADENCE = 3
+    RUNS = 4
+    OVERLAP = 5
+
+
+class Fallback(Exception):
+    """This file cannot be streamed to the in-memory result (the message says why); analyze it in memory."""
+
+
+@dataclass
+class Chunk:
+    """One reader chunk as the aggregations see it: the columns they read plus per-row ids."""
+
+    ts_ns: np.ndarray
+    plen: np.ndarray
+    flags: np.ndarray
+    win: np.ndarray
+    conn: np.ndarray       # int32 connection index (numbered by first appearance)
+    direction: np.ndarray  # int8: 0 when sent by the connection's first sender
+    src_addr: np.ndarray   # int32 address index (Streamer.addresses, in order of first appearance)
+    dst_addr: np.ndarray
+    state: dict[str, np.ndarray] | None  # the TCP state outputs (Pass.CADENCE and Pass.RUNS)
+
+
+class _Stop(Exception):
+    """Raised inside a consume callback to end a pass early."""
+
+
+class ConnectionIds:
+    """Endpoint pairs -> connection index in order of first appearance (tshark's tcp.stream)."""
+
+    def __init__(self) -> None:
+        self.cap = 0
+        self.lookup = np.zeros(0, dtype=np.int32)  # low * cap + high -> connection, -1 unknown
+        self.pairs: dict[tuple[int, int], int] = {}
+        self.conn_a: list[int] = []
+        self.conn_b: list[int] = []
+        self._conn_a_arr = np.zeros(0, dtype=np.int32)  # conn_a as an array, rebuilt when connections came
+
+    def _grow(self, nendpoints: int) -> None:
+        cap = max(16, self.cap)
+        while cap < nendpoints:
+            cap *= 2
+        if cap > 2048:  # a dense table would be too large: the dict path alone
+            self.cap = -1
+            return
+        if cap != self.cap:
+            self.lookup = np.full(cap * cap, -1, dtype=np.int32)
+            for (low, high), c in self.pairs.items():
+                self.lookup[low * cap + high] = c
+            self.cap = cap
+
+    def ids(self, src: np.ndarray, dst: np.ndarray, nendpoints: int, assign: bool) -> np.ndarray:
+        if self.cap != -1 and nendpoints > self.cap:
+            self._grow(nendpoints)
+        low, high = np.minimum(src, dst), np.maximum(src, dst)
+        if self.cap == -1:
+            key = low.astype(np.int64) << 32 | high
+            uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+            known = np.array([self.pairs.get((int(k >> 32), int(k & 0xFFFFFFFF)), -1) for k in uniq.tolist()],
+                             dtype=np.int32)
+            missing = np.flatnonzero(known < 0)
+            if missing.size:
+                if not assign:
+                    raise AssertionError("a connection appeared in a later pass")
+                for m in missing[np.argsort(first[missing], kind="stable")].tolist():
+                    k = int(uniq[m])
+                    known[m] = self._add(k >> 32, k & 0xFFFFFFFF, src[first[m]], dst[first[m]])
+            return known[inverse.ravel()]
+        key = low * np.int32(self.cap) + high
+        conn = self.lookup[key]
+        if conn.size and int(conn.min()) < 0:
+            if not assign:
+                raise AssertionError("a connection appeared in a later pass")
+            rows = np.flatnonzero(conn < 0)
+            keys, first = np.unique(key[rows], return_index=True)
+            for k, row in sorted(zip(keys.tolist(), rows[first].tolist(), strict=True), key=lambda kr: kr[1]):
+                self.lookup[k] = self._add(k // self.cap, k % self.cap, src[row], dst[row])
+            conn = self.lookup[key]
+        return conn
+
+    def _add(self, low: int, high: int, first_src: Any, first_dst: Any) -> int:
+        c = len(self.conn_a)
+        self.pairs[(int(low), int(high))] = c
+        self.conn_a.append(int(first_src))
+        self.conn_b.append(int(first_dst))
+        return c
+
+    def direction(self, conn: np.ndarray, src: np.ndarray) -> np.ndarray:
+        if len(self.conn_a) == 1:
+            return (src != self.conn_a[0]).astype(np.int8)
+        if self._conn_a_arr.size != len(self.conn_a):  # once per chunk at most, not once per new connection
+            self._conn_a_arr = np.array(self.conn_a, dtype=np.int32)
+        return (src != self._conn_a_arr[conn]).astype(np.int8)
+
+
+class FileChunks:
+    """One capture file read chunk by chunk (reader.stream_capture): memory is one chunk whatever its size."""
+
+    single = False
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.paths = [path]
+        self.results: list[ReadResult] = []
+
+    def read(self, consume: Callable[[CaptureChunk], None]) -> None:
+        self.results = [stream_capture(self.paths[0], consume)]
+
+
+def read_files(paths: Sequence[str | os.PathLike[str]]
+               ) -> tuple[dict[str, np.ndarray], list[tuple[str, int]], list[ReadResult]]:
+    """Every file's columns merged into one table (file order) with one endpoint numbering."""
+    results: list[ReadResult] = []
+    frame = 1
+    for path in paths:
+        result = read_capture(path, first_frame=frame)
+        frame += result.frames
+        results.append(result)
+    if len(results) == 1:  # one file: its endpoint ids and columns are already final (no copy)
+        cols, endpoints = results[0].columns, list(results[0].endpoints)
+    else:
+        cols, endpoints = _merge(results)
+    return cols, endpoints, results
+
+
+def _merge(results: list[ReadResult]) -> tuple[dict[str, np.ndarray], list[tuple[str, int]]]:
+    """Several files -> one column set with shared endpoint ids, in time order (mergecap semantics)."""
+    # Merge endpoints across files by (address, port).
+    ids: dict[tuple[str, int], int] = {}
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in results[0].columns}
+    for result in results:
+        remap = np.array([ids.setdefault(ep, len(ids)) for ep in result.endpoints] or [0], dtype=np.int32)
+        for name, column in result.columns.items():
+            if name in ("src", "dst"):
+                column = remap[column] if column.size else column
+            parts[name].append(column)
+    endpoints = list(ids)  # dicts keep insertion order, which is id order
+    cols = {name: np.concatenate(values) for name, values in parts.items()}
+    del parts
+    order = np.argsort(cols["ts_ns"], kind="stable")  # one stream in time order (stable for equal stamps)
+    return {name: values[order] for name, values in cols.items()}, endpoints
+
+
+class OneChunk:
+    """Every file read into memory and merged in time order (mergecap semantics): one chunk. For pipes,
+    several files, --plot and a machine without the C kernels."""
+
+    single = True
+
+    def __init__(self, paths: Sequence[str | os.PathLike[str]]) -> None:
+        self.paths = list(paths)
+        cols, endpoints, self.results = read_files(paths)
+        self.chunk = CaptureChunk(cols, [syn for result in self.results for syn in result.syns], 0, endpoints)
+
+    def read(self, consume: Callable[[CaptureChunk], None]) -> None:
+        if self.chunk.rows:  # as stream_capture: never a chunk of zero rows
+            consume(self.chunk)
+
+
+class Streamer:
+    """Runs the passes over one packet source and hands every chunk to the aggregations."""
+
+    def __init__(self, source: FileChunks | OneChunk, spill_window: int = SPILL_WINDOW) -> None:
+        self.source = source
+        self.path = source.paths[0]
+        self.spill_window = spill_window
+        self.keep_sequence = False
+        self.connections = ConnectionIds()
+        self.endpoints: list[tuple[str, int]] = []
+        self.address_of_endpoint = np.zeros(0, dtype=np.int32)
+        self.addresses: list[str] = []  # address index -> text, in order of first appearance
+        self._address_index: dict[str, int] = {}
+        self.rows = 0
+        # handshakes (Pass.COUNTS)
+        self.syn_seen: list[list[bool]] = []
+        self.offered: dict[tuple[int, int], int | None] = {}
+        self.mss: dict[tuple[int, int], int] = {}
+        self.syn_time: dict[int, int] = {}
+        self.wscale = np.zeros((0, 2), dtype=np.int64)
+        self.first_rtt = np.zeros(0, dtype=np.int64)
+        self._one_state: dict[str, np.ndarray] | None = None  # OneChunk: the TCP state, computed once
+        self.one_state: PacketState | None = None
+
+    @property
+    def nconn(self) -> int:
+        return len(self.connections.conn_a)
+
+    def _endpoints(self, chunk: CaptureChunk) -> None:
+        if len(chunk.endpoints) == len(self.endpoints):
+            return
+        new = chunk.endpoints[len(self.endpoints):]
+        ids = []
+        for address, _port in new:
+            index = self._address_index.get(address)
+            if index is None:
+                index = self._address_index[address] = len(self.addresses)
+                self.addresses.append(address)
+            ids.append(index)
+        self.endpoints = list(chunk.endpoints)
+        self.address_of_endpoint = np.concatenate([self.address_of_endpoint, np.array(ids, dtype=np.int32)])
+
+    def run(self, step: Pass, consume: Callable[[Chunk], None], with_state: bool = False) -> None:
+        """One pass: every chunk of the source, with the TCP state when asked, to consume."""
+        analyzer = None
+        outputs: dict[str, np.ndarray] = {}
+        if with_state and not self.source.single:
+            kernel = native.kernel("_ctcp")
+            assert kernel is not None
+            analyzer = kernel.Analyzer(2 * self.nconn, np.ascontiguousarray(self.wscale, dtype=np.int64).reshape(-1),
+                                       np.ascontiguousarray(self.first_rtt, dtype=np.int64),
+                                       spill_window=self.spill_window)
+
+        def on_chunk(raw: CaptureChunk) -> None:
+            cols = raw.columns
+            n = cols["ts_ns"].size
+            if step is Pass.COUNTS:
+                self._endpoints(raw)
+            src, dst = cols["src"], cols["dst"]
+            conn = self.connections.ids(src, dst, len(self.endpoints), assign=step is Pass.COUNTS)
+            direction = self.connections.direction(conn, src)
+            ts = cols["ts_ns"]
+            if step is Pass.COUNTS:
+                self._syns(raw, conn, direction)
+                self.rows += n
+            state = None
+            if with_state and self.source.single:
+                state = self._whole_state(cols, conn, direction)
+            elif analyzer is not None:
+                for name, dtype in _STATE_DTYPES.items():
+                    if name not in outputs or outputs[name].size < n:
+                        outputs[name] = np.empty(max(n, 1 << 16), dtype=dtype)
+                state = {name: array[:n] for name, array in outputs.items()}
+                inputs = [np.ascontiguousarray(conn, dtype=np.int32), np.ascontiguousarray(direction, dtype=np.int8)]
+                inputs += [np.ascontiguousarray(cols[name], dtype=dtype) for name, dtype in _KERNEL_INPUTS.items()]
+                try:
+                    late_ack, late_ts = analyzer.feed(*inputs, None, None, *state.values())
+                except OSError as exc:  # its temporary file of segment ends could not be written or read
+                    from diag.errors import DiagError
+
+                    raise DiagError(f"{self.path}: {exc}") from None
+                for late, name in ((late_ack, "ack_rtt_ns"), (late_ts, "ts_rtt_ns")):
+                    for row, value in late:
+                        if row < raw.first_row:
+                            raise Fallback("an RTT sample falls on a packet of an earlier chunk (packets out of "
+                                           "order in the file)")
+                        state[name][row - raw.first_row] = value
+            consume(Chunk(ts, cols["plen"], cols["flags"], cols["win"], conn, direction,
+                          self.address_of_endpoint[src], self.address_of_endpoint[dst], state))
+
+        try:
+            self.source.read(on_chunk)
+        except _Stop:
+            return
+        if step is Pass.COUNTS:
+            self._settle_handshakes()
+
+    def _whole_state(self, cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray
+                     ) -> dict[str, np.ndarray]:
+        """The one chunk's TCP state (tcpstate.analyze_packets: the C kernel, or its numpy twin), computed once
+        and kept for the later passes and the plots."""
+        if self._one_state is None:
+            self.one_state = analyze_packets(cols, conn, direction, self.wscale, self.first_rtt,
+                                             keep_sequence=self.keep_sequence)
+            self._one_state = {name: getattr(self.one_state, name) for name in _STATE_DTYPES}
+        return self._one_state
+
+    def _syns(self, raw: CaptureChunk, conn: np.ndarray, direction: np.ndarray) -> None:
+        while len(self.syn_seen) < self.nconn:
+            self.syn_seen.append([False, False])
+        if not raw.syns:
+            return
+        frames = raw.columns["frame"]
+        wanted = np.array([s.frame for s in raw.syns], dtype=np.int64)
+        rows = np.flatnonzero(np.isin(frames, wanted))
+        row_of = dict(zip(frames[rows].tolist(), rows.tolist(), strict=True))
+        for syn in raw.syns:
+            row = row_of.get(syn.frame)
+            if row is None:
+                continue
+            c, d = int(conn[row]), int(direction[row])
+            self.syn_seen[c][d] = True
+            self.offered[(c, d)] = syn.wscale
+            if syn.mss:
+                self.mss[(c, d)] = syn.mss
+            if not syn.flags & ACK:
+                self.syn_time[c] = syn.ts_ns
+
+    def _settle_handshakes(self) -> None:
+        """Window scales (RFC 7323: both SYNs must offer it); the handshake RTTs come from Pass.HANDSHAKES."""
+        nconn = self.nconn
+        while len(self.syn_seen) < nconn:
+            self.syn_seen.append([False, False])
+        self.wscale = np.full((nconn, 2), -1, dtype=np.int64)
+        for c in range(nconn):
+            if self.syn_seen[c][0] and self.syn_seen[c][1]:
+                ws0, ws1 = self.offered.get((c, 0)), self.offered.get((c, 1))
+                if ws0 is not None and ws1 is not None:
+                    self.wscale[c, 0], self.wscale[c, 1] = ws0, ws1
+                else:
+                    self.wscale[c, 0] = self.wscale[c, 1] = 0
+        self.first_rtt = np.zeros(nconn, dtype=np.int64)
+
+    def handshake_rtts(self) -> None:
+        """Pass.HANDSHAKES: each connection's first non-SYN ACK at or after its most recent SYN without ACK
+        (Wireshark's ts_first_rtt), in file order."""
+        pending = {c: self.syn_time.get(c, 0) for c in range(self.nconn)
+                   if self.syn_seen[c][0] and self.syn_seen[c][1]}
+        if not pending:
+            return
+
+        def consume(chunk: Chunk) -> None:
+            hit = ((chunk.flags & ACK) != 0) & ((chunk.flags & SYN) == 0)
+            for c in list(pending):
+                rows = np.flatnonzero(hit & (chunk.ts_ns >= pending[c]) & (chunk.conn == c))
+                if rows.size:
+                    self.first_rtt[c] = int(chunk.ts_ns[rows[0]] - pending[c])
+                    del pending[c]
+            if not pending:
+                raise _Stop
+
+        self.run(Pass.HANDSHAKES, consume)
+
+    def mss_of(self, c: int, d: int) -> int:
+        return self.mss.get((c, d), 0)
