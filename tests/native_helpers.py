@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +12,9 @@ import numpy as np
 import pytest
 
 from diag.bench.fuzz_analyze import pcapng_block, pcapng_option
-from diag.capture import native, pcapfile, reader
+from diag.capture import pcapfile, reader
 from diag.errors import DiagError
+from tests import decode_twin
 
 BUILD_COMMAND = "python -c 'import setuptools; setuptools.setup()' build_ext --inplace"
 
@@ -45,27 +44,14 @@ def claim_caplen(pcap: bytes, record: int, claim: int) -> bytes:
     return bytes(bad)
 
 
-@contextlib.contextmanager
-def engine(use_kernel: bool) -> Iterator[None]:
-    """DIAG_NATIVE set for the block (the reader looks at it on every read)."""
-    before = os.environ.get(native.DISABLE_ENV)
-    os.environ[native.DISABLE_ENV] = "1" if use_kernel else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[native.DISABLE_ENV]
-        else:
-            os.environ[native.DISABLE_ENV] = before
-
-
 def read(path: Path, use_kernel: bool, first_frame: int = 1) -> pcapfile.ReadResult | str:
-    """The ReadResult, or the one-line DiagError message."""
-    with engine(use_kernel):
-        try:
+    """The ReadResult (by the kernel, or by its numpy twin), or the one-line DiagError message."""
+    try:
+        if use_kernel:
             return reader.read_capture(path, first_frame=first_frame)
-        except DiagError as exc:
-            return f"DiagError: {exc}"
+        return decode_twin.read_capture(path, first_frame=first_frame)
+    except DiagError as exc:
+        return f"DiagError: {exc}"
 
 
 def comparable(result: pcapfile.ReadResult | str) -> Any:

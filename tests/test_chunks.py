@@ -48,7 +48,6 @@ T0_NS = 1_700_000_000 * 10**9
 
 @pytest.fixture(autouse=True)
 def _need_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(native.DISABLE_ENV, raising=False)
     need_kernels(*native.KERNELS)
 
 
@@ -778,7 +777,7 @@ def test_cli_chunks_and_plot_print_the_same(tmp_path: Path) -> None:
 
 
 def test_which_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chunks for one regular file with both kernels; one chunk for several files, a pipe, --plot, no kernels."""
+    """Chunks for one regular file with both kernels; one chunk for several files, a pipe, --plot."""
     pcap = write_pcap(tmp_path / "s.pcap", [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()], 1)
     other = write_pcap(tmp_path / "t.pcap", [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()], 1)
     fifo = tmp_path / "pipe.pcap"
@@ -787,9 +786,9 @@ def test_which_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert not analysis.chunked([pcap, other])
     assert not analysis.chunked([fifo])
     assert not analysis.chunked([tmp_path / "missing.pcap"])
-    monkeypatch.setenv(native.DISABLE_ENV, "0")  # kernels off: nothing to feed in chunks
-    assert not analysis.chunked([pcap])
-    monkeypatch.delenv(native.DISABLE_ENV)
+    with monkeypatch.context() as patch:
+        patch.setattr(native, "kernel", lambda name: None)  # no kernels: nothing to feed in chunks
+        assert not analysis.chunked([pcap])
     sources: list[str] = []
     real = analysis.Analysis.__init__
     monkeypatch.setattr(analysis.Analysis, "__init__",

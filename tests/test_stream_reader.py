@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from capture_helpers import LINK_HEADERS, loopback_capture, synthetic_flow, write_pcap
-from native_helpers import claim_caplen, engine, need_kernels, pcapng_capture
+from native_helpers import claim_caplen, need_kernels, pcapng_capture
 
 from diag.bench.fuzz_analyze import mutate, seed_corpus
 from diag.capture import pcapfile, reader
@@ -83,16 +83,15 @@ class Streamed:
 def stream_and_compare(path: Path, first_frame: int = 1) -> tuple[pcapfile.ReadResult | str, Streamed]:
     """Read path both ways (the kernel's read_capture and stream_capture) and hold them to each other; returns
     read_capture's result (or its DiagError text) and what the stream's consumer saw."""
-    with engine(True):
-        try:
-            full: pcapfile.ReadResult | str = reader.read_capture(path, first_frame=first_frame)
-        except DiagError as exc:
-            full = str(exc)
-        seen = Streamed()
-        try:
-            streamed: pcapfile.ReadResult | str = reader.stream_capture(path, seen.consume, first_frame=first_frame)
-        except DiagError as exc:
-            streamed = str(exc)
+    try:
+        full: pcapfile.ReadResult | str = reader.read_capture(path, first_frame=first_frame)
+    except DiagError as exc:
+        full = str(exc)
+    seen = Streamed()
+    try:
+        streamed: pcapfile.ReadResult | str = reader.stream_capture(path, seen.consume, first_frame=first_frame)
+    except DiagError as exc:
+        streamed = str(exc)
     if isinstance(full, str) or isinstance(streamed, str):
         assert full == streamed, (full, streamed)
         return full, seen
@@ -259,8 +258,7 @@ def test_gzip(tmp_path: Path, chunk_bytes: int) -> None:
 def test_a_pipe(tmp_path: Path, chunk_bytes: int) -> None:
     frames = ethernet(many_flows(60))
     data = write_pcap(tmp_path / "f.pcap", frames, 1).read_bytes()
-    with engine(True):
-        full = reader.read_capture(tmp_path / "f.pcap")
+    full = reader.read_capture(tmp_path / "f.pcap")
     seen = Streamed()
     readable, writable = os.pipe()
     writer = threading.Thread(target=lambda: (os.write(writable, data), os.close(writable)))
@@ -314,14 +312,13 @@ def test_real_tcpdump_capture(tmp_path: Path, chunk_bytes: int) -> None:
 # --- the API around it -----------------------------------------------------------------------------------------
 
 
-def test_needs_the_kernel(tmp_path: Path) -> None:
+def test_needs_the_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from diag.capture import native
+
     pcap = write_pcap(tmp_path / "f.pcap", ethernet(many_flows(2)), 1)
-    with engine(True):
-        assert reader.streaming_available()
-    with engine(False):
-        assert not reader.streaming_available()
-        with pytest.raises(RuntimeError, match="streaming needs the _cpcap kernel"):
-            reader.stream_capture(pcap, lambda chunk: None)
+    monkeypatch.setattr(native, "kernel", lambda name: None)
+    with pytest.raises(DiagError, match="_cpcap is not built"):
+        reader.stream_capture(pcap, lambda chunk: None)
 
 
 def test_what_consume_raises_is_raised_as_it_is(tmp_path: Path, chunk_bytes: int) -> None:
@@ -334,6 +331,6 @@ def test_what_consume_raises_is_raised_as_it_is(tmp_path: Path, chunk_bytes: int
         if len(calls) == 3:
             raise OSError(28, "No space left on device")
 
-    with engine(True), pytest.raises(OSError, match="No space left") as caught:
+    with pytest.raises(OSError, match="No space left") as caught:
         reader.stream_capture(pcap, consume)
     assert not isinstance(caught.value, DiagError) and len(calls) == 3

@@ -1,6 +1,6 @@
 """The reader on its C kernel (diag/capture/_cpcap.c): the same ReadResult as the numpy twin, faster.
 
-``read_capture`` comes here when ``native.kernel("_cpcap")`` is built and not disabled (DIAG_NATIVE=0). The file
+``read_capture`` and ``stream_capture`` decode every file here. The file
 is read in the twin's chunks (CHUNK_BYTES, the unfinished last record carried to the next chunk), and each
 chunk is one kernel call that walks its records and decodes every one straight into the output columns -
 the twin's dtypes, allocated once for the whole file from an upper bound on its TCP rows (a row needs 56
@@ -22,16 +22,15 @@ and hosts sorted by address).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import stat
 import struct
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
-from typing import IO, Any
+from typing import IO
 
 import numpy as np
 
@@ -131,6 +130,12 @@ class NativeBuilder:
     def frames(self) -> int:
         return int(self.decoder.frames)
 
+    def pcap(self, handle: IO[bytes], magic: bytes, path: Path) -> None:
+        read_pcap(handle, magic, self, path)
+
+    def pcapng(self, handle: IO[bytes], magic: bytes, path: Path) -> None:
+        read_pcapng(handle, magic, self, path)
+
     def skip(self, reason: str, count: int) -> None:
         if count:
             self.skipped[reason] = self.skipped.get(reason, 0) + int(count)
@@ -205,31 +210,6 @@ class NativeBuilder:
         ]
 
 
-def differences(a: ReadResult, b: ReadResult) -> list[str]:
-    """What differs between two reads of one file (DIAG_NATIVE=check): endpoint ids compared by what they
-    stand for, the order of `skipped`'s keys included (it reaches the JSON)."""
-    out = []
-    for name in COLUMN_DTYPES:
-        x, y = a.columns[name], b.columns[name]
-        if name in ("src", "dst") and x.size == y.size and x.dtype == y.dtype:
-            same = [a.endpoints[i] for i in x.tolist()] == [b.endpoints[i] for i in y.tolist()]
-        else:
-            same = x.dtype == y.dtype and np.array_equal(x, y)
-        if not same:
-            out.append(name)
-    syns = [[(s.frame, s.ts_ns, r.endpoints[s.src], r.endpoints[s.dst], s.flags, s.mss, s.wscale,
-              s.sack_permitted, s.timestamps) for s in r.syns] for r in (a, b)]
-    if syns[0] != syns[1]:
-        out.append("syns")
-    if list(a.skipped.items()) != list(b.skipped.items()):
-        out.append("skipped")
-    out += [name for name in ("frames", "linktypes", "snaplen", "file_format", "warnings")
-            if getattr(a, name) != getattr(b, name)]
-    if sorted(set(a.endpoints)) != sorted(set(b.endpoints)):
-        out.append("endpoints")
-    return out
-
-
 def _endpoints(keys: bytes) -> list[tuple[str, int]]:
     """The kernel's endpoint keys (id order) -> (address, port), the address as ipaddress writes it."""
     import ipaddress
@@ -248,24 +228,6 @@ def _endpoints(keys: bytes) -> list[tuple[str, int]]:
 
 # --- pcap -------------------------------------------------------------------------------------------------
 
-OVERLAP_READS = True
-
-
-class _Inline(contextlib.AbstractContextManager):
-    """An executor that runs each job at once, in this thread."""
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        done: Future[Any] = Future()
-        try:
-            done.set_result(fn(*args))
-        except BaseException as exc:
-            done.set_exception(exc)
-        return done
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 def read_pcap(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: Path,
               chunk_bytes: int | None = None) -> None:
     """pcap records through the kernel, chunk by chunk (chunk_bytes, default pcapfile.CHUNK_BYTES); reading
@@ -281,7 +243,7 @@ def read_pcap(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: Pat
     start = room
     with memoryview(stores[0]) as view:
         got = _read_into(handle, view[room:])
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-decode") if OVERLAP_READS else _Inline() as pool:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-decode") as pool:
         turn = 0
         while got:
             store, following = stores[turn % 2], stores[(turn + 1) % 2]

@@ -1,5 +1,5 @@
-"""The numpy decoder: capture records -> TCP columns, the twin of the _cpcap kernel (reader_native.py) and
-the reader where the kernel is not built (DIAG_NATIVE=0).
+"""The numpy twin of the _cpcap kernel (diag/capture/reader_native.py): capture records -> TCP columns, the
+tests' independent reference for the kernel (read_capture below; tests/native_helpers.assert_twins).
 
 pcap record offsets are found with numpy (_PcapWalker; a record-by-record walk only as the fallback),
 pcapng blocks by a tight loop that only finds where each block starts; everything else - link layers,
@@ -550,6 +550,12 @@ class _ColumnBuilder:
         self.endpoints.append((address, port))
         return new_id
 
+    def pcap(self, handle: IO[bytes], magic: bytes, path: Path) -> None:
+        _read_pcap(handle, magic, self, path)
+
+    def pcapng(self, handle: IO[bytes], magic: bytes, path: Path) -> None:
+        _read_pcapng(handle, magic, self, path)
+
     def finish(self, file_format: str) -> ReadResult:
         columns = {
             name: (np.concatenate(parts) if parts else np.zeros(0, dtype=COLUMN_DTYPES[name]))
@@ -582,3 +588,10 @@ def _timestamps(tmat: np.ndarray, tcp_off: np.ndarray, thl: np.ndarray,
             tsecr = np.where(match, _be(tmat, 26 + lead, 4), tsecr)
             has |= match
     return tsval, tsecr, has
+
+
+def read_capture(path: str | Path, first_frame: int = 1) -> ReadResult:
+    """reader.read_capture with this twin decoding the records."""
+    from diag.capture import reader
+
+    return reader.read_capture(path, first_frame, decoder=_ColumnBuilder)
