@@ -128,6 +128,14 @@ class Aggregation:
             self.rows += count
             if self._point is not None:
                 self._capture_point(chunk, rows)
+        self._hosts(step, chunk, rows)
+        listed = self.top.streamer.listed
+        if listed is not None:  # only the listed connections are analyzed in full
+            keep = np.flatnonzero(listed[conn])
+            rows = keep if rows is None else rows[keep]
+            conn, direction = conn[keep], direction[keep]
+            if not keep.size:
+                return
         empty = np.zeros(0, np.int64)
         if self.top.streamer.nconn == 1:
             both = [np.flatnonzero(direction == 0), np.flatnonzero(direction == 1)]
@@ -151,7 +159,6 @@ class Aggregation:
                     raise AssertionError("a connection appeared after Pass.COUNTS")
                 connection = self.connections[c] = Connection(c, self.top.idle_gap_s, not self.top.streamer.source.single)
             self._connection(step, connection, chunk, [ab, ba])
-        self._hosts(step, chunk, rows)
 
     def _capture_point(self, chunk: Chunk, rows: np.ndarray | None) -> None:
         """Addresses whose NIC the capture sees: those that send or receive every TCP packet captured (only the
@@ -335,6 +342,8 @@ class Aggregation:
         src, dst = chunk.src_addr[data], chunk.dst_addr[data]
         naddresses = len(self.top.streamer.addresses)
         present = np.flatnonzero(np.bincount(src, minlength=naddresses) + np.bincount(dst, minlength=naddresses))
+        if self.top.streamer.listed_hosts is not None:
+            present = present[self.top.streamer.listed_hosts[present]]
         for index in present.tolist():
             host = self.hosts.get(index)
             if host is None:
@@ -463,7 +472,7 @@ class Aggregation:
                 "max": out.in_flight_max,
             },
             "acks": {"pure": out.pure_acks, "piggybacked": out.piggybacked},
-            "syn_seen": bool(top.streamer.syn_seen[c][d]),
+            "syn_seen": bool(top.streamer.syn_seen[c, d]),
         }
         if top.with_series:
             assert out.series is not None

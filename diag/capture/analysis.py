@@ -1,7 +1,7 @@
 """`diag analyze`: the passes over one packet source feed one aggregation per scope (the whole capture and
 each record phase), and the document is assembled from them.
 
-    source.FileChunks | source.OneChunk --chunks--> source.Streamer (Pass.COUNTS .. Pass.OVERLAP)
+    source.FileChunks | source.OneChunk --chunks--> source.Streamer (Pass.CONNECTIONS .. Pass.OVERLAP)
         --> aggregation.Aggregation (busy.DataStream, turns.Turns, quantile.OrderStats) --> document.document
 
 One regular capture file is read in chunks, in bounded memory whatever its size or content; several files,
@@ -51,6 +51,7 @@ class Analysis:
 
     def run(self) -> dict[str, Any]:
         streamer = self.streamer
+        streamer.run(Pass.CONNECTIONS, lambda chunk: None)
         streamer.run(Pass.COUNTS, self._feeder(Pass.COUNTS))
         for agg in (self.overall, *self.phase_aggs):
             agg.settle(Pass.COUNTS)
@@ -105,8 +106,13 @@ class Analysis:
             phases_out.append({"phase": phase, "packets": int(agg.rows), "connections": conns, "hosts": hs})
         extra = [NO_PHASE_PACKETS] if self.phases and attributed == 0 and self.streamer.rows else []
         tcp_packets = [r.packets for r in source.results] if source.single else [self.streamer.rows]
+        omitted = {}
+        if (connections_omitted := self.streamer.omitted()) is not None:
+            omitted["connections_omitted"] = connections_omitted
+        if self.streamer.listed_hosts is not None:
+            omitted["hosts_omitted"] = {"count": int(np.count_nonzero(self.streamer.host_bytes)) - len(hosts)}
         return document(source.paths, source.results, tcp_packets, connections, hosts, observed, phases_out,
-                        extra, self.bin_s, self.idle_gap_s)
+                        extra, self.bin_s, self.idle_gap_s, omitted)
 
     def packets(self) -> Packets:
         """The one chunk's packet table and TCP state (OneChunk sources only)."""
@@ -163,7 +169,7 @@ def tcp_inputs(paths: Sequence[str | os.PathLike[str]]
     """(columns, conn, direction, wscale, handshake RTTs) of the captures as one chunk: what the TCP state
     (tcpstate.analyze_packets, the _ctcp kernel) reads, for the tests that hold the kernel to its twin."""
     streamer = Streamer(OneChunk(paths))
-    streamer.run(Pass.COUNTS, lambda chunk: None)
+    streamer.run(Pass.CONNECTIONS, lambda chunk: None)
     streamer.handshake_rtts()
     ids: list[Chunk] = []
     streamer.run(Pass.RUNS, ids.append)

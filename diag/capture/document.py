@@ -142,10 +142,12 @@ NO_PHASE_PACKETS = ("no packet falls inside any record's iteration window: were 
 def document(paths: Sequence[str | os.PathLike[str]], results: list[ReadResult], tcp_packets: list[int],
              connections: list[dict[str, Any]], hosts: list[dict[str, Any]], observed: set[str],
              phases_out: list[dict[str, Any]], extra_warnings: list[str], bin_s: float,
-             idle_gap_s: float) -> dict[str, Any]:
+             idle_gap_s: float, omitted: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
     """The `diag analyze --json` object around the aggregations' connections, hosts and phases.
 
-    tcp_packets: each file's TCP rows (a ReadResult read chunk by chunk holds no columns to count)."""
+    tcp_packets: each file's TCP rows (a ReadResult read chunk by chunk holds no columns to count).
+    omitted: "connections_omitted" / "hosts_omitted" where a capture has more than are listed in full
+    (source.MAX_LISTED_CONNECTIONS); each follows its list."""
     warnings: list[str] = []
     files = []
     dropped_total: int | None = None
@@ -176,7 +178,10 @@ def document(paths: Sequence[str | os.PathLike[str]], results: list[ReadResult],
                        "control_max_bytes": CONTROL_MAX_BYTES},
         "capture_point": sorted(observed),
         "connections": connections,
+        **({"connections_omitted": omitted["connections_omitted"]}
+           if omitted and "connections_omitted" in omitted else {}),
         "hosts": hosts,
+        **({"hosts_omitted": omitted["hosts_omitted"]} if omitted and "hosts_omitted" in omitted else {}),
         "phases": phases_out,
         "turn_summary": summarize(phases_out),
         "warnings": warnings,

@@ -60,7 +60,7 @@ COLUMN_DTYPES: dict[str, Any] = {
 }
 
 
-@dataclass
+@dataclass(slots=True)
 class SynInfo:
     """What a SYN told us: the options that shape the rest of the connection."""
 

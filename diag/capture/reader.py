@@ -45,18 +45,19 @@ def read_capture(path: str | os.PathLike[str], first_frame: int = 1,
 
 
 def stream_capture(path: str | os.PathLike[str], consume: Callable[[CaptureChunk], None],
-                   first_frame: int = 1) -> ReadResult:
+                   first_frame: int = 1, details: bool = True) -> ReadResult:
     """Read a capture as read_capture does, handing its TCP rows to consume chunk by chunk instead of keeping
     them: the memory is one chunk's columns (reused) whatever the capture's size.
 
     The file (pcap, pcapng, gzip of either, or a pipe) is read front to back once. consume is called once per
     decoded chunk that holds TCP rows (never with zero rows), in file order; the chunks' columns concatenated
-    are read_capture's columns. The result is read_capture's in every field but ``columns``, which are
-    zero-length. A broken file raises read_capture's DiagError at the same point of the read (after the
-    chunks before it were consumed); what consume raises is raised as it is.
+    are read_capture's columns. The result is read_capture's in every field but ``columns`` and ``syns``,
+    which are empty (each chunk holds its own SYNs). A broken file raises read_capture's DiagError at the same point of the read (after the
+    chunks before it were consumed); what consume raises is raised as it is. details=False leaves the SYNs
+    and endpoints out of the chunks and the result (a later read of the same file needs neither).
     """
     try:
-        return _read_capture(Path(path), first_frame, consume)
+        return _read_capture(Path(path), first_frame, consume, details=details)
     except reader_native.ConsumerFailed as failed:
         raise failed.error from None
 
@@ -72,7 +73,7 @@ class RecordDecoder(Protocol):
 
 
 def _read_capture(p: Path, first_frame: int, consume: Callable[[CaptureChunk], None] | None = None,
-                  decoder: Callable[[int], RecordDecoder] | None = None) -> ReadResult:
+                  decoder: Callable[[int], RecordDecoder] | None = None, details: bool = True) -> ReadResult:
     try:
         raw = p.open("rb")
     except FileNotFoundError:
@@ -99,7 +100,7 @@ def _read_capture(p: Path, first_frame: int, consume: Callable[[CaptureChunk], N
                 # Streaming: columns for the largest chunk (a chunk and the record carried into it), reused.
                 rows = (reader_native.row_bound(raw, gz) if consume is None
                         else (pcapfile.CHUNK_BYTES + MAX_RECORD_BYTES + 16) // reader_native.MIN_ROW_FILE_BYTES + 1)
-                builder = reader_native.NativeBuilder(native.require("_cpcap"), first_frame, rows, consume)
+                builder = reader_native.NativeBuilder(native.require("_cpcap"), first_frame, rows, consume, details)
             magic = handle.read(4)
             if not magic:
                 raise DiagError(f"{p} is empty; was the capture stopped before any packet arrived?")

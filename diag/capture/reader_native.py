@@ -108,11 +108,11 @@ class NativeBuilder:
     """
 
     def __init__(self, kernel: ModuleType, first_frame: int, rows: int,
-                 consume: Callable[[CaptureChunk], None] | None = None) -> None:
+                 consume: Callable[[CaptureChunk], None] | None = None, details: bool = True) -> None:
         self.kernel = kernel
         self.consume = consume
+        self.details = details  # streaming: the SYNs and endpoints too (a later pass over a file needs neither)
         self.rows_flushed = 0  # streaming: the global row index of the columns' row 0
-        self.streamed_syns: list[SynInfo] = []
         self.streamed_endpoints: list[tuple[str, int]] = []
         self.decoder = kernel.Decoder(first_frame)
         try:
@@ -164,10 +164,9 @@ class NativeBuilder:
         rows = int(self.decoder.rows)
         if not rows:  # no call for a chunk without TCP rows (its frames and skips are counted all the same)
             return
-        syns = self._syns()
-        self.streamed_syns += syns
-        known = len(self.streamed_endpoints)
-        self.streamed_endpoints += _endpoints(self.decoder.endpoint_keys(known))
+        syns = self._syns() if self.details else []  # in this chunk only: kept, they would grow with the file
+        if self.details:
+            self.streamed_endpoints += _endpoints(self.decoder.endpoint_keys(len(self.streamed_endpoints)))
         chunk = CaptureChunk({name: column[:rows] for name, column in self.columns.items()}, syns,
                              self.rows_flushed, self.streamed_endpoints)
         try:
@@ -180,10 +179,11 @@ class NativeBuilder:
     def finish(self, file_format: str) -> ReadResult:
         if self.consume is not None:
             self.flush()  # every chunk was flushed as it was decoded; this is only a safeguard
-            self.streamed_endpoints += _endpoints(self.decoder.endpoint_keys(len(self.streamed_endpoints)))
+            if self.details:
+                self.streamed_endpoints += _endpoints(self.decoder.endpoint_keys(len(self.streamed_endpoints)))
             empty = {name: np.zeros(0, dtype=dtype) for name, dtype in COLUMN_DTYPES.items()}
             self.columns = empty  # the chunk columns are no longer needed: return their memory
-            return ReadResult(empty, self.streamed_endpoints, self.streamed_syns, self.frames, self.skipped,
+            return ReadResult(empty, self.streamed_endpoints, [], self.frames, self.skipped,
                               sorted(self.linktypes), self.snaplen, file_format, self.warnings)
         rows = int(self.decoder.rows)
         for column in self.columns.values():

@@ -8,7 +8,8 @@ direction ids (numbered by first appearance, as tshark's tcp.stream) and, in the
 TCP state (the _ctcp kernel fed chunk by chunk, or tcpstate.analyze_packets over the one chunk), to the
 aggregations. Each pass keeps only what the next one needs:
 
-  COUNTS      connections, SYNs (window scale, MSS), counts and sums, idle runs, bulk gaps counted
+  CONNECTIONS connections and their packets and bytes, SYNs (window scale, MSS): which are listed
+  COUNTS      counts and sums, idle runs, bulk gaps counted
   HANDSHAKES  each connection's handshake RTT (the TCP state needs it from the first packet); stops early
   CADENCE     TCP state: verdicts, RTT/window/in-flight counted, exact bulk gaps -> run gaps, series
   RUNS        TCP state: exact order statistics, busy runs at each run gap, turn candidates
@@ -42,6 +43,10 @@ _KERNEL_INPUTS = {"ts_ns": np.int64, "seq": np.uint32, "ack": np.uint32, "plen":
 # The TCP state kernel keeps every data segment's end (a retransmission or late ACK of any age must find
 # it): 17 bytes a segment. Streaming, it keeps this many a direction in memory and the older ones on disk.
 SPILL_WINDOW = 1 << 20
+# A capture of more connections (a port scan, a busy server) lists these in full, the busiest first chosen,
+# and sums up the rest in the JSON's connections_omitted; likewise the hosts.
+MAX_LISTED_CONNECTIONS = 2000
+MAX_LISTED_HOSTS = 4096
 
 
 
@@ -49,6 +54,7 @@ SPILL_WINDOW = 1 << 20
 class Pass(enum.IntEnum):
     """The reads of the source, in order (see the module docstring)."""
 
+    CONNECTIONS = 0
     COUNTS = 1
     HANDSHAKES = 2
     CADENCE = 3
@@ -85,7 +91,7 @@ class ConnectionIds:
     def __init__(self) -> None:
         self.cap = 0
         self.lookup = np.zeros(0, dtype=np.int32)  # low * cap + high -> connection, -1 unknown
-        self.pairs: dict[tuple[int, int], int] = {}
+        self.pairs: dict[int, int] = {}  # low << 32 | high -> connection
         self.conn_a: list[int] = []
         self.conn_b: list[int] = []
         self._conn_a_arr = np.zeros(0, dtype=np.int32)  # conn_a as an array, rebuilt when connections came
@@ -99,8 +105,8 @@ class ConnectionIds:
             return
         if cap != self.cap:
             self.lookup = np.full(cap * cap, -1, dtype=np.int32)
-            for (low, high), c in self.pairs.items():
-                self.lookup[low * cap + high] = c
+            for key, c in self.pairs.items():
+                self.lookup[(key >> 32) * cap + (key & 0xFFFFFFFF)] = c
             self.cap = cap
 
     def ids(self, src: np.ndarray, dst: np.ndarray, nendpoints: int, assign: bool) -> np.ndarray:
@@ -110,8 +116,7 @@ class ConnectionIds:
         if self.cap == -1:
             key = low.astype(np.int64) << 32 | high
             uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-            known = np.array([self.pairs.get((int(k >> 32), int(k & 0xFFFFFFFF)), -1) for k in uniq.tolist()],
-                             dtype=np.int32)
+            known = np.array([self.pairs.get(k, -1) for k in uniq.tolist()], dtype=np.int32)
             missing = np.flatnonzero(known < 0)
             if missing.size:
                 if not assign:
@@ -134,7 +139,7 @@ class ConnectionIds:
 
     def _add(self, low: int, high: int, first_src: Any, first_dst: Any) -> int:
         c = len(self.conn_a)
-        self.pairs[(int(low), int(high))] = c
+        self.pairs[int(low) << 32 | int(high)] = c
         self.conn_a.append(int(first_src))
         self.conn_b.append(int(first_dst))
         return c
@@ -156,8 +161,11 @@ class FileChunks:
         self.paths = [path]
         self.results: list[ReadResult] = []
 
-    def read(self, consume: Callable[[CaptureChunk], None]) -> None:
-        self.results = [stream_capture(self.paths[0], consume)]
+    def read(self, consume: Callable[[CaptureChunk], None], details: bool = True) -> None:
+        """Every chunk to consume; details: with the SYNs and endpoints (the first pass)."""
+        result = stream_capture(self.paths[0], consume, details=details)
+        if details:
+            self.results = [result]
 
 
 def read_files(paths: Sequence[str | os.PathLike[str]]
@@ -205,7 +213,8 @@ class OneChunk:
         cols, endpoints, self.results = read_files(paths)
         self.chunk = CaptureChunk(cols, [syn for result in self.results for syn in result.syns], 0, endpoints)
 
-    def read(self, consume: Callable[[CaptureChunk], None]) -> None:
+    def read(self, consume: Callable[[CaptureChunk], None], details: bool = True) -> None:
+        del details  # the one chunk holds them anyway
         if self.chunk.rows:  # as stream_capture: never a chunk of zero rows
             consume(self.chunk)
 
@@ -224,11 +233,17 @@ class Streamer:
         self.addresses: list[str] = []  # address index -> text, in order of first appearance
         self._address_index: dict[str, int] = {}
         self.rows = 0
-        # handshakes (Pass.COUNTS)
-        self.syn_seen: list[list[bool]] = []
-        self.offered: dict[tuple[int, int], int | None] = {}
-        self.mss: dict[tuple[int, int], int] = {}
-        self.syn_time: dict[int, int] = {}
+        # per connection (Pass.CONNECTIONS), in arrays that grow: a few dozen bytes a connection
+        self.syn_seen = np.zeros((0, 2), dtype=bool)
+        self.offered = np.zeros((0, 2), dtype=np.int8)   # the SYN's window scale; -1: none offered
+        self.mss = np.zeros((0, 2), dtype=np.int32)      # the SYN's MSS, 0 unknown
+        self.syn_time = np.zeros(0, dtype=np.int64)      # the most recent SYN without ACK
+        self.packets = np.zeros(0, dtype=np.int64)
+        self.payload = np.zeros(0, dtype=np.int64)
+        self.host_bytes = np.zeros(0, dtype=np.int64)    # per address: data bytes sent and received
+        self.listed: np.ndarray | None = None            # connections analyzed in full (None: all)
+        self.listed_hosts: np.ndarray | None = None
+        self._kernel_ids = np.zeros(0, dtype=np.int32)    # listed connection -> the TCP state kernel's index
         self.wscale = np.zeros((0, 2), dtype=np.int64)
         self.first_rtt = np.zeros(0, dtype=np.int64)
         self._one_state: dict[str, np.ndarray] | None = None  # OneChunk: the TCP state, computed once
@@ -254,58 +269,78 @@ class Streamer:
 
     def run(self, step: Pass, consume: Callable[[Chunk], None], with_state: bool = False) -> None:
         """One pass: every chunk of the source, with the TCP state when asked, to consume."""
-        analyzer = None
-        outputs: dict[str, np.ndarray] = {}
-        if with_state and not self.source.single:
-            kernel = native.kernel("_ctcp")
-            assert kernel is not None
-            analyzer = kernel.Analyzer(2 * self.nconn, np.ascontiguousarray(self.wscale, dtype=np.int64).reshape(-1),
-                                       np.ascontiguousarray(self.first_rtt, dtype=np.int64),
-                                       spill_window=self.spill_window)
+        state_of = self._state_feeder() if with_state and not self.source.single else None
 
         def on_chunk(raw: CaptureChunk) -> None:
             cols = raw.columns
-            n = cols["ts_ns"].size
-            if step is Pass.COUNTS:
+            if step is Pass.CONNECTIONS:
                 self._endpoints(raw)
             src, dst = cols["src"], cols["dst"]
-            conn = self.connections.ids(src, dst, len(self.endpoints), assign=step is Pass.COUNTS)
+            conn = self.connections.ids(src, dst, len(self.endpoints), assign=step is Pass.CONNECTIONS)
             direction = self.connections.direction(conn, src)
-            ts = cols["ts_ns"]
-            if step is Pass.COUNTS:
-                self._syns(raw, conn, direction)
-                self.rows += n
+            if step is Pass.CONNECTIONS:
+                self._tally(raw, conn, direction)
             state = None
             if with_state and self.source.single:
                 state = self._whole_state(cols, conn, direction)
-            elif analyzer is not None:
-                for name, dtype in _STATE_DTYPES.items():
-                    if name not in outputs or outputs[name].size < n:
-                        outputs[name] = np.empty(max(n, 1 << 16), dtype=dtype)
-                state = {name: array[:n] for name, array in outputs.items()}
-                inputs = [np.ascontiguousarray(conn, dtype=np.int32), np.ascontiguousarray(direction, dtype=np.int8)]
-                inputs += [np.ascontiguousarray(cols[name], dtype=dtype) for name, dtype in _KERNEL_INPUTS.items()]
-                try:
-                    late_ack, late_ts = analyzer.feed(*inputs, None, None, *state.values())
-                except OSError as exc:  # its temporary file of segment ends could not be written or read
-                    from diag.errors import DiagError
-
-                    raise DiagError(f"{self.path}: {exc}") from None
-                for late, name in ((late_ack, "ack_rtt_ns"), (late_ts, "ts_rtt_ns")):
-                    for row, value in late:
-                        if row < raw.first_row:
-                            raise Fallback("an RTT sample falls on a packet of an earlier chunk (packets out of "
-                                           "order in the file)")
-                        state[name][row - raw.first_row] = value
-            consume(Chunk(ts, cols["plen"], cols["flags"], cols["win"], conn, direction,
+            elif state_of is not None:
+                state = state_of(cols, conn, direction)
+            consume(Chunk(cols["ts_ns"], cols["plen"], cols["flags"], cols["win"], conn, direction,
                           self.address_of_endpoint[src], self.address_of_endpoint[dst], state))
 
         try:
-            self.source.read(on_chunk)
+            self.source.read(on_chunk, details=step is Pass.CONNECTIONS)
         except _Stop:
             return
-        if step is Pass.COUNTS:
+        if step is Pass.CONNECTIONS:
             self._settle_handshakes()
+            self._select()
+
+    def _state_feeder(self) -> Callable[[dict[str, np.ndarray], np.ndarray, np.ndarray], dict[str, np.ndarray]]:
+        """The TCP state kernel fed chunk by chunk with the listed connections' rows (renumbered 0..K-1);
+        returns each chunk's state (rows of connections not listed are left unset)."""
+        kernel = native.require("_ctcp")
+        listed = np.arange(self.nconn) if self.listed is None else np.flatnonzero(self.listed)
+        analyzer = kernel.Analyzer(2 * listed.size, np.ascontiguousarray(self.wscale[listed], dtype=np.int64).reshape(-1),
+                                   np.ascontiguousarray(self.first_rtt[listed], dtype=np.int64),
+                                   spill_window=self.spill_window)
+        outputs: dict[str, np.ndarray] = {}
+        fed = [0]  # rows fed to the kernel before this chunk (its row numbers)
+
+        def state_of(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray) -> dict[str, np.ndarray]:
+            n = conn.size
+            rows = None if self.listed is None else np.flatnonzero(self.listed[conn])
+            m = n if rows is None else rows.size
+            for name, dtype in _STATE_DTYPES.items():
+                if name not in outputs or outputs[name].size < m:
+                    outputs[name] = np.empty(max(m, 1 << 16), dtype=dtype)
+            fed_state = {name: array[:m] for name, array in outputs.items()}
+            ids = conn if rows is None else self._kernel_ids[conn[rows]]
+            inputs = [np.ascontiguousarray(ids, dtype=np.int32),
+                      np.ascontiguousarray(direction if rows is None else direction[rows], dtype=np.int8)]
+            inputs += [np.ascontiguousarray(cols[name] if rows is None else cols[name][rows], dtype=dtype)
+                       for name, dtype in _KERNEL_INPUTS.items()]
+            try:
+                late_ack, late_ts = analyzer.feed(*inputs, None, None, *fed_state.values())
+            except OSError as exc:  # its temporary file of segment ends could not be written or read
+                from diag.errors import DiagError
+
+                raise DiagError(f"{self.path}: {exc}") from None
+            for late, name in ((late_ack, "ack_rtt_ns"), (late_ts, "ts_rtt_ns")):
+                for row, value in late:
+                    if row < fed[0]:
+                        raise Fallback("an RTT sample falls on a packet of an earlier chunk (packets out of "
+                                       "order in the file)")
+                    fed_state[name][row - fed[0]] = value
+            fed[0] += m
+            if rows is None:
+                return fed_state
+            state = {name: np.zeros(n, dtype=dtype) for name, dtype in _STATE_DTYPES.items()}
+            for name, values in fed_state.items():
+                state[name][rows] = values
+            return state
+
+        return state_of
 
     def _whole_state(self, cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray
                      ) -> dict[str, np.ndarray]:
@@ -317,11 +352,31 @@ class Streamer:
             self._one_state = {name: getattr(self.one_state, name) for name in _STATE_DTYPES}
         return self._one_state
 
+    def _tally(self, raw: CaptureChunk, conn: np.ndarray, direction: np.ndarray) -> None:
+        """Pass.CONNECTIONS: rows, each connection's packets and payload bytes, each address's data bytes, SYNs."""
+        n, nconn = conn.size, self.nconn
+        self.rows += n
+        if self.packets.size < nconn:
+            grow = max(nconn, 2 * self.packets.size)
+            self.packets, self.payload, self.syn_time = (_grown(a, grow) for a in (self.packets, self.payload,
+                                                                                 self.syn_time))
+            self.syn_seen, self.mss = _grown(self.syn_seen, grow), _grown(self.mss, grow)
+            self.offered = _grown(self.offered, grow, fill=-1)
+        plen = raw.columns["plen"]
+        self.packets[:nconn] += np.bincount(conn, minlength=nconn)
+        self.payload[:nconn] += np.bincount(conn, weights=plen, minlength=nconn).astype(np.int64)
+        data = plen > 0
+        if data.any():
+            naddresses = len(self.addresses)
+            nbytes = plen[data]
+            moved = sum(np.bincount(self.address_of_endpoint[raw.columns[side][data]], weights=nbytes,
+                                    minlength=naddresses) for side in ("src", "dst"))
+            self.host_bytes = _grown(self.host_bytes, naddresses)
+            self.host_bytes[:naddresses] += np.asarray(moved, dtype=np.int64)
+        if raw.syns:
+            self._syns(raw, conn, direction)
+
     def _syns(self, raw: CaptureChunk, conn: np.ndarray, direction: np.ndarray) -> None:
-        while len(self.syn_seen) < self.nconn:
-            self.syn_seen.append([False, False])
-        if not raw.syns:
-            return
         frames = raw.columns["frame"]
         wanted = np.array([s.frame for s in raw.syns], dtype=np.int64)
         rows = np.flatnonzero(np.isin(frames, wanted))
@@ -331,33 +386,55 @@ class Streamer:
             if row is None:
                 continue
             c, d = int(conn[row]), int(direction[row])
-            self.syn_seen[c][d] = True
-            self.offered[(c, d)] = syn.wscale
+            self.syn_seen[c, d] = True
+            self.offered[c, d] = -1 if syn.wscale is None else syn.wscale
             if syn.mss:
-                self.mss[(c, d)] = syn.mss
+                self.mss[c, d] = syn.mss
             if not syn.flags & ACK:
                 self.syn_time[c] = syn.ts_ns
+
+    def _select(self) -> None:
+        """The connections analyzed in full: all, or the MAX_LISTED_CONNECTIONS that moved the most bytes
+        (then packets; ties in order of first appearance); likewise the hosts (MAX_LISTED_HOSTS)."""
+        nconn = self.nconn
+        self.packets, self.payload = self.packets[:nconn], self.payload[:nconn]
+        if nconn > MAX_LISTED_CONNECTIONS:
+            order = np.lexsort((np.arange(nconn), -self.packets, -self.payload))[:MAX_LISTED_CONNECTIONS]
+            self.listed = np.zeros(nconn, dtype=bool)
+            self.listed[order] = True
+            self._kernel_ids = np.full(nconn, -1, dtype=np.int32)
+            self._kernel_ids[self.listed] = np.arange(MAX_LISTED_CONNECTIONS, dtype=np.int32)
+        moved = self.host_bytes
+        if np.count_nonzero(moved) > MAX_LISTED_HOSTS:
+            order = np.lexsort((np.arange(moved.size), -moved))[:MAX_LISTED_HOSTS]
+            self.listed_hosts = np.zeros(moved.size, dtype=bool)
+            self.listed_hosts[order] = True
+
+    def omitted(self) -> dict[str, int] | None:
+        """The connections not listed: how many, and their packets and payload bytes (None: all listed)."""
+        if self.listed is None:
+            return None
+        rest = ~self.listed
+        return {"count": int(np.count_nonzero(rest)), "packets": int(self.packets[rest].sum()),
+                "payload_bytes": int(self.payload[rest].sum())}
 
     def _settle_handshakes(self) -> None:
         """Window scales (RFC 7323: both SYNs must offer it); the handshake RTTs come from Pass.HANDSHAKES."""
         nconn = self.nconn
-        while len(self.syn_seen) < nconn:
-            self.syn_seen.append([False, False])
+        self.syn_seen, self.offered = _grown(self.syn_seen, nconn)[:nconn], _grown(self.offered, nconn, -1)[:nconn]
+        self.mss, self.syn_time = _grown(self.mss, nconn)[:nconn], _grown(self.syn_time, nconn)[:nconn]
         self.wscale = np.full((nconn, 2), -1, dtype=np.int64)
-        for c in range(nconn):
-            if self.syn_seen[c][0] and self.syn_seen[c][1]:
-                ws0, ws1 = self.offered.get((c, 0)), self.offered.get((c, 1))
-                if ws0 is not None and ws1 is not None:
-                    self.wscale[c, 0], self.wscale[c, 1] = ws0, ws1
-                else:
-                    self.wscale[c, 0] = self.wscale[c, 1] = 0
+        both = self.syn_seen.all(axis=1)
+        scaled = both & (self.offered >= 0).all(axis=1)
+        self.wscale[scaled] = self.offered[scaled]
+        self.wscale[both & ~scaled] = 0  # one side did not offer scaling: neither direction scales
         self.first_rtt = np.zeros(nconn, dtype=np.int64)
 
     def handshake_rtts(self) -> None:
         """Pass.HANDSHAKES: each connection's first non-SYN ACK at or after its most recent SYN without ACK
         (Wireshark's ts_first_rtt), in file order."""
-        pending = {c: self.syn_time.get(c, 0) for c in range(self.nconn)
-                   if self.syn_seen[c][0] and self.syn_seen[c][1]}
+        wanted = self.syn_seen.all(axis=1) if self.listed is None else self.syn_seen.all(axis=1) & self.listed
+        pending = {c: int(self.syn_time[c]) for c in np.flatnonzero(wanted).tolist()}
         if not pending:
             return
 
@@ -374,4 +451,13 @@ class Streamer:
         self.run(Pass.HANDSHAKES, consume)
 
     def mss_of(self, c: int, d: int) -> int:
-        return self.mss.get((c, d), 0)
+        return int(self.mss[c, d])
+
+
+def _grown(array: np.ndarray, rows: int, fill: int = 0) -> np.ndarray:
+    """array with at least `rows` rows (the new ones `fill`)."""
+    if array.shape[0] >= rows:
+        return array
+    out = np.full((rows, *array.shape[1:]), fill, dtype=array.dtype)
+    out[:array.shape[0]] = array
+    return out

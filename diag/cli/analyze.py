@@ -23,9 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-gap", dest="idle_gap_s", type=float, default=0.002, metavar="SECONDS",
                         help="a silence longer than this ends a direction's busy period (default 0.002 s)")
     parser.add_argument("--no-series", action="store_true", help="leave the throughput series out of the JSON")
-    parser.epilog = ("A capture too big to hold in memory (over ~2.25 M TCP packets) is read five times in chunks,\n"
-                     "in bounded memory, to the same JSON (DIAG_STREAM=auto|always|never; docs/analyzer.md).\n"
-                     "Several files, a pipe and --plot are analyzed in memory.")
+    parser.epilog = ("One capture file is read in chunks, a few times over, in bounded memory whatever its size\n"
+                     "(docs/analyzer.md). Several files, a pipe and --plot are analyzed in memory.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,19 +48,21 @@ def run(args: argparse.Namespace) -> int:
 
     result, packets = analyze(args.pcaps, args.records, args.bin_s, args.idle_gap_s, not args.no_series,
                               keep_sequence=bool(args.plot))
+    # One string from the C encoder, built once for --out and --json alike (json.dump streams thousands of
+    # small writes through Python).
+    text = json.dumps(result) + "\n" if args.out or args.json else ""
     if args.out:
         from pathlib import Path
 
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result) + "\n")
+        Path(args.out).write_text(text)
     if args.plot:
         from diag.capture.plots import plot_connections
 
         written = plot_connections(result, packets, args.plot)
         print(f"wrote {len(written)} plot(s) to {args.plot}", file=sys.stderr)
     if args.json:
-        # One string from the C encoder: json.dump streams thousands of small writes through Python.
-        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.write(text)
     else:
         from diag.capture.schema import Analysis
         from diag.capture.table import format_table
