@@ -299,8 +299,8 @@ class Streamed:
 
 def streamed(path: Path, records: Sequence[Path] | None, bin_s: float, idle_gap_s: float, with_series: bool,
              monkeypatch: pytest.MonkeyPatch, chunk_bytes: int = CHUNK) -> Streamed:
-    """The analysis of FileChunks in chunks of chunk_bytes (a Fallback propagates), counting the first pass's
-    chunks."""
+    """The analysis of FileChunks in chunks of chunk_bytes, each pass reading the file (no cache; a Fallback
+    propagates), counting the first pass's chunks."""
     counts: list[int] = []
     real = source.stream_capture
 
@@ -315,6 +315,7 @@ def streamed(path: Path, records: Sequence[Path] | None, bin_s: float, idle_gap_
 
     with monkeypatch.context() as patch:
         patch.setattr(pcapfile, "CHUNK_BYTES", chunk_bytes)
+        patch.setattr(source, "CACHE_BYTES", 0)  # every pass reads the file again, as a big file's passes do
         patch.setattr(source, "stream_capture", counting)
         result = analysis.Analysis(source.FileChunks(path), records, bin_s, idle_gap_s, with_series, SPILL).run()
     return Streamed(result, counts[0] if counts else 0)
@@ -807,3 +808,20 @@ def test_unwritable_tmpdir_is_a_one_line_error(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("TMPDIR", str(tmp_path / "missing"))
     with pytest.raises(DiagError, match="set TMPDIR"):
         analysis.analyze([pcap], keep_sequence=False, spill_window=2)
+
+
+def test_small_files_are_decoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below CACHE_BYTES the second read keeps its decoded chunks and the later passes replay them: two
+    reads of the file, the same JSON as reading it in every pass."""
+    frames = multi_capture(rounds=1, segments=60, seed=3).frames()
+    pcap = write_ns_pcap(tmp_path / "multi.pcap", frames, snaplen=128)
+    reads: list[int] = []
+    real = source.stream_capture
+    monkeypatch.setattr(source, "stream_capture", lambda *a, **k: reads.append(1) or real(*a, **k))
+    monkeypatch.setattr(pcapfile, "CHUNK_BYTES", CHUNK)
+    cached = analysis.Analysis(source.FileChunks(pcap), None, DEFAULT_BIN_S, IDLE_GAP_S, True).run()
+    assert len(reads) == 2
+    monkeypatch.setattr(source, "CACHE_BYTES", 3 * CHUNK)  # the file's columns would not fit: read every pass
+    reread = analysis.Analysis(source.FileChunks(pcap), None, DEFAULT_BIN_S, IDLE_GAP_S, True).run()
+    assert len(reads) > 5
+    assert json.dumps(cached) == json.dumps(reread)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from diag.capture import native
-from diag.capture.pcapfile import ACK, SYN, CaptureChunk, ReadResult
+from diag.capture.pcapfile import ACK, COLUMN_DTYPES, SYN, CaptureChunk, ReadResult
 from diag.capture.reader import read_capture, stream_capture
 from diag.capture.tcpstate import PacketState, analyze_packets
 
@@ -47,6 +47,10 @@ SPILL_WINDOW = 1 << 20
 # and sums up the rest in the JSON's connections_omitted; likewise the hosts.
 MAX_LISTED_CONNECTIONS = 2000
 MAX_LISTED_HOSTS = 4096
+# A file whose decoded columns take at most this (ROW_BYTES a TCP packet: ~2.8 M packets) is decoded twice,
+# not once a pass: the second read keeps its chunks for the later passes.
+CACHE_BYTES = 128 << 20
+ROW_BYTES = sum(np.dtype(dtype).itemsize for dtype in COLUMN_DTYPES.values())
 
 
 
@@ -153,20 +157,43 @@ class ConnectionIds:
 
 
 class FileChunks:
-    """One capture file read chunk by chunk (reader.stream_capture): memory is one chunk whatever its size."""
+    """One capture file read chunk by chunk (reader.stream_capture): memory is one chunk whatever its size.
+
+    Once the first read has counted the file's rows: when their columns take at most CACHE_BYTES, the next
+    complete read keeps copies of its decoded chunks and the later passes replay them instead of reading
+    and decoding the file again (a file too big for that is never copied at all)."""
 
     single = False
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.paths = [path]
         self.results: list[ReadResult] = []
+        self.rows: int | None = None
+        self.cached: list[CaptureChunk] | None = None
 
     def read(self, consume: Callable[[CaptureChunk], None], details: bool = True) -> None:
         """Every chunk to consume; details: with the SYNs and endpoints (the first pass)."""
-        result = stream_capture(self.paths[0], consume, details=details)
-        if details:
-            self.results = [result]
+        if self.cached is not None and not details:
+            for chunk in self.cached:
+                consume(chunk)
+            return
+        kept: list[CaptureChunk] | None = None
+        if not details and self.rows is not None and self.rows * ROW_BYTES <= CACHE_BYTES:
+            kept = []
+        rows = 0
 
+        def keep(chunk: CaptureChunk) -> None:
+            nonlocal rows
+            rows += chunk.rows
+            if kept is not None:
+                copy = {name: column.copy() for name, column in chunk.columns.items()}
+                kept.append(CaptureChunk(copy, [], chunk.first_row, chunk.endpoints))
+            consume(chunk)
+
+        result = stream_capture(self.paths[0], keep, details=details)  # a pass that stops early keeps nothing
+        if details:
+            self.results, self.rows = [result], rows
+        self.cached = kept if kept is not None else self.cached
 
 def read_files(paths: Sequence[str | os.PathLike[str]]
                ) -> tuple[dict[str, np.ndarray], list[tuple[str, int]], list[ReadResult]]:
