@@ -811,8 +811,9 @@ def test_unwritable_tmpdir_is_a_one_line_error(tmp_path: Path, monkeypatch: pyte
 
 
 def test_small_files_are_decoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below CACHE_BYTES the second read keeps its decoded chunks and the later passes replay them: two
-    reads of the file, the same JSON as reading it in every pass."""
+    """Below CACHE_BYTES the next complete read after the first keeps its decoded chunks and the later passes
+    replay them: the first read (connections and counts), the handshakes' (which stops early), and the one
+    kept; the same JSON as reading the file in every pass."""
     frames = multi_capture(rounds=1, segments=60, seed=3).frames()
     pcap = write_ns_pcap(tmp_path / "multi.pcap", frames, snaplen=128)
     reads: list[int] = []
@@ -820,7 +821,7 @@ def test_small_files_are_decoded_once(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(source, "stream_capture", lambda *a, **k: reads.append(1) or real(*a, **k))
     monkeypatch.setattr(pcapfile, "CHUNK_BYTES", CHUNK)
     cached = analysis.Analysis(source.FileChunks(pcap), None, DEFAULT_BIN_S, IDLE_GAP_S, True).run()
-    assert len(reads) == 2
+    assert len(reads) == 3
     monkeypatch.setattr(source, "CACHE_BYTES", 3 * CHUNK)  # the file's columns would not fit: read every pass
     reread = analysis.Analysis(source.FileChunks(pcap), None, DEFAULT_BIN_S, IDLE_GAP_S, True).run()
     assert len(reads) > 5

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from diag.capture import native
+from diag.capture import source as sources
 from diag.capture.aggregation import Aggregation
 from diag.capture.document import (
     DEFAULT_BIN_S,
@@ -45,14 +46,31 @@ class Analysis:
         self.idle_gap_s = idle_gap_s
         self.with_series = with_series
         self.streamer = Streamer(source, spill_window)
-        self.overall = Aggregation(self, None, capture_point=True)
         self.phases = phases_from_records(records) if records else []
+        self._aggregations()
+
+    def _aggregations(self) -> None:
+        self.overall = Aggregation(self, None, capture_point=True)
         self.phase_aggs = [Aggregation(self, (p["t_start_ns"] / 1e9, p["t_end_ns"] / 1e9)) for p in self.phases]
 
     def run(self) -> dict[str, Any]:
         streamer = self.streamer
-        streamer.run(Pass.CONNECTIONS, lambda chunk: None)
-        streamer.run(Pass.COUNTS, self._feeder(Pass.COUNTS))
+        counts = self._feeder(Pass.COUNTS)
+        ahead = [True]
+
+        def first_read(chunk: Chunk) -> None:
+            # Pass.COUNTS rides along the first read while every connection seen so far will be listed (the
+            # usual case: one read less); past MAX_LISTED_CONNECTIONS its aggregations are dropped.
+            if ahead[0] and streamer.nconn > sources.MAX_LISTED_CONNECTIONS:
+                ahead[0] = False
+                self._aggregations()
+            if ahead[0]:
+                counts(chunk)
+
+        streamer.run(Pass.CONNECTIONS, first_read)
+        if not ahead[0] or streamer.listed is not None or streamer.listed_hosts is not None:
+            self._aggregations()  # count again, the listed connections and hosts only
+            streamer.run(Pass.COUNTS, self._feeder(Pass.COUNTS))
         for agg in (self.overall, *self.phase_aggs):
             agg.settle(Pass.COUNTS)
         streamer.handshake_rtts()
