@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from diag import safefs
+from diag.advisefile import ADVISE_NAME, ADVISE_SCHEMA
 from diag.errors import DiagError
 from diag.spec import SweepSpec
 
-ADVISE_SCHEMA = 1   # 1: first version (baseline + workarounds, rows with speed-up and Welch p-value)
 RECORDS_NAME = "records.jsonl"
-ADVISE_NAME = "advise.json"
 DEFAULT_SIZES = (16 << 20, 32 << 20)
 
 P2P_CODE = '''import torch.distributed as dist
@@ -145,20 +144,6 @@ def _compare(rows: list[Any], world_size: int) -> list[dict[str, Any]]:
 
 def _write(out_dir: Path, result: dict[str, Any]) -> None:
     safefs.write_file(out_dir / ADVISE_NAME, json.dumps(result, indent=1))
-
-
-def load_advise(path: Path) -> dict[str, Any]:
-    """advise.json from a file or the directory holding it (what reproduce's report reads)."""
-    target = path / ADVISE_NAME if path.is_dir() else path
-    try:
-        data = json.loads(target.read_text())
-    except FileNotFoundError:
-        raise DiagError(f"no {ADVISE_NAME} at {path}: run diag advise first") from None
-    except json.JSONDecodeError as exc:
-        raise DiagError(f"{target} is not valid JSON ({exc.msg}); rerun diag advise") from None
-    if data.get("schema") != ADVISE_SCHEMA:
-        raise DiagError(f"{target} has advise schema {data.get('schema')}, this diag reads {ADVISE_SCHEMA}")
-    return data
 
 
 def render_text(result: dict[str, Any]) -> str:

@@ -67,13 +67,3 @@ def output_dir(path: str | os.PathLike[str], flag: str) -> Path:
     if not os.access(p, os.W_OK):
         raise DiagError(f"{flag} {p}: no permission to write there")
     return p
-
-
-def input_file(path: str | os.PathLike[str], flag: str) -> Path:
-    """A file diag will read: it exists and is not a directory (pipes such as <(cat x) are fine)."""
-    p = Path(path)
-    if p.is_dir():
-        raise DiagError(f"{flag} {p} is a directory; give a file")
-    if not p.exists():
-        raise DiagError(f"{flag} {p}: no such file")
-    return p

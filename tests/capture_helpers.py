@@ -72,9 +72,9 @@ def diag_directions(result: dict) -> dict[tuple[str, str], dict]:
 
 def flagged_frames(pcap: Path, flag: str) -> list[int]:
     """diag's frames for one per-packet flag (for exact frame-by-frame comparison with tshark)."""
-    from diag.capture.flows import load_packets
+    from diag.capture.analysis import packet_table
 
-    packets, _ = load_packets([pcap])
+    packets = packet_table([pcap])
     column = getattr(packets.state, flag)
     return sorted(packets.cols["frame"][column].tolist())
 

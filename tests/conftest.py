@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import Any
 
 import pytest
 
@@ -23,20 +24,37 @@ def need_tool(name: str) -> str:
     return path
 
 
-# --stream-check: the analyzer tests with DIAG_STREAM=check, so every in-memory analysis of one capture file is
-# also streamed (diag/capture/stream.py, in 4 KiB chunks) and must give the same JSON. On in CI (env CI set),
-# off by default elsewhere: it adds about half to these modules' time (the streamed passes pay per chunk).
-STREAM_CHECK_MODULES = ("test_analyze", "test_turns", "test_capture_live", "test_fuzz_analyze")
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--stream-check", action="store_true",
-                     help="run the analyzer test modules (" + ", ".join(f"{m}*" for m in STREAM_CHECK_MODULES)
-                     + ") with DIAG_STREAM=check: the streamed analysis must equal the in-memory one")
-
-
 @pytest.fixture(autouse=True)
-def _stream_check(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    wanted = request.config.getoption("--stream-check") or bool(os.environ.get("CI"))
-    if wanted and request.node.path.name.startswith(STREAM_CHECK_MODULES):
-        monkeypatch.setenv("DIAG_STREAM", "check")  # subprocesses (common.run_diag) inherit it
+def _twins_under_check(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DIAG_NATIVE=check, set by a test (the tshark agreement tests): every capture read as one chunk in this
+    process is also decoded by the reader's numpy twin, and its TCP state computed by the TCP state's twin;
+    both must equal the kernels' (native_helpers.comparable; every PacketState field)."""
+    if not request.node.path.name.startswith("test_analyze"):
+        return
+    import dataclasses
+
+    import numpy as np
+
+    from diag.capture import source
+    from tests import decode_twin, native_helpers, tcpstate_twin
+
+    read, state = source.read_capture, source.analyze_packets
+
+    def checked_read(path: Any, first_frame: int = 1) -> Any:
+        result = read(path, first_frame)
+        if os.environ.get("DIAG_NATIVE") == "check" and os.path.isfile(path):
+            twin = decode_twin.read_capture(path, first_frame)
+            assert native_helpers.comparable(result) == native_helpers.comparable(twin), f"twins differ on {path}"
+        return result
+
+    def checked_state(cols: Any, conn: Any, direction: Any, wscale: Any, first_rtt: Any, **kwargs: Any) -> Any:
+        out = state(cols, conn, direction, wscale, first_rtt, **kwargs)
+        if os.environ.get("DIAG_NATIVE") == "check":
+            twin = tcpstate_twin.analyze_packets_numpy(cols, conn, direction, wscale, first_rtt)
+            differ = [f.name for f in dataclasses.fields(out) if getattr(out, f.name) is not None
+                      and not np.array_equal(getattr(out, f.name), getattr(twin, f.name))]
+            assert not differ, f"_ctcp and its numpy twin differ in {', '.join(differ)}"
+        return out
+
+    monkeypatch.setattr(source, "read_capture", checked_read)
+    monkeypatch.setattr(source, "analyze_packets", checked_state)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +12,9 @@ import numpy as np
 import pytest
 
 from diag.bench.fuzz_analyze import pcapng_block, pcapng_option
-from diag.capture import native, reader
+from diag.capture import pcapfile, reader
 from diag.errors import DiagError
+from tests import decode_twin
 
 BUILD_COMMAND = "python -c 'import setuptools; setuptools.setup()' build_ext --inplace"
 
@@ -45,37 +44,24 @@ def claim_caplen(pcap: bytes, record: int, claim: int) -> bytes:
     return bytes(bad)
 
 
-@contextlib.contextmanager
-def engine(use_kernel: bool) -> Iterator[None]:
-    """DIAG_NATIVE set for the block (the reader looks at it on every read)."""
-    before = os.environ.get(native.DISABLE_ENV)
-    os.environ[native.DISABLE_ENV] = "1" if use_kernel else "0"
+def read(path: Path, use_kernel: bool, first_frame: int = 1) -> pcapfile.ReadResult | str:
+    """The ReadResult (by the kernel, or by its numpy twin), or the one-line DiagError message."""
     try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[native.DISABLE_ENV]
-        else:
-            os.environ[native.DISABLE_ENV] = before
-
-
-def read(path: Path, use_kernel: bool, first_frame: int = 1) -> reader.ReadResult | str:
-    """The ReadResult, or the one-line DiagError message."""
-    with engine(use_kernel):
-        try:
+        if use_kernel:
             return reader.read_capture(path, first_frame=first_frame)
-        except DiagError as exc:
-            return f"DiagError: {exc}"
+        return decode_twin.read_capture(path, first_frame=first_frame)
+    except DiagError as exc:
+        return f"DiagError: {exc}"
 
 
-def comparable(result: reader.ReadResult | str) -> Any:
+def comparable(result: pcapfile.ReadResult | str) -> Any:
     """Everything of a ReadResult, endpoint ids replaced by their (address, port)."""
     if isinstance(result, str):
         return result
     endpoints = result.endpoints
     columns = {}
     for name, column in result.columns.items():
-        assert column.dtype == np.dtype(reader.COLUMN_DTYPES[name]), (name, column.dtype)
+        assert column.dtype == np.dtype(pcapfile.COLUMN_DTYPES[name]), (name, column.dtype)
         assert column.ndim == 1 and column.size == result.packets
         columns[name] = [endpoints[i] for i in column.tolist()] if name in ("src", "dst") else column.tolist()
     syns = [(s.frame, s.ts_ns, endpoints[s.src], endpoints[s.dst], s.flags, s.mss, s.wscale, s.sack_permitted,
@@ -88,7 +74,7 @@ def comparable(result: reader.ReadResult | str) -> Any:
     }
 
 
-def assert_twins(path: Path, first_frame: int = 1) -> reader.ReadResult | str:
+def assert_twins(path: Path, first_frame: int = 1) -> pcapfile.ReadResult | str:
     """Kernel and twin give the same result (or the same error) for path; returns the kernel's."""
     fast = read(path, True, first_frame)
     twin = read(path, False, first_frame)

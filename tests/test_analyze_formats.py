@@ -21,7 +21,7 @@ from capture_helpers import (
     write_pcap,
 )
 
-from diag.capture import analyze_files
+from diag.capture import analyze_files, pcapfile
 
 LINKS = [1, "vlan", 113, 276, 101, 0]
 
@@ -124,9 +124,9 @@ def test_vectorized_record_finder_matches_a_record_by_record_walk(tmp_path: Path
     from scapy.layers.inet import IP, TCP
     from scapy.layers.l2 import Ether
 
-    from diag.capture import reader
+    from tests.decode_twin import _PcapWalker, read_capture
 
-    monkeypatch.setenv("DIAG_NATIVE", "0")  # the numpy walker (the C kernel is held to it in test_native_pcap.py)
+    # the numpy twin's record finder (the C kernel is held to the twin in test_native_pcap.py)
     endian = ">" if big_endian else "<"
     frames: list[tuple[float, bytes]] = []
     seq = 1000
@@ -140,12 +140,12 @@ def test_vectorized_record_finder_matches_a_record_by_record_walk(tmp_path: Path
         seq += len(payload)
         frames.append((ts, frame))
     pcap = write_pcap(tmp_path / "decoys.pcap", frames, 1, big_endian=big_endian)
-    monkeypatch.setattr(reader, "CHUNK_BYTES", 4096)  # many chunks, many carried partial records
-    fast = reader.read_capture(pcap)
-    monkeypatch.setattr(reader._PcapWalker, "_vectorized", lambda self, buf, arr: None)
-    walked = reader.read_capture(pcap)
+    monkeypatch.setattr(pcapfile, "CHUNK_BYTES", 4096)  # many chunks, many carried partial records
+    fast = read_capture(pcap)
+    monkeypatch.setattr(_PcapWalker, "_vectorized", lambda self, buf, arr: None)
+    walked = read_capture(pcap)
     assert fast.frames == walked.frames == len(frames)
     assert fast.skipped == walked.skipped == {}
-    for name in reader.COLUMN_DTYPES:
+    for name in pcapfile.COLUMN_DTYPES:
         assert np.array_equal(fast.columns[name], walked.columns[name]), name
     assert np.array_equal(fast.columns["ts_ns"] // 1_000_000_000, np.array([int(t) for t in clocks]))

@@ -1,6 +1,6 @@
 """The reader's C kernel (diag/capture/_cpcap.c) against its numpy twin: the same ReadResult or the same error.
 
-Every test reads each capture twice, with DIAG_NATIVE=1 and =0 (native_helpers.assert_twins), and also checks
+Every test reads each capture twice, with the kernel and its numpy twin (native_helpers.assert_twins), and checks
 that the kernel's result holds what the capture was built to hold, so that two equal failures cannot pass.
 Without the kernel these tests skip with the reason, except under CI (CI set), where they fail: CI must
 measure the fast path.
@@ -20,10 +20,10 @@ import pytest
 from capture_helpers import LINK_HEADERS, loopback_capture, synthetic_flow, write_pcap
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from native_helpers import assert_twins, claim_caplen, comparable, engine, need_kernels, pcapng_capture, read
+from native_helpers import assert_twins, claim_caplen, comparable, need_kernels, pcapng_capture, read
 
 from diag.bench.fuzz_analyze import mutate, seed_corpus
-from diag.capture import reader
+from diag.capture import pcapfile, reader
 from diag.errors import DiagError
 
 
@@ -32,20 +32,11 @@ def _need_kernel() -> None:
     need_kernels("_cpcap")
 
 
-@pytest.fixture(params=[reader.CHUNK_BYTES, 512], ids=["chunk-8MiB", "chunk-512B"])
+@pytest.fixture(params=[pcapfile.CHUNK_BYTES, 512], ids=["chunk-8MiB", "chunk-512B"])
 def chunk_bytes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
     """The file read in the usual chunks, and in tiny ones (every record carried across chunks)."""
-    monkeypatch.setattr(reader, "CHUNK_BYTES", request.param)
+    monkeypatch.setattr(pcapfile, "CHUNK_BYTES", request.param)
     return int(request.param)
-
-
-def test_the_kernel_is_used_and_disabled_by_the_switch(tmp_path: Path) -> None:
-    from diag.capture import native
-
-    with engine(True):
-        assert native.kernel("_cpcap") is not None
-    with engine(False):
-        assert native.kernel("_cpcap") is None
 
 
 # --- synthetic captures: every link type, both IP versions, pcap flavours ------------------------------------
@@ -387,21 +378,7 @@ def test_generated_pcapng_streams(tmp_path: Path, interfaces: list[tuple[int, in
 def test_errors_are_one_line_diag_errors(tmp_path: Path) -> None:
     path = tmp_path / "bad.pcapng"
     path.write_bytes(pcapng_capture([("<", [], [(0, 1, b"x" * 60, False)])]))
-    with engine(True), pytest.raises(DiagError, match="inconsistent"):
+    with pytest.raises(DiagError, match="inconsistent"):
         reader.read_capture(path)
     message = read(path, True)
     assert isinstance(message, str) and "\n" not in message
-
-
-def test_check_mode_reads_both_and_names_what_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    frames = [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()]
-    pcap = write_pcap(tmp_path / "f.pcap", frames, 1)
-    monkeypatch.setenv("DIAG_NATIVE", "check")
-    assert reader.read_capture(pcap).packets == len(frames)
-    empty = tmp_path / "e.pcap"
-    empty.write_bytes(b"")
-    with pytest.raises(DiagError, match="empty"):
-        reader.read_capture(empty)
-    monkeypatch.setattr(reader, "parse_tcp_options", lambda data: {})  # the twin loses the SYN options
-    with pytest.raises(AssertionError, match=r"differ on .* in syns"):
-        reader.read_capture(pcap)

@@ -1,4 +1,4 @@
-"""The C kernel diag.capture._ctcp against its numpy twin (tcpstate._analyze_packets_numpy).
+"""The C kernel diag.capture._ctcp against its numpy twin (tests/tcpstate_twin.py).
 
 Every PacketState column must be identical (values and dtype) on real captures (tcpdump on loopback and
 through a lossy router, the scapy-built rule captures of the tshark tests), on random packet sequences
@@ -26,9 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from diag.capture import tcpstate
-from diag.capture.flows import connections, read_files
-from diag.capture.reader import ACK, FIN, PSH, RST, SYN
+from diag.capture.analysis import tcp_inputs
+from diag.capture.pcapfile import ACK, FIN, PSH, RST, SYN
 from diag.capture.tcpstate import PacketState
+from tests import tcpstate_twin
 
 BUILD_COMMAND = "python -c \"import setuptools; setuptools.setup()\" build_ext --inplace"
 
@@ -49,7 +50,7 @@ def assert_twins(ctcp: ModuleType, cols: dict[str, np.ndarray], conn: np.ndarray
                  spill_window: int = 2) -> PacketState:
     """Kernel (one feed and chunked; without the sequence numbers; chunked with the segment ends spilled to
     disk beyond spill_window, as streaming runs it) == numpy twin, field by field, values and dtypes."""
-    twin = tcpstate._analyze_packets_numpy(cols, conn, direction, wscale, first_rtt)
+    twin = tcpstate_twin.analyze_packets_numpy(cols, conn, direction, wscale, first_rtt)
     runs = [(chunk, True, 0) for chunk in (None, *chunk_sizes)] + [(None, False, 0)]
     runs.append((chunk_sizes[-1], False, spill_window))
     for chunk, keep_sequence, spill in runs:
@@ -69,8 +70,7 @@ def assert_twins(ctcp: ModuleType, cols: dict[str, np.ndarray], conn: np.ndarray
 
 
 def assert_twins_on_capture(ctcp: ModuleType, paths: list[Path]) -> PacketState:
-    cols, endpoints, results = read_files(paths)
-    conn, direction, _, _, wscale, _, _, first_rtt = connections(cols, endpoints, results)
+    cols, conn, direction, wscale, first_rtt = tcp_inputs(paths)
     n = conn.size
     return assert_twins(ctcp, cols, conn, direction, wscale, first_rtt, chunk_sizes=(max(1, n // 3), 4096),
                         spill_window=64)
@@ -335,31 +335,23 @@ def test_bad_input_raises_value_error(ctcp: ModuleType) -> None:
         assert np.array_equal(ours, theirs)
 
 
-def test_dispatch_and_switch(ctcp: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """analyze_packets runs the kernel, DIAG_NATIVE=0 the twin, DIAG_NATIVE=check both (and compares)."""
+def test_analyze_packets_runs_the_kernel(ctcp: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """analyze_packets is the kernel; without it, a one-line DiagError that says how to build it."""
+    from diag.capture import native
+    from diag.errors import DiagError
+
     frames = [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()]
     pcap = write_pcap(tmp_path / "flow.pcap", frames, linktype=1)
-    cols, endpoints, results = read_files([pcap])
-    conn, direction, _, _, wscale, _, _, first_rtt = connections(cols, endpoints, results)
+    cols, conn, direction, wscale, first_rtt = tcp_inputs([pcap])
     calls: list[str] = []
-    real_native, real_numpy = tcpstate.analyze_packets_native, tcpstate._analyze_packets_numpy
+    real_native = tcpstate.analyze_packets_native
     monkeypatch.setattr(tcpstate, "analyze_packets_native", lambda *a, **k: calls.append("c") or real_native(*a, **k))
-    monkeypatch.setattr(tcpstate, "_analyze_packets_numpy", lambda *a, **k: calls.append("np") or real_numpy(*a, **k))
-    for setting, expected in (("1", ["c"]), ("0", ["np"]), ("check", ["c", "np"])):
-        monkeypatch.setenv("DIAG_NATIVE", setting)
-        calls.clear()
+    tcpstate.analyze_packets(cols, conn, direction, wscale, first_rtt)
+    assert calls == ["c"]
+    monkeypatch.setattr(native, "kernel", lambda name: None)
+    with pytest.raises(DiagError, match=r"_ctcp is not built.*build_ext --inplace") as caught:
         tcpstate.analyze_packets(cols, conn, direction, wscale, first_rtt)
-        assert calls == expected, setting
-
-    def twin_with_one_flag_off(*args: object) -> PacketState:
-        state = real_numpy(*args)
-        state.dup_ack = state.dup_ack.copy()
-        state.dup_ack[np.flatnonzero(state.dup_ack)[0]] = False
-        return state
-
-    monkeypatch.setattr(tcpstate, "_analyze_packets_numpy", twin_with_one_flag_off)
-    with pytest.raises(AssertionError, match="differ in dup_ack"):
-        tcpstate.analyze_packets(cols, conn, direction, wscale, first_rtt)
+    assert "\n" not in str(caught.value)
 
 
 def test_spilled_segment_ends_answer_like_kept_ones(ctcp: ModuleType) -> None:

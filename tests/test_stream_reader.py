@@ -2,7 +2,7 @@
 everything else of the ReadResult (SYNs, skip counts and their key order, warnings, frames, link types,
 snaplen, format, endpoints) and every error text are the same.
 
-Each capture is read with reader.CHUNK_BYTES patched small (4 KiB and 64 KiB) so that it arrives in many
+Each capture is read with pcapfile.CHUNK_BYTES patched small (4 KiB and 64 KiB) so that it arrives in many
 chunks, records and blocks carried across chunk ends. Without the C kernel these tests skip with the reason,
 except under CI (CI set), where they fail, as tests/test_native_pcap.py does.
 """
@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from capture_helpers import LINK_HEADERS, loopback_capture, synthetic_flow, write_pcap
-from native_helpers import claim_caplen, engine, need_kernels, pcapng_capture
+from native_helpers import claim_caplen, need_kernels, pcapng_capture
 
 from diag.bench.fuzz_analyze import mutate, seed_corpus
-from diag.capture import reader
+from diag.capture import pcapfile, reader
 from diag.capture.reader_native import MIN_ROW_FILE_BYTES
 from diag.errors import DiagError
 
@@ -40,7 +40,7 @@ def _need_kernel() -> None:
 
 @pytest.fixture(params=[4096, 65536], ids=["chunk-4KiB", "chunk-64KiB"])
 def chunk_bytes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(reader, "CHUNK_BYTES", request.param)
+    monkeypatch.setattr(pcapfile, "CHUNK_BYTES", request.param)
     return int(request.param)
 
 
@@ -48,17 +48,17 @@ def chunk_bytes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 class Streamed:
     """What the consume callback saw, copied out of the reused buffers."""
 
-    columns: dict[str, list[np.ndarray]] = field(default_factory=lambda: {name: [] for name in reader.COLUMN_DTYPES})
-    syns: list[reader.SynInfo] = field(default_factory=list)
+    columns: dict[str, list[np.ndarray]] = field(default_factory=lambda: {name: [] for name in pcapfile.COLUMN_DTYPES})
+    syns: list[pcapfile.SynInfo] = field(default_factory=list)
     first_rows: list[int] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     buffers: set[int] = field(default_factory=set)  # address of each chunk's ts_ns buffer
     buffer_rows: int = 0  # the most rows a chunk column buffer had room for
     endpoints_seen: list[list[tuple[str, int]]] = field(default_factory=list)
 
-    def consume(self, chunk: reader.CaptureChunk) -> None:
+    def consume(self, chunk: pcapfile.CaptureChunk) -> None:
         assert chunk.rows > 0
-        for name, dtype in reader.COLUMN_DTYPES.items():
+        for name, dtype in pcapfile.COLUMN_DTYPES.items():
             column = chunk.columns[name]
             assert column.dtype == np.dtype(dtype) and column.ndim == 1 and column.size == chunk.rows
             self.columns[name].append(column.copy())
@@ -66,7 +66,7 @@ class Streamed:
         assert int(max(chunk.columns["src"].max(), chunk.columns["dst"].max())) < len(chunk.endpoints)
         self.syns += chunk.syns
         assert [s.frame for s in chunk.syns] == [
-            int(f) for f in chunk.columns["frame"][chunk.columns["flags"] & reader.SYN != 0]]
+            int(f) for f in chunk.columns["frame"][chunk.columns["flags"] & pcapfile.SYN != 0]]
         self.first_rows.append(chunk.first_row)
         self.sizes.append(chunk.rows)
         base = chunk.columns["ts_ns"].base
@@ -77,38 +77,37 @@ class Streamed:
 
     def concatenated(self, name: str) -> np.ndarray:
         parts = self.columns[name]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=reader.COLUMN_DTYPES[name])
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=pcapfile.COLUMN_DTYPES[name])
 
 
-def stream_and_compare(path: Path, first_frame: int = 1) -> tuple[reader.ReadResult | str, Streamed]:
+def stream_and_compare(path: Path, first_frame: int = 1) -> tuple[pcapfile.ReadResult | str, Streamed]:
     """Read path both ways (the kernel's read_capture and stream_capture) and hold them to each other; returns
     read_capture's result (or its DiagError text) and what the stream's consumer saw."""
-    with engine(True):
-        try:
-            full: reader.ReadResult | str = reader.read_capture(path, first_frame=first_frame)
-        except DiagError as exc:
-            full = str(exc)
-        seen = Streamed()
-        try:
-            streamed: reader.ReadResult | str = reader.stream_capture(path, seen.consume, first_frame=first_frame)
-        except DiagError as exc:
-            streamed = str(exc)
+    try:
+        full: pcapfile.ReadResult | str = reader.read_capture(path, first_frame=first_frame)
+    except DiagError as exc:
+        full = str(exc)
+    seen = Streamed()
+    try:
+        streamed: pcapfile.ReadResult | str = reader.stream_capture(path, seen.consume, first_frame=first_frame)
+    except DiagError as exc:
+        streamed = str(exc)
     if isinstance(full, str) or isinstance(streamed, str):
         assert full == streamed, (full, streamed)
         return full, seen
-    for name, dtype in reader.COLUMN_DTYPES.items():
+    for name, dtype in pcapfile.COLUMN_DTYPES.items():
         assert streamed.columns[name].dtype == np.dtype(dtype) and streamed.columns[name].size == 0
         assert np.array_equal(seen.concatenated(name), full.columns[name]), name
-    assert seen.syns == full.syns == streamed.syns
+    assert seen.syns == full.syns and streamed.syns == []  # each chunk's own SYNs: none kept for the result
     assert list(streamed.skipped.items()) == list(full.skipped.items())  # key order too: it reaches the JSON
     for name in ("endpoints", "frames", "linktypes", "snaplen", "file_format", "warnings"):
         assert getattr(streamed, name) == getattr(full, name), name
     # Chunks follow each other without a gap; each is at most what one chunk of the file can hold.
     assert seen.first_rows == [sum(seen.sizes[:i]) for i in range(len(seen.sizes))]
-    most = (reader.CHUNK_BYTES + LARGEST_RECORD) // MIN_ROW_FILE_BYTES + 1
+    most = (pcapfile.CHUNK_BYTES + LARGEST_RECORD) // MIN_ROW_FILE_BYTES + 1
     assert max(seen.sizes, default=0) <= most, (seen.sizes, most)
     # The column buffers are sized for one chunk (and the record carried into it), whatever the file's size.
-    assert seen.buffer_rows <= (reader.CHUNK_BYTES + reader.MAX_RECORD_BYTES + 16) // MIN_ROW_FILE_BYTES + 1
+    assert seen.buffer_rows <= (pcapfile.CHUNK_BYTES + pcapfile.MAX_RECORD_BYTES + 16) // MIN_ROW_FILE_BYTES + 1
     # The endpoint list only grows: what a chunk saw is a prefix of the final list.
     for known in seen.endpoints_seen:
         assert streamed.endpoints[:len(known)] == known
@@ -259,8 +258,7 @@ def test_gzip(tmp_path: Path, chunk_bytes: int) -> None:
 def test_a_pipe(tmp_path: Path, chunk_bytes: int) -> None:
     frames = ethernet(many_flows(60))
     data = write_pcap(tmp_path / "f.pcap", frames, 1).read_bytes()
-    with engine(True):
-        full = reader.read_capture(tmp_path / "f.pcap")
+    full = reader.read_capture(tmp_path / "f.pcap")
     seen = Streamed()
     readable, writable = os.pipe()
     writer = threading.Thread(target=lambda: (os.write(writable, data), os.close(writable)))
@@ -272,16 +270,7 @@ def test_a_pipe(tmp_path: Path, chunk_bytes: int) -> None:
         os.close(readable)
     assert np.array_equal(seen.concatenated("seq"), full.columns["seq"])
     assert np.array_equal(seen.concatenated("src"), full.columns["src"])
-    assert streamed.syns == full.syns and streamed.endpoints == full.endpoints and streamed.frames == full.frames
-    readable, writable = os.pipe()
-    try:
-        assert reader.estimate_rows(f"/dev/fd/{readable}") is None
-    finally:
-        os.close(writable)
-        os.close(readable)
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    assert reader.estimate_rows(fifo) is None  # at once: a named pipe without a writer is not opened
+    assert seen.syns == full.syns and streamed.endpoints == full.endpoints and streamed.frames == full.frames
 
 
 def test_fuzz_seed_corpus_and_mutations(tmp_path: Path, chunk_bytes: int) -> None:
@@ -323,14 +312,13 @@ def test_real_tcpdump_capture(tmp_path: Path, chunk_bytes: int) -> None:
 # --- the API around it -----------------------------------------------------------------------------------------
 
 
-def test_needs_the_kernel(tmp_path: Path) -> None:
+def test_needs_the_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from diag.capture import native
+
     pcap = write_pcap(tmp_path / "f.pcap", ethernet(many_flows(2)), 1)
-    with engine(True):
-        assert reader.streaming_available()
-    with engine(False):
-        assert not reader.streaming_available()
-        with pytest.raises(RuntimeError, match="streaming needs the _cpcap kernel"):
-            reader.stream_capture(pcap, lambda chunk: None)
+    monkeypatch.setattr(native, "kernel", lambda name: None)
+    with pytest.raises(DiagError, match="_cpcap is not built"):
+        reader.stream_capture(pcap, lambda chunk: None)
 
 
 def test_what_consume_raises_is_raised_as_it_is(tmp_path: Path, chunk_bytes: int) -> None:
@@ -338,34 +326,11 @@ def test_what_consume_raises_is_raised_as_it_is(tmp_path: Path, chunk_bytes: int
     pcap = write_pcap(tmp_path / "f.pcap", ethernet(many_flows(40)), 1)
     calls = []
 
-    def consume(chunk: reader.CaptureChunk) -> None:
+    def consume(chunk: pcapfile.CaptureChunk) -> None:
         calls.append(chunk.first_row)
         if len(calls) == 3:
             raise OSError(28, "No space left on device")
 
-    with engine(True), pytest.raises(OSError, match="No space left") as caught:
+    with pytest.raises(OSError, match="No space left") as caught:
         reader.stream_capture(pcap, consume)
     assert not isinstance(caught.value, DiagError) and len(calls) == 3
-
-
-def test_estimate_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    frames = ethernet(many_flows(100))  # a file under ESTIMATE_BYTES (1 MiB)
-    pcap = write_pcap(tmp_path / "f.pcap", frames, 1)
-    gz = tmp_path / "f.pcap.gz"
-    gz.write_bytes(gzip.compress(pcap.read_bytes()))
-    ng = tmp_path / "f.pcapng"
-    ng.write_bytes(pcapng_capture([("<", [(1, -1)], [(0, i, f, False) for i, (_t, f) in enumerate(frames)])]))
-    for use_kernel in (True, False):
-        with engine(use_kernel):
-            for path in (pcap, gz, ng):  # smaller than ESTIMATE_BYTES: decoded whole, exact
-                assert reader.estimate_rows(path) == len(frames), path
-            monkeypatch.setattr(reader, "ESTIMATE_BYTES", 16384)
-            for path in (pcap, gz, ng):  # from the first 16 KiB, scaled
-                estimate = reader.estimate_rows(path)
-                assert estimate is not None and abs(estimate - len(frames)) < len(frames) * 0.1, (path, estimate)
-            monkeypatch.setattr(reader, "ESTIMATE_BYTES", 1 << 20)
-    junk = tmp_path / "junk.pcap"
-    junk.write_bytes(b"not a capture at all" * 10)
-    assert reader.estimate_rows(junk) is None
-    assert reader.estimate_rows(tmp_path / "missing.pcap") is None
-    assert reader.estimate_rows(tmp_path) is None

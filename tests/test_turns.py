@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 from capture_helpers import netns_pair, tc, write_pcap
 
-from diag.capture.flows import IDLE_GAP_S, _coverage, analyze_files, busy_intervals, duplex, load_packets
+from diag.capture.analysis import analyze_files, packet_table
+from diag.capture.busy import BusyRuns, DataStream, coverage
+from diag.capture.busy import duplex as streams_duplex
+from diag.capture.document import IDLE_GAP_S
 
 MSS = 1448
 T0 = 1_700_000_000.0
@@ -68,6 +71,30 @@ def _gloo_like_turn() -> Flow:
     for i in range(200):
         flow.data(b_start + i * 100, "B", MSS)
     return flow
+
+
+
+def busy_intervals(ts_s: np.ndarray, gap_s: float) -> tuple[np.ndarray, np.ndarray]:
+    runs = BusyRuns(gap_s)
+    runs.add(ts_s)
+    return runs.arrays()
+
+
+def duplex(ts_x: np.ndarray, bytes_x: np.ndarray, ts_y: np.ndarray, bytes_y: np.ndarray,
+           idle_gap_s: float) -> dict:
+    """busy.duplex of two streams given whole (one chunk), through every pass a DataStream takes."""
+    x, y = DataStream(idle_gap_s), DataStream(idle_gap_s)
+    pairs = ((x, ts_x, bytes_x), (y, ts_y, bytes_y))
+    for stream, ts, nbytes in pairs:
+        stream.count(ts, nbytes)
+        stream.plan()
+        stream.collect_gaps(ts, nbytes)
+        stream.settle_gap()
+        stream.add_runs(ts)
+        stream.settle_runs()
+    x.add_overlap(ts_x, bytes_x, y)
+    y.add_overlap(ts_y, bytes_y, x)
+    return streams_duplex(x, y)
 
 
 def test_gloo_like_turn_exact_numbers(tmp_path: Path) -> None:
@@ -177,7 +204,7 @@ def test_micro_bursty_two_way_reads_as_overlap() -> None:
     y = np.array(_bursty(1300, 3000, 100), dtype=np.float64) * US + rng.uniform(0, 200e-6, 800)
     y.sort()
     sizes = np.full(800, float(MSS))
-    fixed_both, fixed_either = _coverage([busy_intervals(x, IDLE_GAP_S), busy_intervals(y, IDLE_GAP_S)])
+    fixed_both, fixed_either = coverage([busy_intervals(x, IDLE_GAP_S), busy_intervals(y, IDLE_GAP_S)])
     assert fixed_both / fixed_either < 0.2
     result = duplex(x, sizes, y, sizes, IDLE_GAP_S)
     assert result["duplex_overlap"] >= 0.95
@@ -291,11 +318,11 @@ def test_shaped_link_two_way_overlaps_and_ping_pong_does_not(tmp_path: Path) -> 
     assert min(gaps.values()) > IDLE_GAP_S, gaps   # the bursts' cadence was longer than the fixed gap
     assert conn["duplex_overlap"] >= 0.8, conn["duplex_overlap"]
     assert conn["turns"]["handoff_count"] == 0
-    packets, _ = load_packets([tmp_path / "both.pcap"])
+    packets = packet_table([tmp_path / "both.pcap"])
     data = packets.cols["plen"] > 0
     fixed = [busy_intervals(packets.cols["ts_ns"][data & (packets.state.direction == d)] / 1e9, IDLE_GAP_S)
              for d in (0, 1)]
-    fixed_both, fixed_either = _coverage(fixed)
+    fixed_both, fixed_either = coverage(fixed)
     assert fixed_both / fixed_either < conn["duplex_overlap"] - 0.2   # what the fixed 2 ms gap read
     conn = max(pingpong["connections"], key=lambda c: c["active_s"])
     assert conn["duplex_overlap"] < 0.2, conn["duplex_overlap"]

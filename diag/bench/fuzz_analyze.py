@@ -279,7 +279,7 @@ def peak_rss_mb() -> float:
 
 def analyze_once(path: Path) -> None:
     """What `diag analyze FILE` and `diag analyze --json FILE` do, short of printing."""
-    from diag.capture.flows import analyze
+    from diag.capture.analysis import analyze
     from diag.capture.schema import Analysis
     from diag.capture.table import format_table
 

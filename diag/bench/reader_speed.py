@@ -1,9 +1,10 @@
-"""The capture reader's speed: its C kernel against the numpy twin, on one file, in one process.
+"""The capture reader's speed: the whole file into columns against the same file in chunks, in one process.
 
     python -m diag.bench.reader_speed FILE [--repeat 5]
 
-Times ``flows.read_files([FILE])`` (file -> columns, what `diag analyze` does before any TCP analysis) with
-the kernel and with DIAG_NATIVE=0, alternately, after the memory settings `diag analyze` uses. Prints CPU
+Times ``reader.read_capture(FILE)`` (file -> columns: one chunk in memory) and ``reader.stream_capture``
+(the chunks `diag analyze` reads a file in, each handed on and dropped), alternately, after the memory
+settings `diag analyze` uses. Prints CPU
 time (process: every thread) and wall time, best and median of --repeat runs each, and the ratios. The
 file should be in the page cache (the first, untimed read puts it there). The first read of a process also
 pays the page faults of its fresh column memory; it is reported on its own line.
@@ -16,6 +17,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,10 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     from diag.capture.memory import tune_for_one_shot_analysis
 
     tune_for_one_shot_analysis()
-    from diag.capture import flows, native
+    from diag.capture import native, reader
 
-    engines = {"kernel": "1", "numpy twin": "0"}
-    os.environ[native.DISABLE_ENV] = "1"
+    engines = {"whole file": lambda: reader.read_capture(args.file).packets,
+               "chunks": lambda: _streamed_rows(reader, args.file)}
     if native.kernel("_cpcap") is None:
         print("the C kernel diag.capture._cpcap is not built: "
               "python -c 'import setuptools; setuptools.setup()' build_ext --inplace", file=sys.stderr)
@@ -38,13 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
     packets = 0
     for turn in range(args.repeat + 1):
-        for name, switch in engines.items():
-            os.environ[native.DISABLE_ENV] = switch
+        for name, read in engines.items():
             cpu0, wall0 = time.process_time(), time.perf_counter()
-            cols, _endpoints, _results = flows.read_files([args.file])
+            packets = read()
             cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-            packets = int(cols["ts_ns"].size)
-            del cols, _endpoints, _results
             if turn == 0:
                 print(f"first read of the process, {name}: cpu {cpu:.3f} s, wall {wall:.3f} s (fresh memory)")
             else:
@@ -56,11 +55,22 @@ def main(argv: list[str] | None = None) -> int:
         cpu = [c for c, _ in runs]
         wall = [w for _, w in runs]
         medians[name] = (statistics.median(cpu), statistics.median(wall))
-        print(f"{name:>10}: cpu best {min(cpu):.3f} s median {medians[name][0]:.3f} s | wall best {min(wall):.3f} s "
+        print(f"{name:>11}: cpu best {min(cpu):.3f} s median {medians[name][0]:.3f} s | wall best {min(wall):.3f} s "
               f"median {medians[name][1]:.3f} s = {packets / medians[name][1] / 1e6:.1f} M packets/s")
-    twin, fast = medians["numpy twin"], medians["kernel"]
-    print(f"kernel speed-up (medians): cpu {twin[0] / fast[0]:.1f}x, wall {twin[1] / fast[1]:.1f}x")
+    whole, chunks = medians["whole file"], medians["chunks"]
+    print(f"chunks / whole file (medians): cpu {chunks[0] / whole[0]:.2f}x, wall {chunks[1] / whole[1]:.2f}x")
     return 0
+
+
+def _streamed_rows(reader: Any, path: str) -> int:
+    rows = 0
+
+    def count(chunk: Any) -> None:
+        nonlocal rows
+        rows += chunk.rows
+
+    reader.stream_capture(path, count)
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
-"""Benchmark: the TCP state pass in C (diag.capture._ctcp) against its numpy twin, in one run.
+"""Benchmark: the TCP state kernel (diag.capture._ctcp) fed a capture at once and in chunks, in one run.
 
     python -m diag.bench.tcpstate_speed FILE [FILE ...] [--repeat 5]
 
-Reads the capture once, then runs `build_packets` (connections, handshakes and the TCP state pass) with
-the kernel and with the numpy twin alternately, --repeat times each, and prints CPU (process time, all
-threads) and wall time of `build_packets` and of the state pass alone (`analyze_packets`): best and
-median, and the ratio of the medians. Both engines' arrays are compared once (they must be identical).
+Reads the capture once (one chunk: connections and handshakes), then runs the TCP state pass with all
+packets in one feed and in 1 M-row chunks with 1 M segment ends a direction in memory (as `diag analyze`
+feeds a big file), alternately, --repeat times each, and prints CPU (process time, all threads) and wall
+time: best and median, and the ratio of the medians. Both arrays are compared once (they must be identical).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from diag.capture import flows, native, tcpstate
+from diag.capture import native, tcpstate
+from diag.capture.analysis import tcp_inputs
 
 
 def _timed(fn: Callable[..., Any], into: list[tuple[float, float]]) -> Callable[..., Any]:
@@ -48,42 +49,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     kernel = native.kernel("_ctcp")
     if kernel is None:
-        print("diag.capture._ctcp is not built or DIAG_NATIVE=0: nothing to compare", file=sys.stderr)
+        print("diag.capture._ctcp is not built: nothing to time", file=sys.stderr)
         return 1
-    cols, endpoints, results = flows.read_files(args.files)
+    cols, conn, direction, wscale, first_rtt = tcp_inputs(args.files)
     n = cols["ts_ns"].size
-    # build_packets passes keep_sequence (True) after the five inputs: both engines then fill every field.
-    engines = {"C kernel": lambda *a: tcpstate.analyze_packets_native(kernel, *a[:5], keep_sequence=a[5]),
-               "numpy twin": lambda *a: tcpstate._analyze_packets_numpy(*a[:5])}
-    build: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
+    engines = {"one feed": lambda *a: tcpstate.analyze_packets_native(kernel, *a),
+               "chunks": lambda *a: tcpstate.analyze_packets_native(kernel, *a, chunk_rows=1 << 20,
+                                                                    spill_window=1 << 20)}
     state: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
     states: dict[str, tcpstate.PacketState] = {}
-    real = flows.analyze_packets
-    try:
-        for _ in range(args.repeat):
-            for name, engine in engines.items():
-                flows.analyze_packets = _timed(engine, state[name])
-                cpu, wall = time.process_time(), time.perf_counter()
-                packets = flows.build_packets(cols, endpoints, results)
-                build[name].append((time.process_time() - cpu, time.perf_counter() - wall))
-                states.setdefault(name, packets.state)
-                del packets
-    finally:
-        flows.analyze_packets = real
+    for _ in range(args.repeat):
+        for name, engine in engines.items():
+            states.setdefault(name, _timed(engine, state[name])(cols, conn, direction, wscale, first_rtt))
     differ = [f.name for f in dataclasses.fields(tcpstate.PacketState)
-              if not np.array_equal(getattr(states["C kernel"], f.name), getattr(states["numpy twin"], f.name))]
+              if not np.array_equal(getattr(states["one feed"], f.name), getattr(states["chunks"], f.name))]
     print(f"{', '.join(map(str, args.files))}: {n:,} packets; {args.repeat} runs of each engine, alternated; "
           f"1-minute load {os.getloadavg()[0]:.2f}")
     for name in engines:
-        print(_line(f"{name} build_packets", build[name]))
         print(_line(f"{name} state pass", state[name]))
-    for label, rows in (("build_packets", build), ("state pass", state)):
-        c_cpu = statistics.median(r[0] for r in rows["C kernel"])
-        np_cpu = statistics.median(r[0] for r in rows["numpy twin"])
-        c_wall = statistics.median(r[1] for r in rows["C kernel"])
-        np_wall = statistics.median(r[1] for r in rows["numpy twin"])
-        print(f"  {label}: numpy / C, medians: CPU {np_cpu / c_cpu:.1f}x, wall {np_wall / c_wall:.1f}x")
-    print(f"  C state pass: {n / statistics.median(r[1] for r in state['C kernel']) / 1e6:.1f} M packets/s (wall)")
+    c_cpu = statistics.median(r[0] for r in state["one feed"])
+    np_cpu = statistics.median(r[0] for r in state["chunks"])
+    c_wall = statistics.median(r[1] for r in state["one feed"])
+    np_wall = statistics.median(r[1] for r in state["chunks"])
+    print(f"  state pass: chunks / one feed, medians: CPU {np_cpu / c_cpu:.2f}x, wall {np_wall / c_wall:.2f}x")
+    print(f"  one feed: {n / c_wall / 1e6:.1f} M packets/s (wall)")
     print("  arrays identical" if not differ else f"  ARRAYS DIFFER: {', '.join(differ)}")
     return 0 if not differ else 1
 

@@ -26,7 +26,7 @@ def start_capture(*args: Any, **kwargs: Any) -> Any:
 
 
 def analyze_files(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    from diag.capture.flows import analyze_files as _analyze
+    from diag.capture.analysis import analyze_files as _analyze
 
     return _analyze(*args, **kwargs)
 

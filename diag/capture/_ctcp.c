@@ -156,7 +156,7 @@ typedef struct {
 
 static int rv_push(RowValues *v, int64_t row, int64_t value) {
     if (v->len == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 16;
+        size_t cap = v->cap ? v->cap * 2 : 2;
         RowValue *items = (RowValue *)realloc(v->items, cap * sizeof(RowValue));
         if (!items)
             return -1;
@@ -261,7 +261,7 @@ static int ends_push(Ends *v, int64_t pos, int64_t ts, size_t window) {
     if (window && v->len >= window && ends_spill(v) < 0)
         return -1;
     if (v->len == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 256;
+        size_t cap = v->cap ? v->cap * 2 : 4; /* small first: a SYN-only direction holds one end */
         End *items = (End *)realloc(v->items, cap * sizeof(End));
         if (!items)
             return -1;
@@ -556,7 +556,7 @@ static int early_push(EarlyAcks *v, int64_t local, int64_t row, int64_t ts) {
     if (v->len && v->items[v->len - 1].local == local)
         return 0; /* a repeat is never the first ACK of its target */
     if (v->len == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 16;
+        size_t cap = v->cap ? v->cap * 2 : 2;
         EarlyAck *items = (EarlyAck *)realloc(v->items, cap * sizeof(EarlyAck));
         if (!items)
             return -1;

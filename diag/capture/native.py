@@ -1,34 +1,39 @@
-"""The analyzer's compiled kernels, and the switch that runs the analysis without them.
+"""The analyzer's compiled kernels: _cpcap (capture records -> TCP columns) and _ctcp (the TCP state machine).
 
-The kernels are C extension modules built by ``pip install`` (``[tool.setuptools] ext-modules`` in
-pyproject.toml, marked optional: a machine without a C compiler still installs diag). Each kernel has a numpy
-twin that computes the same columns; the numpy code runs where a kernel is missing or disabled with
-``DIAG_NATIVE=0``, and the tests hold each kernel to its twin (``DIAG_NATIVE=check`` runs both and raises
-AssertionError naming what differs: the tshark agreement tests and the fuzzer use it). A source checkout that is used without being
+They are C extension modules built by ``pip install`` (``[tool.setuptools] ext-modules`` in pyproject.toml).
+Each is the one implementation of its algorithm; the tests hold each to an independent numpy formulation
+(tests/decode_twin.py, tests/tcpstate_twin.py) and to tshark. A source checkout that is used without being
 installed builds them in place with ``python -c "import setuptools; setuptools.setup()" build_ext --inplace``.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 from types import ModuleType
 
-DISABLE_ENV = "DIAG_NATIVE"
 KERNELS = ("_cpcap", "_ctcp")
+BUILD_COMMAND = 'python -c "import setuptools; setuptools.setup()" build_ext --inplace'
 
 
 def kernel(name: str) -> ModuleType | None:
-    """diag.capture.<name> when it is built and not disabled (DIAG_NATIVE=0), else None (DIAG_NATIVE=check
-    returns the kernel; its caller then runs the twin too and compares)."""
-    if os.environ.get(DISABLE_ENV, "1") == "0":
-        return None
+    """diag.capture.<name> when it is built, else None."""
     try:
         return importlib.import_module(f"diag.capture.{name}")
     except ImportError:
         return None
 
 
+def require(name: str) -> ModuleType:
+    """diag.capture.<name>, or a one-line DiagError that says how to build it."""
+    module = kernel(name)
+    if module is None:
+        from diag.errors import DiagError
+
+        raise DiagError(f"the analyzer's C kernel {name} is not built: reinstall diag with a C compiler "
+                        f"(pip install .), or in a source checkout run {BUILD_COMMAND}")
+    return module
+
+
 def available() -> dict[str, bool]:
-    """Which kernels this process will use (the capture benchmark and `.ci/setup` report it)."""
+    """Which kernels are built (the capture benchmark and `.ci/setup` report it)."""
     return {name: kernel(name) is not None for name in KERNELS}

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from diag import safefs
-from diag.capture.flows import Packets
+from diag.capture.document import Packets
 
 # Plot at most this many connections (the ones that carried the most bytes) so a busy capture stays readable.
 MAX_PLOTTED_CONNECTIONS = 8

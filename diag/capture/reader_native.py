@@ -1,6 +1,6 @@
 """The reader on its C kernel (diag/capture/_cpcap.c): the same ReadResult as the numpy twin, faster.
 
-``read_capture`` comes here when ``native.kernel("_cpcap")`` is built and not disabled (DIAG_NATIVE=0). The file
+``read_capture`` and ``stream_capture`` decode every file here. The file
 is read in the twin's chunks (CHUNK_BYTES, the unfinished last record carried to the next chunk), and each
 chunk is one kernel call that walks its records and decodes every one straight into the output columns -
 the twin's dtypes, allocated once for the whole file from an upper bound on its TCP rows (a row needs 56
@@ -9,7 +9,7 @@ read's memory is the columns plus two chunk buffers. The kernel releases the GIL
 this thread reads chunk k+1 into the other buffer.
 
 Streaming (``reader.stream_capture``): the same read with a ``consume`` callback. The columns are then sized
-for one chunk; after each decoded chunk its rows are handed to ``consume`` as a ``reader.CaptureChunk`` and the
+for one chunk; after each decoded chunk its rows are handed to ``consume`` as a ``pcapfile.CaptureChunk`` and the
 Decoder is rewound (the next chunk is written from row 0 again, frames and endpoint ids carry on), so the
 read's memory no longer grows with the capture.
 
@@ -22,21 +22,20 @@ and hosts sorted by address).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import stat
 import struct
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
-from typing import IO, Any
+from typing import IO
 
 import numpy as np
 
-from diag.capture import reader
-from diag.capture.reader import (
+from diag.capture import pcapfile
+from diag.capture.pcapfile import (
     COLUMN_DTYPES,
     MAX_RECORD_BYTES,
     PCAP_MAGICS,
@@ -109,11 +108,11 @@ class NativeBuilder:
     """
 
     def __init__(self, kernel: ModuleType, first_frame: int, rows: int,
-                 consume: Callable[[CaptureChunk], None] | None = None) -> None:
+                 consume: Callable[[CaptureChunk], None] | None = None, details: bool = True) -> None:
         self.kernel = kernel
         self.consume = consume
+        self.details = details  # streaming: the SYNs and endpoints too (a later pass over a file needs neither)
         self.rows_flushed = 0  # streaming: the global row index of the columns' row 0
-        self.streamed_syns: list[SynInfo] = []
         self.streamed_endpoints: list[tuple[str, int]] = []
         self.decoder = kernel.Decoder(first_frame)
         try:
@@ -130,6 +129,12 @@ class NativeBuilder:
     @property
     def frames(self) -> int:
         return int(self.decoder.frames)
+
+    def pcap(self, handle: IO[bytes], magic: bytes, path: Path) -> None:
+        read_pcap(handle, magic, self, path)
+
+    def pcapng(self, handle: IO[bytes], magic: bytes, path: Path) -> None:
+        read_pcapng(handle, magic, self, path)
 
     def skip(self, reason: str, count: int) -> None:
         if count:
@@ -159,10 +164,9 @@ class NativeBuilder:
         rows = int(self.decoder.rows)
         if not rows:  # no call for a chunk without TCP rows (its frames and skips are counted all the same)
             return
-        syns = self._syns()
-        self.streamed_syns += syns
-        known = len(self.streamed_endpoints)
-        self.streamed_endpoints += _endpoints(self.decoder.endpoint_keys(known))
+        syns = self._syns() if self.details else []  # in this chunk only: kept, they would grow with the file
+        if self.details:
+            self.streamed_endpoints += _endpoints(self.decoder.endpoint_keys(len(self.streamed_endpoints)))
         chunk = CaptureChunk({name: column[:rows] for name, column in self.columns.items()}, syns,
                              self.rows_flushed, self.streamed_endpoints)
         try:
@@ -175,10 +179,11 @@ class NativeBuilder:
     def finish(self, file_format: str) -> ReadResult:
         if self.consume is not None:
             self.flush()  # every chunk was flushed as it was decoded; this is only a safeguard
-            self.streamed_endpoints += _endpoints(self.decoder.endpoint_keys(len(self.streamed_endpoints)))
+            if self.details:
+                self.streamed_endpoints += _endpoints(self.decoder.endpoint_keys(len(self.streamed_endpoints)))
             empty = {name: np.zeros(0, dtype=dtype) for name, dtype in COLUMN_DTYPES.items()}
             self.columns = empty  # the chunk columns are no longer needed: return their memory
-            return ReadResult(empty, self.streamed_endpoints, self.streamed_syns, self.frames, self.skipped,
+            return ReadResult(empty, self.streamed_endpoints, [], self.frames, self.skipped,
                               sorted(self.linktypes), self.snaplen, file_format, self.warnings)
         rows = int(self.decoder.rows)
         for column in self.columns.values():
@@ -205,31 +210,6 @@ class NativeBuilder:
         ]
 
 
-def differences(a: ReadResult, b: ReadResult) -> list[str]:
-    """What differs between two reads of one file (DIAG_NATIVE=check): endpoint ids compared by what they
-    stand for, the order of `skipped`'s keys included (it reaches the JSON)."""
-    out = []
-    for name in COLUMN_DTYPES:
-        x, y = a.columns[name], b.columns[name]
-        if name in ("src", "dst") and x.size == y.size and x.dtype == y.dtype:
-            same = [a.endpoints[i] for i in x.tolist()] == [b.endpoints[i] for i in y.tolist()]
-        else:
-            same = x.dtype == y.dtype and np.array_equal(x, y)
-        if not same:
-            out.append(name)
-    syns = [[(s.frame, s.ts_ns, r.endpoints[s.src], r.endpoints[s.dst], s.flags, s.mss, s.wscale,
-              s.sack_permitted, s.timestamps) for s in r.syns] for r in (a, b)]
-    if syns[0] != syns[1]:
-        out.append("syns")
-    if list(a.skipped.items()) != list(b.skipped.items()):
-        out.append("skipped")
-    out += [name for name in ("frames", "linktypes", "snaplen", "file_format", "warnings")
-            if getattr(a, name) != getattr(b, name)]
-    if sorted(set(a.endpoints)) != sorted(set(b.endpoints)):
-        out.append("endpoints")
-    return out
-
-
 def _endpoints(keys: bytes) -> list[tuple[str, int]]:
     """The kernel's endpoint keys (id order) -> (address, port), the address as ipaddress writes it."""
     import ipaddress
@@ -248,27 +228,9 @@ def _endpoints(keys: bytes) -> list[tuple[str, int]]:
 
 # --- pcap -------------------------------------------------------------------------------------------------
 
-OVERLAP_READS = True
-
-
-class _Inline(contextlib.AbstractContextManager):
-    """An executor that runs each job at once, in this thread."""
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        done: Future[Any] = Future()
-        try:
-            done.set_result(fn(*args))
-        except BaseException as exc:
-            done.set_exception(exc)
-        return done
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 def read_pcap(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: Path,
               chunk_bytes: int | None = None) -> None:
-    """pcap records through the kernel, chunk by chunk (chunk_bytes, default reader.CHUNK_BYTES); reading
+    """pcap records through the kernel, chunk by chunk (chunk_bytes, default pcapfile.CHUNK_BYTES); reading
     chunk k+1 overlaps decoding chunk k."""
     endian, ns_per_tick = PCAP_MAGICS[magic]
     snaplen, linktype, limit = pcap_header(handle, magic, path)
@@ -277,11 +239,11 @@ def read_pcap(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: Pat
     big = endian == ">"
     # Each buffer keeps `room` bytes in front of its chunk for the unfinished record of the chunk before.
     room = limit + 16
-    stores = [bytearray(room + (reader.CHUNK_BYTES if chunk_bytes is None else chunk_bytes)) for _ in range(2)]
+    stores = [bytearray(room + (pcapfile.CHUNK_BYTES if chunk_bytes is None else chunk_bytes)) for _ in range(2)]
     start = room
     with memoryview(stores[0]) as view:
         got = _read_into(handle, view[room:])
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-decode") if OVERLAP_READS else _Inline() as pool:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-decode") as pool:
         turn = 0
         while got:
             store, following = stores[turn % 2], stores[(turn + 1) % 2]
@@ -341,7 +303,7 @@ def read_pcapng(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: P
     carry = b""
     consumed = 0  # file offset of buf[0], for messages
     # Room for every packet block a chunk can hold (the smallest is 16 bytes); rows are written only as found.
-    table = [np.empty((reader.CHUNK_BYTES + MAX_RECORD_BYTES + 64) // 16 + 1, dtype=np.int64)
+    table = [np.empty((pcapfile.CHUNK_BYTES + MAX_RECORD_BYTES + 64) // 16 + 1, dtype=np.int64)
              for _ in range(4)]
     for data in _chunks(handle, magic):
         buf = carry + data if carry else data

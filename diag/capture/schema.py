@@ -23,7 +23,6 @@ from diag.typedjson import from_json, read_json_object, to_json
 
 ANALYSIS_SCHEMA = 1
 # The two keys of Connection.directions; side "a" is the sender of the connection's first captured packet.
-DIRECTION_KEYS = ("a->b", "b->a")
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,24 @@ during Y's silence (a *handoff*; X's packet is the trigger, and where it sits in
 the repetition -- says which of X's messages carried the notice). Standalone control frames (data segments
 of at most CONTROL_MAX_BYTES) are counted with their position: right after the sender's own burst or not,
 and how long until the peer's next data. Each repetition's active time splits into leader-alone / both /
-follower-alone, from the same busy runs as the connection's duplex overlap (flows.duplex). A ring at N>=3
+follower-alone, from the same busy runs as the connection's duplex overlap (busy.duplex). A ring at N>=3
 sends one way per connection: the follower carries no bulk data, so there is no handoff and no turn.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from diag.capture.quantile import OrderStats, median_ranks, np_median
+from diag.capture.source import Fallback, Pass
+
+if TYPE_CHECKING:
+    from diag.capture.aggregation import Aggregation, Connection
 
 # A data segment this small or smaller is a control frame: up to four 48-byte gloo preambles coalesced --
 # when it is also at most CONTROL_MAX_SHARE of the connection's largest segment (a flow whose MSS is tiny
@@ -52,41 +60,9 @@ def _median(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
 
-def connection_turns(ts: tuple[np.ndarray, np.ndarray], nbytes: tuple[np.ndarray, np.ndarray],
-                     busy_s: tuple[float, float], both_s: float, either_s: float, gaps_s: tuple[float, float],
-                     rtt_s: tuple[float | None, float | None], window: tuple[float, float] | None = None
-                     ) -> dict[str, Any]:
-    """The turn analysis of one connection over one repetition (or the whole capture without a window).
-
-    ts/nbytes: each direction's data packets (seconds, payload bytes) in time order, a->b first; busy_s,
-    both_s, either_s: each direction's busy time, both at once, either (flows.duplex); gaps_s: the
-    silence that ends a busy run of each direction; rtt_s: each direction's data -> ACK RTT at the capture
-    point (None when unknown); window: the repetition's wall-clock window."""
-    largest = max((float(b.max()) for b in nbytes if b.size), default=0.0)
-    bulk = [(b > CONTROL_MAX_BYTES) | (b > CONTROL_MAX_SHARE * largest) for b in nbytes]
-    # sum(where=) and argmax: no compressed copy of every packet (a capture may hold millions)
-    bulk_bytes = [float(b.sum(where=m)) for b, m in zip(nbytes, bulk, strict=True)]
-    first_index = [int(np.argmax(m)) if m.size else 0 for m in bulk]
-    first = [float(t[i]) if m.size and m[i] else None for t, m, i in zip(ts, bulk, first_index, strict=True)]
-    present = [t.size > 0 for t in ts]
-    t_first = min(float(t[0]) for t, p in zip(ts, present, strict=True) if p) if any(present) else 0.0
-    t_last = max(float(t[-1]) for t, p in zip(ts, present, strict=True) if p) if any(present) else 0.0
-    start = window[0] if window else t_first
-    span = max(t_last - t_first, 0.0)
-    out = turns_summary(span, busy_s, both_s, either_s, first, bulk_bytes)
-    bulk_ts = [t if m.all() else t[m] for t, m in zip(ts, bulk, strict=True)]
-    events: list[dict[str, Any]] = []
-    for x in (0, 1):
-        y = 1 - x
-        events.extend(_handoffs(ts[x], nbytes[x], bulk_ts[y], gaps_s[x], gaps_s[y], rtt_s[x], span, start,
-                                DIRECTIONS[x]))
-    control = [_control_frames(ts[d], nbytes[d], bulk[d], bulk_ts[d], bulk_ts[1 - d], gaps_s[d]) for d in (0, 1)]
-    return finish_turns(out, events, control)
-
-
 def turns_summary(span: float, busy_s: tuple[float, float], both: float, either: float,
                   first_bulk: list[float | None], bulk_bytes: list[float] | list[int]) -> dict[str, Any]:
-    """The turn object's time split and leader (connection_turns; stream.py's streamed turns too).
+    """The turn object's time split and leader.
 
     first_bulk: each direction's first bulk segment time (None: none), a->b first."""
     alone = [busy - both for busy in busy_s]
@@ -118,71 +94,6 @@ def finish_turns(out: dict[str, Any], events: list[dict[str, Any]], control: lis
     out["control_frames"] = {DIRECTIONS[d]: control[d] for d in (0, 1)}
     out["turn_taking"] = bool(events)
     return out
-
-
-def _handoffs(tx: np.ndarray, bx: np.ndarray, ty_bulk: np.ndarray, gap_x: float, gap_y: float,
-              rtt_x: float | None, span: float, start: float, name_x: str) -> list[dict[str, Any]]:
-    """Starts of Y's bulk data that waited on a burst of X (see the module docstring), vectorized."""
-    if ty_bulk.size == 0 or tx.size == 0:
-        return []
-    previous = np.concatenate([[start], ty_bulk[:-1]])
-    silence = ty_bulk - previous
-    candidate = np.flatnonzero(silence >= max(gap_y, TURN_MIN_SILENCE_FRACTION * span))
-    if candidate.size == 0:
-        return []
-    starts = ty_bulk[candidate]
-    trigger = np.searchsorted(tx, starts, side="right") - 1
-    cum = np.cumsum(bx)
-    before = np.searchsorted(tx, previous[candidate], side="right") - 1
-    safe = np.maximum(trigger, 0)
-    sent_during = cum[safe] - np.where(before >= 0, cum[np.maximum(before, 0)], 0.0)
-    delay = starts - tx[safe]
-    limit = np.maximum(max(HANDOFF_MAX_RTT * (rtt_x or 0.0), HANDOFF_FLOOR_S),
-                       HANDOFF_SILENCE_SHARE * silence[candidate])
-    keep = (trigger >= 0) & (sent_during >= BURST_MIN_BYTES) & (delay <= limit)
-    after = np.searchsorted(tx, starts, side="right")
-    continues = (after < tx.size) & (tx[np.minimum(after, tx.size - 1)] - starts <= gap_x)
-    total = float(cum[-1])
-    events = []
-    for i in np.flatnonzero(keep).tolist():
-        j = int(trigger[i])
-        events.append({
-            "from": name_x,
-            "t": float(starts[i]),
-            "delay_s": float(delay[i]),
-            "delay_rtt": float(delay[i] / rtt_x) if rtt_x else None,
-            "trigger_bytes": int(bx[j]),
-            "trigger_offset_bytes": int(cum[j]),
-            "trigger_offset_fraction": float(cum[j] / total) if total > 0 else None,
-            "burst_bytes": int(sent_during[i]),
-            "follower_silence_s": float(silence[candidate[i]]),
-            "sender_continues": bool(continues[i]),
-        })
-    return events
-
-
-def _control_frames(t: np.ndarray, b: np.ndarray, bulk: np.ndarray, own_bulk: np.ndarray, peer_bulk: np.ndarray,
-                    own_gap: float) -> dict[str, Any]:
-    """Standalone small data segments: how many, how many sit right after the sender's own burst, and how
-    long until the peer's next bulk data. (b holds data packets only, so not bulk = a control frame.)"""
-    count = int(bulk.size - np.count_nonzero(bulk))
-    if count == 0:
-        return {"count": 0, "preamble_multiples": 0, "after_own_burst": 0, "peer_data_next_ms": None}
-    small = ~bulk
-    times = t[small]
-    out: dict[str, Any] = {"count": count,
-                           "preamble_multiples": int(np.count_nonzero(b[small] % GLOO_PREAMBLE_BYTES == 0))}
-    after_own = 0
-    if own_bulk.size:
-        k = np.searchsorted(own_bulk, times, side="left") - 1
-        after_own = int(np.count_nonzero((k >= 0) & (times - own_bulk[np.maximum(k, 0)] <= own_gap)))
-    peer_next_ms = None
-    if peer_bulk.size:
-        m = np.searchsorted(peer_bulk, times, side="right")
-        has_next = m < peer_bulk.size
-        if has_next.any():
-            peer_next_ms = float(np.median(peer_bulk[m[has_next]] - times[has_next]) * 1e3)
-    return {**out, "after_own_burst": after_own, "peer_data_next_ms": peer_next_ms}
 
 
 def summarize(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -244,3 +155,365 @@ def summarize(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out.sort(key=lambda g: (str(g["backend"]), str(g["algo"]), str(g["op"]), g["world_size"] or 0,
                             g["size_bytes"] or 0))
     return out
+
+
+# --- the turns of one connection, fed by the passes ---------------------------------------------------
+
+
+class Descents:
+    """Where a sequence (file order) steps down: each a[i] < a[i-1] as the closed range [a[i], a[i-1]].
+
+    numpy's binary search over a sequence that is not sorted lands on one of several places only for a
+    value inside such a range; elsewhere the values below it form a prefix of the sequence and the search
+    has one answer (Searcher finds it). Captures step back now and then (tcpdump on several CPUs), by
+    microseconds."""
+
+    LIMIT = 4096
+
+    def __init__(self, chunked: bool) -> None:
+        self.chunked = chunked  # one chunk holds every value: numpy's search over them is the definition
+        self.last: float | None = None
+        self.low: list[float] = []
+        self.high: list[float] = []
+        self._ranges: tuple[np.ndarray, np.ndarray] | None = None
+
+    def add(self, values: np.ndarray) -> None:
+        if not values.size or not self.chunked:
+            return
+        base = values if self.last is None else np.concatenate([np.array([self.last]), values])
+        down = np.flatnonzero(base[1:] < base[:-1])
+        if down.size:
+            self.low.extend(base[down + 1].tolist())
+            self.high.extend(base[down].tolist())
+            if len(self.low) > self.LIMIT:
+                raise Fallback("the capture's timestamps step back too often")
+        self.last = float(values[-1])
+
+    def check(self, queries: np.ndarray) -> None:
+        """Fallback when a query lies where the binary search could land in more than one place."""
+        if not self.low or not queries.size:
+            return
+        if self._ranges is None:
+            order = np.argsort(self.low, kind="stable")
+            low, high = np.array(self.low)[order], np.maximum.accumulate(np.array(self.high)[order])
+            self._ranges = (low, high)
+        low, high = self._ranges
+        j = np.searchsorted(low, queries, side="right") - 1
+        if bool(np.any((j >= 0) & (queries <= high[np.maximum(j, 0)]))):
+            raise Fallback("a time the turn analysis looks up lies where the capture steps back")
+
+
+@dataclass
+class _Answers:
+    """Queries answered by Searcher: for each, r (numpy's searchsorted index) and the elements around it."""
+
+    tags: np.ndarray
+    q: np.ndarray
+    r: np.ndarray
+    has_prev: np.ndarray
+    prev: np.ndarray
+    prev_payload: np.ndarray   # (k, width) int64
+    has_next: np.ndarray
+    next: np.ndarray
+
+
+class Searcher:
+    """np.searchsorted(a, q, side) where the array a and the queries q both arrive in file order, in chunks.
+
+    When a's values below q (side "left") or up to q ("right") form a prefix of a -- always for sorted a,
+    and otherwise outside _Descents' ranges -- the binary search lands on r, the first index whose value
+    passes q: the first index where a's running maximum does. A query is answered once r is in sight
+    (the running maximum passes it), with a[r-1] (and its payload) and a[r]; the rest wait for later chunks,
+    and finish() answers them with r = len(a). The last TAIL elements stay at hand for a[r-1]."""
+
+    TAIL = 256
+
+    def __init__(self, side: str, chunked: bool, width: int = 0) -> None:
+        self.chunked = chunked
+        self.side = side
+        self.width = width
+        self.before = 0                      # elements dropped from the tail
+        self.max_before = -math.inf
+        self.last_before: tuple[float, np.ndarray] | None = None
+        self.tail = np.zeros(0)
+        self.tail_payload = np.zeros((0, width), dtype=np.int64)
+        self.pending = np.zeros(0)
+        self.pending_tags = np.zeros(0, dtype=np.int64)
+
+    def _passes(self, top: np.ndarray | float, q: np.ndarray) -> np.ndarray:
+        return np.asarray(top > q) if self.side == "right" else np.asarray(top >= q)
+
+    def step(self, values: np.ndarray, queries: np.ndarray, tags: np.ndarray,
+             payload: np.ndarray | None = None) -> _Answers:
+        q = np.concatenate([self.pending, queries]) if self.pending.size else queries
+        t = np.concatenate([self.pending_tags, tags]) if self.pending_tags.size else tags
+        known = np.concatenate([self.tail, values]) if self.tail.size else values
+        known_payload = (np.concatenate([self.tail_payload, payload]) if payload is not None
+                         else np.zeros((known.size, self.width), dtype=np.int64))
+        if q.size and bool(self._passes(self.max_before, q).any()):
+            raise Fallback("a looked-up time lies before the part of the capture still in view")
+        running = np.maximum.accumulate(known) if known.size and self.chunked else known
+        r_local = np.searchsorted(running, q, side=self.side)
+        found = r_local < known.size
+        answers = self._answers(t[found], q[found], r_local[found], known, known_payload,
+                                np.ones(int(found.sum()), bool))
+        self.pending, self.pending_tags = q[~found], t[~found]
+        if known.size > self.TAIL:
+            cut = known.size - self.TAIL
+            self.max_before = max(self.max_before, float(known[:cut].max()))
+            self.last_before = (float(known[cut - 1]), known_payload[cut - 1].copy())
+            self.before += cut
+            known, known_payload = known[cut:], known_payload[cut:]
+        self.tail, self.tail_payload = known.copy(), known_payload.copy()
+        return answers
+
+    def _answers(self, tags: np.ndarray, q: np.ndarray, r_local: np.ndarray, known: np.ndarray,
+                 known_payload: np.ndarray, has_next: np.ndarray) -> _Answers:
+        has_prev = (r_local >= 1) | ((r_local == 0) & (self.last_before is not None))
+        prev = np.zeros(r_local.size)
+        prev_payload = np.zeros((r_local.size, self.width), dtype=np.int64)
+        inside = r_local >= 1
+        prev[inside] = known[r_local[inside] - 1]
+        prev_payload[inside] = known_payload[r_local[inside] - 1]
+        if self.last_before is not None:
+            at_start = r_local == 0
+            prev[at_start] = self.last_before[0]
+            prev_payload[at_start] = self.last_before[1]
+        nxt = np.zeros(r_local.size)
+        nxt[has_next] = known[r_local[has_next]]
+        return _Answers(tags, q, self.before + r_local, has_prev, prev, prev_payload, has_next, nxt)
+
+    def finish(self) -> _Answers:
+        """The queries never passed: r = len(a)."""
+        r_local = np.full(self.pending.size, self.tail.size, dtype=np.int64)
+        answers = self._answers(self.pending_tags, self.pending, r_local, self.tail, self.tail_payload,
+                                np.zeros(self.pending.size, bool))
+        self.pending = np.zeros(0)
+        self.pending_tags = np.zeros(0, dtype=np.int64)
+        return answers
+
+
+@dataclass
+class _Candidate:
+    """A start of y's bulk data after a silence long enough to be a turn, and where it falls among x's data."""
+
+    start: float
+    previous: float
+    silence: float
+    trigger: int = -1          # searchsorted(tx, start, "right") - 1
+    trigger_t: float = 0.0
+    trigger_bytes: int = 0
+    trigger_cum: int = 0
+    next_t: float | None = None
+    before: int = -1           # searchsorted(tx, previous, "right") - 1
+    before_cum: int = 0
+
+
+class Turns:
+    """The turn analysis of one connection within one aggregation (the whole capture, or one repetition):
+    the time split, the handoffs (Y's bulk data restarting after a long silence within a few RTTs of a
+    packet of X, after X sent a burst alone) and the control frames."""
+
+    def __init__(self, aggregation: Aggregation, conn: Connection) -> None:
+        self.aggregation = aggregation
+        self.conn = conn
+        dirs = conn.dirs
+        self.largest = float(max(d.max_size for d in dirs))  # 0 where neither direction sent data
+        self.t_first = min((d.first_data_s for d in dirs if d.first_data_s is not None), default=0.0)
+        self.t_last = max((d.last_data_s for d in dirs if d.last_data_s is not None), default=0.0)
+        window = aggregation.window_s
+        self.start = window[0] if window else self.t_first
+        self.span = max(self.t_last - self.t_first, 0.0)
+        self.bulk_bytes = [0, 0]
+        self.first_bulk: list[float | None] = [None, None]
+        self.bulk_seen = [0, 0]
+        self.control = [0, 0]
+        self.preamble = [0, 0]
+        chunked = not aggregation.top.streamer.source.single
+        self.bulk_descents = [Descents(chunked), Descents(chunked)]
+        self.chunked = chunked
+        self.gap = (0.0, 0.0)
+        self.threshold = [0.0, 0.0]
+        # Pass.RUNS and Pass.OVERLAP
+        self.candidates: list[list[_Candidate]] = [[], []]   # [y]: y's bulk starts after a silence
+        self._prev_bulk: list[float | None] = [None, None]
+        self.after_own = [0, 0]
+        self.peer_next = [OrderStats(np.float64), OrderStats(np.float64)]
+        self._own: list[Searcher] = []
+        self._peer: list[Searcher] = []
+        self._tx: list[Searcher] = []
+        self._queued = [False, False]
+        self._cum = [0, 0]
+
+    def _bulk(self, sizes: np.ndarray) -> np.ndarray:
+        return (sizes > CONTROL_MAX_BYTES) | (sizes > CONTROL_MAX_SHARE * self.largest)
+
+    def feed(self, step: Pass, ts: list[np.ndarray], sizes: list[np.ndarray]) -> None:
+        if step is Pass.CADENCE:
+            for d in (0, 1):
+                if not ts[d].size:
+                    continue
+                bulk = self._bulk(sizes[d])
+                self.bulk_bytes[d] += int(sizes[d][bulk].sum())
+                nbulk = int(np.count_nonzero(bulk))
+                if nbulk and self.first_bulk[d] is None:
+                    self.first_bulk[d] = float(ts[d][int(np.argmax(bulk))])
+                self.bulk_seen[d] += nbulk
+                self.bulk_descents[d].add(ts[d][bulk])
+                self.control[d] += int(ts[d].size - nbulk)
+                self.preamble[d] += int(np.count_nonzero(sizes[d][~bulk] % GLOO_PREAMBLE_BYTES == 0))
+            return
+        bulk_mask = [self._bulk(sizes[d]) for d in (0, 1)]
+        bulk_ts = [ts[d][bulk_mask[d]] for d in (0, 1)]
+        small_ts = [ts[d][~bulk_mask[d]] for d in (0, 1)]
+        if step is Pass.RUNS:
+            for y in (0, 1):
+                self._candidates(y, bulk_ts[y])
+        for d in (0, 1):
+            self._control(step, d, small_ts[d], bulk_ts[d], bulk_ts[1 - d])
+        if step is Pass.OVERLAP:
+            for x in (0, 1):
+                self._locate(x, ts[x], sizes[x])
+
+    def settle_run_gaps(self) -> None:
+        self.gap = (self.conn.dirs[0].stream.run_gap, self.conn.dirs[1].stream.run_gap)
+        self.threshold = [max(self.gap[y], TURN_MIN_SILENCE_FRACTION * self.span) for y in (0, 1)]
+        self._searchers()
+
+    def _searchers(self) -> None:
+        self._own = [Searcher("left", self.chunked), Searcher("left", self.chunked)]
+        self._peer = [Searcher("right", self.chunked), Searcher("right", self.chunked)]
+
+    def _candidates(self, y: int, bulk: np.ndarray) -> None:
+        if not bulk.size:
+            return
+        first = self._prev_bulk[y] if self._prev_bulk[y] is not None else self.start
+        previous = np.concatenate([np.array([first]), bulk[:-1]])
+        silence = bulk - previous
+        for i in np.flatnonzero(silence >= self.threshold[y]).tolist():
+            self.candidates[y].append(_Candidate(float(bulk[i]), float(previous[i]), float(silence[i])))
+        self._prev_bulk[y] = float(bulk[-1])
+
+    def _control(self, step: Pass, d: int, small: np.ndarray, own_bulk: np.ndarray, peer_bulk: np.ndarray) -> None:
+        """Control frames: how many come right after the sender's own burst (Pass.RUNS) and the time from each
+        to the peer's next bulk data (counted in Pass.RUNS, collected in Pass.OVERLAP)."""
+        if self.control[d] == 0:
+            return
+        tags = np.zeros(small.size, dtype=np.int64)
+        if step is Pass.RUNS:
+            self.bulk_descents[d].check(small)
+            self._after_own(d, self._own[d].step(own_bulk, small, tags))
+        self.bulk_descents[1 - d].check(small)
+        self._peer_values(step, d, self._peer[d].step(peer_bulk, small, tags))
+
+    def _after_own(self, d: int, answers: _Answers) -> None:
+        """k = r - 1 >= 0 and the frame within the own run gap of a[k]."""
+        ok = answers.r >= 1
+        close = answers.q[ok] - answers.prev[ok] <= self.gap[d]
+        self.after_own[d] += int(np.count_nonzero(close))
+
+    def _peer_values(self, step: Pass, d: int, answers: _Answers) -> None:
+        values = answers.next[answers.has_next] - answers.q[answers.has_next]
+        if values.size:
+            (self.peer_next[d].add if step is Pass.RUNS else self.peer_next[d].collect)(values)
+
+    def settle_lookups(self) -> None:
+        for d in (0, 1):
+            if self.control[d]:
+                self._after_own(d, self._own[d].finish())
+                self._peer[d].finish()
+            if self.peer_next[d].n:
+                self.peer_next[d].want(median_ranks(self.peer_next[d].n))
+        self._searchers()
+        self._tx = [Searcher("right", self.chunked, width=2), Searcher("right", self.chunked, width=2)]
+        self._queued = [False, False]  # y's candidate times go to x's searcher with x's first chunk
+
+    def _locate(self, x: int, tx: np.ndarray, bx: np.ndarray) -> None:
+        """Pass.OVERLAP: where y's candidate times fall among x's data packets (searchsorted, side right)."""
+        candidates = self.candidates[1 - x]
+        if not candidates:
+            return
+        if not self._queued[x]:
+            self._queued[x] = True
+            queries = np.array([t for c in candidates for t in (c.start, c.previous)])
+            self.conn.dirs[x].data_descents.check(queries)
+            tags = np.arange(queries.size, dtype=np.int64)
+        else:
+            queries, tags = np.zeros(0), np.zeros(0, dtype=np.int64)
+        cum = self._cum[x] + np.cumsum(bx)
+        if bx.size:
+            self._cum[x] = int(cum[-1])
+        self._handoff_answers(x, self._tx[x].step(tx, queries, tags, np.stack([cum, bx], axis=1)
+                                                   if bx.size else np.zeros((0, 2), dtype=np.int64)))
+
+    def _handoff_answers(self, x: int, answers: _Answers) -> None:
+        candidates = self.candidates[1 - x]
+        for k, tag in enumerate(answers.tags.tolist()):
+            candidate = candidates[tag // 2]
+            r = int(answers.r[k])
+            if tag % 2 == 0:
+                candidate.trigger = r - 1
+                if answers.has_prev[k] and r >= 1:
+                    candidate.trigger_t = float(answers.prev[k])
+                    candidate.trigger_cum, candidate.trigger_bytes = (int(v) for v in answers.prev_payload[k])
+                candidate.next_t = float(answers.next[k]) if answers.has_next[k] else None
+            else:
+                candidate.before = r - 1
+                if answers.has_prev[k] and r >= 1:
+                    candidate.before_cum = int(answers.prev_payload[k][0])
+
+    def settle_handoffs(self) -> None:
+        for x in (0, 1):
+            if self._tx and self.candidates[1 - x]:
+                self._handoff_answers(x, self._tx[x].finish())
+            if self.control[x]:
+                self._peer[x].finish()
+
+    def _handoffs(self, x: int, rtt_x: float | None) -> list[dict[str, Any]]:
+        y = 1 - x
+        dirs = self.conn.dirs
+        if self.bulk_seen[y] == 0 or dirs[x].first_data_s is None or not self.candidates[y]:
+            return []
+        total = float(self._cum[x])
+        events = []
+        limit_floor = max(HANDOFF_MAX_RTT * (rtt_x or 0.0), HANDOFF_FLOOR_S)
+        for candidate in self.candidates[y]:
+            if candidate.trigger < 0:
+                continue
+            cum_trigger = float(candidate.trigger_cum)
+            sent_during = cum_trigger - (float(candidate.before_cum) if candidate.before >= 0 else 0.0)
+            start = np.float64(candidate.start)
+            delay = start - np.float64(candidate.trigger_t)
+            limit = np.maximum(limit_floor, HANDOFF_SILENCE_SHARE * np.float64(candidate.silence))
+            if not (sent_during >= BURST_MIN_BYTES and delay <= limit):
+                continue
+            continues = candidate.next_t is not None and np.float64(candidate.next_t) - start <= self.gap[x]
+            events.append({
+                "from": DIRECTIONS[x],
+                "t": float(start),
+                "delay_s": float(delay),
+                "delay_rtt": float(delay / rtt_x) if rtt_x else None,
+                "trigger_bytes": int(candidate.trigger_bytes),
+                "trigger_offset_bytes": int(cum_trigger),
+                "trigger_offset_fraction": float(cum_trigger / total) if total > 0 else None,
+                "burst_bytes": int(sent_during),
+                "follower_silence_s": float(candidate.silence),
+                "sender_continues": bool(continues),
+            })
+        return events
+
+    def _control_json(self, d: int) -> dict[str, Any]:
+        if self.control[d] == 0:
+            return {"count": 0, "preamble_multiples": 0, "after_own_burst": 0, "peer_data_next_ms": None}
+        stats = self.peer_next[d]
+        peer_next_ms = float(np_median(stats) * 1e3) if stats.n else None
+        return {"count": self.control[d], "preamble_multiples": self.preamble[d],
+                "after_own_burst": self.after_own[d], "peer_data_next_ms": peer_next_ms}
+
+    def json(self, busy_s: tuple[float, float], both: float, either: float,
+             rtt_s: tuple[float | None, ...]) -> dict[str, Any]:
+        out = turns_summary(self.span, busy_s, both, either, self.first_bulk, self.bulk_bytes)
+        events: list[dict[str, Any]] = []
+        for x in (0, 1):
+            events.extend(self._handoffs(x, rtt_s[x]))
+        return finish_turns(out, events, [self._control_json(d) for d in (0, 1)])

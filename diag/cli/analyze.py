@@ -15,9 +15,22 @@ import argparse
 import json
 import sys
 
-# How many times the streaming analyzer reads a big capture (diag/capture/stream.py): the progress bar's
-# expectation; more passes only make the bar longer.
-STREAM_PASSES = 5
+# How many times the analyzer reads one big capture file (diag/capture/source.py: a pass each, the first two
+# together): the progress bar's expectation; more reads only make the bar longer.
+BIG_FILE_READS = 5
+
+
+def expected_reads(paths: list[str], plot: bool) -> int:
+    """Reads of the input the progress bar expects: one file in chunks is read twice where its decoded columns
+    fit the source's cache (judged by its size on disk), else once a pass; several files, a pipe or --plot
+    are read once into one chunk."""
+    import os
+
+    from diag.capture.source import CACHE_BYTES
+
+    if plot or len(paths) != 1 or not os.path.isfile(paths[0]):
+        return 1
+    return 2 if os.path.getsize(paths[0]) <= CACHE_BYTES else BIG_FILE_READS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,9 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-gap", dest="idle_gap_s", type=float, default=0.002, metavar="SECONDS",
                         help="a silence longer than this ends a direction's busy period (default 0.002 s)")
     parser.add_argument("--no-series", action="store_true", help="leave the throughput series out of the JSON")
-    parser.epilog = ("A capture too big to hold in memory (over ~2.25 M TCP packets) is read five times in chunks,\n"
-                     "in bounded memory, to the same JSON (DIAG_STREAM=auto|always|never; docs/analyzer.md).\n"
-                     "Several files, a pipe and --plot are analyzed in memory.")
+    parser.epilog = ("One capture file is read in chunks, a few times over, in bounded memory whatever its size\n"
+                     "(docs/analyzer.md). Several files, a pipe and --plot are analyzed in memory.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,27 +66,28 @@ def run(args: argparse.Namespace) -> int:
             load_records(records)  # a wrong --records file fails now, not after the captures were read
 
     tune_for_one_shot_analysis()  # before numpy is imported
-    from diag.capture import stream
-    from diag.capture.flows import analyze
+    from diag.capture.analysis import analyze
     from diag.console import ReadProgress
 
-    # On a terminal, a bar over the bytes read (a streamed capture is read in several passes)
-    passes = STREAM_PASSES if not args.plot and stream.should_stream(args.pcaps) else 1
-    with ReadProgress(args.pcaps, passes):
+    # On a terminal, a bar over the bytes read: one file is read in chunks, twice where its decoded columns
+    # fit the source's cache, else once a pass; several files, a pipe or --plot are read once.
+    with ReadProgress(args.pcaps, expected_reads(args.pcaps, bool(args.plot))):
         result, packets = analyze(args.pcaps, args.records, args.bin_s, args.idle_gap_s, not args.no_series,
                                   keep_sequence=bool(args.plot))
+    # One string from the C encoder, built once for --out and --json alike (json.dump streams thousands of
+    # small writes through Python).
+    text = json.dumps(result) + "\n" if args.out or args.json else ""
     if args.out:
         from diag import safefs
 
-        safefs.write_file(safefs.make_parent(args.out), json.dumps(result) + "\n", flag="--out")
+        safefs.write_file(safefs.make_parent(args.out), text, flag="--out")
     if args.plot:
         from diag.capture.plots import plot_connections
 
         written = plot_connections(result, packets, args.plot)
         print(f"wrote {len(written)} plot(s) to {args.plot}", file=sys.stderr)
     if args.json:
-        # One string from the C encoder: json.dump streams thousands of small writes through Python.
-        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.write(text)
     else:
         from diag.capture.schema import Analysis
         from diag.capture.table import format_table

@@ -369,8 +369,8 @@ def load_run_dir(root: Path) -> RunData:
         missing.append("observe/*.jsonl (no observer samples: no per-thread CPU, no ss/TCP_INFO)")
     if not tcpinfo:
         missing.append("tcpinfo/*.jsonl (no raw transport TCP_INFO side files)")
-    # diag.advise's own reader (its schema check); importing it loads no torch.
-    from diag.advise import ADVISE_NAME, load_advise
+    # advise.json's own reader (its schema check), below diag.advise: the report never imports a command.
+    from diag.advisefile import ADVISE_NAME, load_advise
 
     advise = load_advise(root / "advise") if (root / "advise" / ADVISE_NAME).is_file() else None
     return RunData(root, record_files, meta, captures, tcpinfo, missing, advise=advise)

@@ -19,7 +19,6 @@ from diag.transports.base import UnsupportedOperation
 
 # Output buffers whose list of views is kept (the harness cycles through a ring of them), in bytes at most.
 GATHER_VIEW_CACHE_BYTES = 8 << 20
-INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 
 
 def _check_interface(name: str | None) -> None:

@@ -1,12 +1,14 @@
-"""The streamed analysis (diag/capture/stream.py) against the in-memory one (flows.analyze): the same JSON, byte
-for byte, on captures built here (several connections interleaved, both directions, turns, control frames,
-bursty senders, handshakes with window scaling and timestamps, IPv6, record phases, odd --bin/--idle-gap,
---no-series, timestamps stepping back) and on real loopback traffic; files that cannot be streamed exactly
-fall back to the in-memory analysis with one line on stderr; DIAG_STREAM's modes and when analyze streams.
+"""The analysis of a capture read in file chunks against the same analysis of it as one chunk in memory
+(diag/capture/source.py: FileChunks vs OneChunk): the same JSON, byte for byte, on captures built here
+(several connections interleaved, both directions, turns, control frames, bursty senders, handshakes with
+window scaling and timestamps, IPv6, record phases, odd --bin/--idle-gap, --no-series, timestamps stepping
+back) and on real loopback traffic; files whose chunks cannot be analyzed exactly fall back to one chunk with
+one line on stderr.
 
-Every streamed run reads the file in 4 KiB chunks (stream.check's size), so each pass crosses hundreds of
-chunk boundaries; a case that is meant to stream asserts that it did (no Fallback), so a Fallback cannot
-hide a difference. Without the C kernels these tests skip with the reason, except under CI (CI set).
+Every chunked run reads the file in 4 KiB chunks, so each pass crosses hundreds of chunk boundaries, and keeps
+16 segment ends a direction in memory (the rest go to the TCP state's temporary file); a case that is meant
+to be read in chunks asserts that it was (no Fallback), so a Fallback cannot hide a difference. Without the C
+kernels these tests skip with the reason, except under CI (CI set).
 """
 
 from __future__ import annotations
@@ -32,20 +34,20 @@ from capture_helpers import LINK_HEADERS, need_tools, synthetic_flow, write_pcap
 from native_helpers import need_kernels
 from test_turns import MSS, Flow, _bursty, _gloo_like_turn
 
-from diag.capture import flows, native, reader, stream
+from diag.capture import analysis, native, pcapfile, reader, source, turns
+from diag.capture.document import DEFAULT_BIN_S, IDLE_GAP_S, MAX_BINS
 from diag.capture.turns import CONTROL_MAX_BYTES
 from diag.errors import DiagError
 from diag.records import Record, RecordWriter
 from tests.common import need_root, run_diag
 
-CHUNK = 4096  # stream.check's chunk size
+CHUNK = 4096
+SPILL = 16  # segment ends a direction keeps in memory
 T0_NS = 1_700_000_000 * 10**9
 
 
 @pytest.fixture(autouse=True)
 def _need_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(native.DISABLE_ENV, raising=False)
-    monkeypatch.delenv(stream.STREAM_ENV, raising=False)
     need_kernels(*native.KERNELS)
 
 
@@ -275,67 +277,76 @@ def write_records(path: Path, frames: Sequence[tuple[int, bytes]]) -> Path:
 # --- the comparison ------------------------------------------------------------------------------------------
 
 
+def first_difference(a: Any, b: Any, path: str = "") -> str | None:
+    """The JSON path where a and b first differ (values compared as their JSON text), else None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if list(a) != list(b):
+            return f"{path or '/'} (keys {list(a)} vs {list(b)})"
+        return next((f for key in a if (f := first_difference(a[key], b[key], f"{path}/{key}"))), None)
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path} (length {len(a)} vs {len(b)})"
+        return next((f for i, (x, y) in enumerate(zip(a, b, strict=True))
+                     if (f := first_difference(x, y, f"{path}[{i}]"))), None)
+    return None if json.dumps(a) == json.dumps(b) else f"{path} ({json.dumps(a)[:80]} vs {json.dumps(b)[:80]})"
+
+
 @dataclass
 class Streamed:
     result: dict[str, Any]
-    chunks: int  # chunks of pass 1
+    chunks: int  # chunks of Pass.COUNTS
 
 
 def streamed(path: Path, records: Sequence[Path] | None, bin_s: float, idle_gap_s: float, with_series: bool,
              monkeypatch: pytest.MonkeyPatch, chunk_bytes: int = CHUNK) -> Streamed:
-    """stream.analyze_streaming in chunks of chunk_bytes (a Fallback propagates), counting pass 1's chunks."""
+    """The analysis of FileChunks in chunks of chunk_bytes, each pass reading the file (no cache; a Fallback
+    propagates), counting the first pass's chunks."""
     counts: list[int] = []
-    real = stream.stream_capture
+    real = source.stream_capture
 
-    def counting(p: Any, consume: Any, *args: Any, **kwargs: Any) -> reader.ReadResult:
+    def counting(p: Any, consume: Any, *args: Any, **kwargs: Any) -> pcapfile.ReadResult:
         counts.append(0)
 
-        def count(chunk: reader.CaptureChunk) -> None:
+        def count(chunk: pcapfile.CaptureChunk) -> None:
             counts[-1] += 1
             consume(chunk)
 
         return real(p, count, *args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(reader, "CHUNK_BYTES", chunk_bytes)
-        patch.setattr(stream, "stream_capture", counting)
-        result = stream.analyze_streaming(path, records, bin_s, idle_gap_s, with_series)
+        patch.setattr(pcapfile, "CHUNK_BYTES", chunk_bytes)
+        patch.setattr(source, "CACHE_BYTES", 0)  # every pass reads the file again, as a big file's passes do
+        patch.setattr(source, "stream_capture", counting)
+        result = analysis.Analysis(source.FileChunks(path), records, bin_s, idle_gap_s, with_series, SPILL).run()
     return Streamed(result, counts[0] if counts else 0)
 
 
 def in_memory(path: Path, records: Sequence[Path] | None, bin_s: float, idle_gap_s: float, with_series: bool,
               monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    monkeypatch.setenv(stream.STREAM_ENV, "never")
-    try:
-        return flows.analyze_files([path], records, bin_s, idle_gap_s, with_series)
-    finally:
-        monkeypatch.delenv(stream.STREAM_ENV)
+    del monkeypatch
+    return analysis.Analysis(source.OneChunk([path]), records, bin_s, idle_gap_s, with_series).run()
 
 
 def assert_same(path: Path, monkeypatch: pytest.MonkeyPatch, records: Sequence[Path] | None = None,
-                bin_s: float = flows.DEFAULT_BIN_S, idle_gap_s: float = flows.IDLE_GAP_S, with_series: bool = True,
-                min_chunks: int | None = None, chunk_sizes: Sequence[int] = (CHUNK,), also_check: bool = True
-                ) -> dict[str, Any]:
-    """The streamed JSON (no Fallback allowed) is the in-memory JSON's text, and DIAG_STREAM=check passes (unless
-    also_check is False: it streams once more). min_chunks: pass 1 read at least this many chunks of the first
-    size (default: the file's size over twice the chunk size)."""
+                bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S, with_series: bool = True,
+                min_chunks: int | None = None, chunk_sizes: Sequence[int] = (CHUNK,)) -> dict[str, Any]:
+    """The chunked JSON (no Fallback allowed) is the one-chunk JSON's text, and analyze_files (chunks of the
+    default size) gives it too. min_chunks: the first pass read at least this many chunks of the first size
+    (default: the file's size over twice the chunk size)."""
     expected = in_memory(path, records, bin_s, idle_gap_s, with_series, monkeypatch)
     for chunk_bytes in chunk_sizes:
         got = streamed(path, records, bin_s, idle_gap_s, with_series, monkeypatch, chunk_bytes)
-        where = stream.first_difference(expected, got.result)
-        assert where is None, f"{path} in {chunk_bytes}-byte chunks: streamed differs at {where}"
+        where = first_difference(expected, got.result)
+        assert where is None, f"{path} in {chunk_bytes}-byte chunks: differs from one chunk at {where}"
         assert json.dumps(got.result) == json.dumps(expected)
         least = path.stat().st_size // (2 * chunk_bytes) if min_chunks is None else min_chunks
         if chunk_bytes == chunk_sizes[0]:
             assert got.chunks >= least, f"{path}: only {got.chunks} chunks of {chunk_bytes} bytes"
-    if also_check:
-        monkeypatch.setenv(stream.STREAM_ENV, "check")
-        assert flows.analyze_files([path], records, bin_s, idle_gap_s, with_series) == expected
-        monkeypatch.delenv(stream.STREAM_ENV)
+    assert json.dumps(analysis.analyze_files([path], records, bin_s, idle_gap_s, with_series)) == json.dumps(expected)
     return expected
 
 
-# --- 1. the two paths agree ----------------------------------------------------------------------------------
+# --- 1. chunks and one chunk agree ----------------------------------------------------------------------------------
 
 
 def test_multi_connection_with_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -352,7 +363,7 @@ def test_multi_connection_with_phases(tmp_path: Path, monkeypatch: pytest.Monkey
     assert any(c["turns"]["control_frames"]["b->a"]["count"] > 0 for c in out["connections"])
     assert any(d["retransmissions"] > 0 for c in out["connections"] for d in c["directions"].values())
     assert any(d["rtt_ms"]["n"] and d["ts_rtt_ms"]["n"] for c in out["connections"] for d in c["directions"].values())
-    assert any(c["run_gap_s"]["a->b"] > flows.IDLE_GAP_S for c in out["connections"])  # the bursty one adapts
+    assert any(c["run_gap_s"]["a->b"] > IDLE_GAP_S for c in out["connections"])  # the bursty one adapts
     assert any(c["directions"]["a->b"]["window"]["scale"] == 7 for c in out["connections"])
     assert [ph["packets"] for ph in out["phases"] if ph["phase"]["op"] == "barrier"] == [0]
     assert out["files"][0]["skipped"]  # the UDP datagram
@@ -375,7 +386,7 @@ def test_parameters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bin_s: floa
     series = [d.get("throughput") for c in out["connections"] for d in c["directions"].values()]
     assert all(s is not None for s in series) if with_series else all(s is None for s in series)
     if bin_s == 2e-6:
-        assert max(len(s["Bps"]) for s in series) == flows.MAX_BINS  # re-binned coarser
+        assert max(len(s["Bps"]) for s in series) == MAX_BINS  # re-binned coarser
 
 
 @pytest.mark.parametrize("builder", ["gloo", "ping-pong", "both-ways", "ring", "slow-reaction"])
@@ -406,7 +417,7 @@ def test_turn_scenarios(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, builder
     pcap = write_pcap(tmp_path / "flow.pcap", frames, 101)
     ns = [(round(t * 1e6) * 1000, data) for t, data in frames]
     records = write_records(tmp_path / "run.jsonl", ns)
-    out = assert_same(pcap, monkeypatch, [records], also_check=builder == "gloo")  # check mode: once is enough
+    out = assert_same(pcap, monkeypatch, [records])
     assert out["connections"][0]["turns"]["handoff_count"] == {"gloo": 1, "ping-pong": 5, "both-ways": 0,
                                                                "ring": 0, "slow-reaction": 1}[builder]
 
@@ -429,7 +440,7 @@ def test_large_capture_many_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     pcap = write_ns_pcap(tmp_path / "large.pcap", frames, snaplen=80)
     records = write_records(tmp_path / "run.jsonl", frames)
     assert len(frames) > 20_000
-    out = assert_same(pcap, monkeypatch, [records], min_chunks=pcap.stat().st_size // CHUNK, also_check=False)
+    out = assert_same(pcap, monkeypatch, [records], min_chunks=pcap.stat().st_size // CHUNK)
     assert sum(c["turns"]["handoff_count"] for ph in out["phases"] for c in ph["connections"]) > 10
 
 
@@ -497,11 +508,11 @@ def test_handshake_in_one_instant(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_control_frame_stamped_back_at_the_lookup_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 48-byte frame written to the file long after its time (12 ms back), in the silence between two of
     its sender's bursts: its own-burst lookup lands at the first element the streamed search still holds
-    (stream._Searcher keeps the last TAIL of them), so the element before it comes from what was dropped.
+    (turns.Searcher keeps the last TAIL of them), so the element before it comes from what was dropped.
     Exact: the capture steps back, but not where the bulk data does."""
     capture = Capture()
     conn = capture.conn("10.6.0.1", "10.6.0.2", 4322, 80, timestamps=False)
-    first, second = 300, stream._Searcher.TAIL
+    first, second = 300, turns.Searcher.TAIL
     for i in range(first):
         conn.data(T0_NS + i * 10_000, "B", MSS, ack_after_ns=None)
     later = T0_NS + 23_000_000
@@ -522,7 +533,7 @@ def test_control_frame_stamped_back_at_the_lookup_tail(tmp_path: Path, monkeypat
 @pytest.mark.slow
 def test_more_endpoints_than_the_dense_pair_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """1,133 short connections between 2,163 endpoints: past 2,048 endpoints both paths number the pairs
-    without the dense table (stream._Connections switches to its dict in the middle of the file), in order
+    without the dense table (source.ConnectionIds switches to its dict in the middle of the file), in order
     of first appearance also where a chunk brings several new ones whose pair keys sort otherwise."""
     capture = Capture()
     for k in range(1030):
@@ -539,7 +550,7 @@ def test_more_endpoints_than_the_dense_pair_table(tmp_path: Path, monkeypatch: p
                                  f"10.30.{older // 250}.{older % 250 + 1}", 30000 + k, 80 + older % 3)
             cross.data(start + 170_000, "A", 300)
     pcap = write_ns_pcap(tmp_path / "many.pcap", capture.frames(), snaplen=96)
-    out = assert_same(pcap, monkeypatch, with_series=False, chunk_sizes=(1 << 16,), also_check=False)  # slow
+    out = assert_same(pcap, monkeypatch, with_series=False, chunk_sizes=(1 << 16,))  # slow
     assert len(out["connections"]) == 1133 and len(out["hosts"]) == 2060
 
 
@@ -561,24 +572,10 @@ def test_tiny_captures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: st
     assert out["capture"]["packets"] == {"one-packet": 1, "one-syn": 1, "no-tcp": 0, "empty": 0}[kind]
 
 
-def test_check_mode_names_the_first_difference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """DIAG_STREAM=check raises where the streamed JSON differs (here: made to differ on purpose)."""
-    pcap = write_pcap(tmp_path / "s.pcap", [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()], 1)
-    real = stream.analyze_streaming
-
-    def off_by_one(*args: Any) -> dict[str, Any]:
-        out = real(*args)
-        out["connections"][0]["directions"]["b->a"]["dup_acks"] += 1
-        return out
-
-    monkeypatch.setattr(stream, "analyze_streaming", off_by_one)
-    monkeypatch.setenv(stream.STREAM_ENV, "check")
-    with pytest.raises(AssertionError, match=r"differs from the in-memory one at /connections\[0\]/directions/"
-                                             r"b->a/dup_acks \(4 vs 5\)"):
-        flows.analyze_files([pcap])
-    assert stream.first_difference({"a": [1, {"b": 2}]}, {"a": [1, {"b": 2.0}]}) == "/a[1]/b (2 vs 2.0)"
-    assert stream.first_difference({"a": 1, "b": 2}, {"b": 2, "a": 1}) is not None  # key order is the JSON's
-    assert stream.first_difference([1, 2], [1, 2, 3]) == " (length 2 vs 3)"
+def test_first_difference_names_the_path() -> None:
+    assert first_difference({"a": [1, {"b": 2}]}, {"a": [1, {"b": 2.0}]}) == "/a[1]/b (2 vs 2.0)"
+    assert first_difference({"a": 1, "b": 2}, {"b": 2, "a": 1}) is not None  # key order is the JSON's
+    assert first_difference([1, 2], [1, 2, 3]) == " (length 2 vs 3)"
 
 
 # --- real traffic --------------------------------------------------------------------------------------------
@@ -682,24 +679,23 @@ def test_loopback_traffic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, snapl
     frames = [(t, b"") for t in rows]
     records = write_records(tmp_path / "run.jsonl", frames)
     try:
-        # lo's GSO: records up to 64 KiB with the full snaplen; check mode once, on the small records
-        out = assert_same(pcap, monkeypatch, [records], min_chunks=40, also_check=snaplen < 1000)
-    except stream.Fallback as why:  # tcpdump on several CPUs can step back: then check mode must still pass
-        monkeypatch.setenv(stream.STREAM_ENV, "check")
-        flows.analyze_files([pcap], [records])
-        pytest.skip(f"this capture cannot be streamed exactly ({why})")
+        # lo's GSO: records up to 64 KiB with the full snaplen
+        out = assert_same(pcap, monkeypatch, [records], min_chunks=40)
+    except source.Fallback as why:  # tcpdump on several CPUs can step back
+        analysis.analyze_files([pcap], [records])
+        pytest.skip(f"this capture cannot be read in chunks exactly ({why})")
     assert len(out["connections"]) == 3
 
 
-# --- 2. files that must fall back ----------------------------------------------------------------------------
+# --- 2. files that must fall back to one chunk ----------------------------------------------------------------------------
 
 
 def many_steps_back(path: Path) -> Path:
-    """One bulk stream whose data packets step back more often than stream._Descents keeps track of."""
+    """One bulk stream whose data packets step back more often than turns.Descents keeps track of."""
     capture = Capture()
     conn = capture.conn("10.7.0.1", "10.7.0.2", 5555, 80, timestamps=False)
     conn.handshake(T0_NS)
-    for i in range(2 * (stream._Descents.LIMIT + 200)):
+    for i in range(2 * (turns.Descents.LIMIT + 200)):
         conn.data(T0_NS + 1_000_000 + i * 10_000, "A", MSS, ack_after_ns=None)
     frames = capture.frames()
     data_rows = list(range(3, len(frames) - 1, 2))  # (data i, data i+1) pairs trade times
@@ -709,8 +705,8 @@ def many_steps_back(path: Path) -> Path:
 def runs_out_of_order(path: Path) -> Path:
     """A stream whose busy run starts before the previous run's start: after a 7 ms silence a packet, then one
     stamped 10 ms before it (the same run: the time went back), then one 5 ms after that (a new run, which
-    starts before the previous one). flows._bytes_inside binary-searches the runs' starts, so only the
-    in-memory analysis gives its answer. Written in the order sent, not sorted by time."""
+    starts before the previous one). The bytes inside the other stream's runs are found by a binary search
+    over those starts, in chunks and in one chunk alike: no fallback. Written in the order sent."""
     capture = Capture()
     conn = capture.conn("10.7.0.1", "10.7.0.2", 5556, 80, timestamps=False)
     conn.handshake(T0_NS)
@@ -739,108 +735,94 @@ def lookup_in_a_step_back(path: Path) -> Path:
     return write_ns_pcap(path, frames)
 
 
-@pytest.mark.parametrize("build", [many_steps_back, runs_out_of_order, lookup_in_a_step_back],
-                         ids=["many-steps-back", "runs-out-of-order", "lookup-in-a-step-back"])
-def test_fallback_analyzes_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, build: Any) -> None:
+@pytest.mark.parametrize("build", [many_steps_back, lookup_in_a_step_back], ids=["many-steps-back",
+                                                                          "lookup-in-a-step-back"])
+def test_fallback_analyzes_one_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, build: Any) -> None:
     pcap = build(tmp_path / "back.pcap")
-    with pytest.raises(stream.Fallback):
-        streamed(pcap, None, flows.DEFAULT_BIN_S, flows.IDLE_GAP_S, True, monkeypatch)
-    monkeypatch.setenv(stream.STREAM_ENV, "check")
-    flows.analyze_files([pcap])  # a Fallback is allowed under check
-    monkeypatch.delenv(stream.STREAM_ENV)
-    always = run_diag("analyze", str(pcap), "--json", env={stream.STREAM_ENV: "always"})
-    never = run_diag("analyze", str(pcap), "--json", env={stream.STREAM_ENV: "never"})
-    assert always.returncode == never.returncode == 0, always.stderr + never.stderr
-    assert always.stdout == never.stdout and json.loads(always.stdout)["capture"]["packets"] > 0
-    lines = always.stderr.splitlines()
-    assert len(lines) == 1 and "analyzed in memory" in lines[0] and str(pcap) in lines[0], always.stderr
-    assert never.stderr == ""
+    with pytest.raises(source.Fallback):
+        streamed(pcap, None, DEFAULT_BIN_S, IDLE_GAP_S, True, monkeypatch)
+    chunked = run_diag("analyze", str(pcap), "--json")
+    assert chunked.returncode == 0, chunked.stderr
+    assert json.loads(chunked.stdout) == in_memory(pcap, None, DEFAULT_BIN_S, IDLE_GAP_S, True, monkeypatch)
+    assert json.loads(chunked.stdout)["capture"]["packets"] > 0
+    lines = chunked.stderr.splitlines()
+    assert len(lines) == 1 and "analyzed in memory" in lines[0] and str(pcap) in lines[0], chunked.stderr
+
+
+def test_runs_out_of_order_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_same(runs_out_of_order(tmp_path / "back.pcap"), monkeypatch, min_chunks=1)
 
 
 # --- 3. the command line -------------------------------------------------------------------------------------
 
 
-def test_cli_always_and_never_print_the_same(tmp_path: Path) -> None:
+def test_cli_chunks_and_plot_print_the_same(tmp_path: Path) -> None:
+    """One file is read in chunks; with --plot it is one chunk in memory (the plots draw every packet): the
+    same JSON, and no fallback line."""
     frames = multi_capture(rounds=1, segments=100, seed=21).frames()
     pcap = write_ns_pcap(tmp_path / "multi.pcap", frames, snaplen=128)
     records = write_records(tmp_path / "run.jsonl", frames)
     args = ("analyze", str(pcap), "--records", str(records), "--json", "--bin", "0.003")
-    always = run_diag(*args, env={stream.STREAM_ENV: "always"})
-    never = run_diag(*args, env={stream.STREAM_ENV: "never"})
-    assert always.returncode == never.returncode == 0, always.stderr + never.stderr
-    assert always.stderr == never.stderr == ""  # streamed without a fallback line
-    assert always.stdout == never.stdout
-    assert len(json.loads(always.stdout)["phases"]) == 11
+    chunked = run_diag(*args)
+    assert chunked.returncode == 0 and chunked.stderr == "", chunked.stderr
+    assert len(json.loads(chunked.stdout)["phases"]) == 11
     plots = tmp_path / "plots"
-    plotted = run_diag(*args, "--plot", str(plots), env={stream.STREAM_ENV: "always"})
+    plotted = run_diag(*args, "--plot", str(plots))
     assert plotted.returncode == 0, plotted.stderr
-    assert plotted.stdout == never.stdout
+    assert plotted.stdout == chunked.stdout
     assert len(list(plots.glob("*.png"))) >= 4
-    assert "analyzed in memory" not in plotted.stderr  # --plot is the in-memory path, not a fallback
+    assert "analyzed in memory" not in plotted.stderr  # --plot is one chunk by choice, not a fallback
 
 
-def test_cli_rejects_a_bad_mode(tmp_path: Path) -> None:
-    pcap = write_pcap(tmp_path / "s.pcap", [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()], 1)
-    proc = run_diag("analyze", str(pcap), "--json", env={stream.STREAM_ENV: "sometimes"})
-    assert proc.returncode != 0 and proc.stdout == ""
-    assert "DIAG_STREAM='sometimes'" in proc.stderr and "Traceback" not in proc.stderr
+# --- 4. which source ---------------------------------------------------------------------------------------
 
 
-# --- 4. when analyze streams ---------------------------------------------------------------------------------
-
-
-def test_mode_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert stream.mode() == "auto"
-    for value, expected in (("ALWAYS", "always"), (" never ", "never"), ("check", "check"), ("", "auto")):
-        monkeypatch.setenv(stream.STREAM_ENV, value)
-        assert stream.mode() == expected
-    monkeypatch.setenv(stream.STREAM_ENV, "yes")
-    with pytest.raises(DiagError) as caught:
-        stream.mode()
-    message = str(caught.value)
-    assert "\n" not in message and "DIAG_STREAM='yes'" in message and "auto, always, never or check" in message
-
-
-def test_should_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_which_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks for one regular file with both kernels; one chunk for several files, a pipe, --plot."""
     pcap = write_pcap(tmp_path / "s.pcap", [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()], 1)
     other = write_pcap(tmp_path / "t.pcap", [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()], 1)
     fifo = tmp_path / "pipe.pcap"
     os.mkfifo(fifo)
-    monkeypatch.setenv(stream.STREAM_ENV, "always")
-    assert stream.should_stream([pcap]) and stream.should_stream([str(pcap)])
-    assert not stream.should_stream([pcap, other])
-    assert not stream.should_stream([fifo])
-    assert not stream.should_stream([tmp_path / "missing.pcap"])
-    monkeypatch.setenv(native.DISABLE_ENV, "0")  # kernels off: nothing to feed in chunks
-    assert not stream.should_stream([pcap])
-    monkeypatch.delenv(native.DISABLE_ENV)
-    for value in ("never", "check", "auto"):  # auto: a small file fits in memory
-        monkeypatch.setenv(stream.STREAM_ENV, value)
-        assert not stream.should_stream([pcap])
-    monkeypatch.setattr(stream, "STREAM_MIN_ROWS", 5)  # auto above the threshold streams
-    assert stream.should_stream([pcap])
-    monkeypatch.setattr(stream, "STREAM_MIN_ROWS", 10**9)
-    assert not stream.should_stream([pcap])
-
-
-def test_auto_streams_a_big_file_without_plots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """analyze() takes the streaming path for a big file (STREAM_MIN_ROWS lowered), not with keep_sequence."""
-    pcap = write_pcap(tmp_path / "s.pcap", [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()], 1)
-    monkeypatch.setattr(stream, "STREAM_MIN_ROWS", 5)
-    calls: list[Any] = []
-    real = stream.analyze_streaming
-    monkeypatch.setattr(stream, "analyze_streaming", lambda *args: calls.append(args) or real(*args))
-    streamed_out, packets = flows.analyze([pcap], keep_sequence=False)
-    assert len(calls) == 1 and packets is None
-    memory_out, packets = flows.analyze([pcap], keep_sequence=True)
-    assert len(calls) == 1 and packets is not None
-    assert json.dumps(streamed_out) == json.dumps(memory_out)
+    assert analysis.chunked([pcap]) and analysis.chunked([str(pcap)])
+    assert not analysis.chunked([pcap, other])
+    assert not analysis.chunked([fifo])
+    assert not analysis.chunked([tmp_path / "missing.pcap"])
+    with monkeypatch.context() as patch:
+        patch.setattr(native, "kernel", lambda name: None)  # no kernels: nothing to feed in chunks
+        assert not analysis.chunked([pcap])
+    sources: list[str] = []
+    real = analysis.Analysis.__init__
+    monkeypatch.setattr(analysis.Analysis, "__init__",
+                        lambda self, src, *a: sources.append(type(src).__name__) or real(self, src, *a))
+    chunked_out, packets = analysis.analyze([pcap], keep_sequence=False)
+    assert sources == ["FileChunks"] and packets is None
+    one_out, packets = analysis.analyze([pcap], keep_sequence=True)
+    assert sources == ["FileChunks", "OneChunk"] and packets is not None
+    assert json.dumps(chunked_out) == json.dumps(one_out)
 
 
 def test_unwritable_tmpdir_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The TCP state's old segment ends go to $TMPDIR; where that cannot be written, streaming stops with a
+    """The TCP state's old segment ends go to $TMPDIR; where that cannot be written, the analysis stops with a
     DiagError (one line from the CLI) that says to set TMPDIR."""
     pcap = write_pcap(tmp_path / "s.pcap", [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()], 1)
     monkeypatch.setenv("TMPDIR", str(tmp_path / "missing"))
     with pytest.raises(DiagError, match="set TMPDIR"):
-        stream.analyze_streaming(pcap, spill_window=2)
+        analysis.analyze([pcap], keep_sequence=False, spill_window=2)
+
+
+def test_small_files_are_decoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below CACHE_BYTES the next complete read after the first keeps its decoded chunks and the later passes
+    replay them: the first read (connections and counts), the handshakes' (which stops early), and the one
+    kept; the same JSON as reading the file in every pass."""
+    frames = multi_capture(rounds=1, segments=60, seed=3).frames()
+    pcap = write_ns_pcap(tmp_path / "multi.pcap", frames, snaplen=128)
+    reads: list[int] = []
+    real = source.stream_capture
+    monkeypatch.setattr(source, "stream_capture", lambda *a, **k: reads.append(1) or real(*a, **k))
+    monkeypatch.setattr(pcapfile, "CHUNK_BYTES", CHUNK)
+    cached = analysis.Analysis(source.FileChunks(pcap), None, DEFAULT_BIN_S, IDLE_GAP_S, True).run()
+    assert len(reads) == 3
+    monkeypatch.setattr(source, "CACHE_BYTES", 3 * CHUNK)  # the file's columns would not fit: read every pass
+    reread = analysis.Analysis(source.FileChunks(pcap), None, DEFAULT_BIN_S, IDLE_GAP_S, True).run()
+    assert len(reads) > 5
+    assert json.dumps(cached) == json.dumps(reread)

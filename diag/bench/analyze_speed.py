@@ -1,15 +1,15 @@
 """Benchmark: `diag analyze` vs `tshark -T fields` on a real loopback capture of >= 2M TCP packets.
 
-    python -m diag.capture.bench [--packets 2000000] [--dir /tmp/diag-bench] [--keep] [--pcap FILE]
-                                 [--repeat 5] [--numpy] [--in-memory] [--stream auto|always|never] [--no-tshark]
+    python -m diag.bench.analyze_speed [--packets 2000000] [--dir /tmp/diag-bench] [--keep] [--pcap FILE]
+                                 [--repeat 5] [--baseline TREE] [--no-tshark]
 
 Generates the capture with tcpdump (snaplen 128) from a loopback transfer whose MSS is clamped small so
 there are many packets, then times, in the same run, `diag analyze --json` end to end (a fresh process,
 so imports and JSON output count; --repeat runs, median and best) and tshark extracting the columns diag
-reads (once: it takes minutes). --numpy also runs the analysis without its C kernels (DIAG_NATIVE=0), the
-runs of the two engines alternating so that machine noise hits both alike, and checks that both print the
-same JSON. --in-memory likewise alternates the main runs with the analysis held in memory
-(DIAG_STREAM=never): on a capture too big for memory the main runs stream it (diag/capture/stream.py).
+reads (once: it takes minutes). --baseline TREE alternates the main runs with `diag analyze` from another
+source tree, so that machine noise hits both alike
+(PYTHONPATH=TREE: e.g. `git archive` of the commit before a change, its kernels built in place): an A/B of
+two versions in one run, and whether they print the same JSON.
 Peak memory is each child's max RSS, CPU its user + system time. Needs root, tcpdump and tshark.
 """
 
@@ -132,36 +132,15 @@ def summary(runs: list[Timed], packets: int) -> dict[str, float]:
     }
 
 
-def _streamed(pcap: Path, choice: str) -> bool:
-    """Whether `diag analyze` streams this capture under DIAG_STREAM=choice (diag.capture.stream)."""
-    from diag.capture import stream
-
-    saved = os.environ.get(stream.STREAM_ENV)
-    os.environ[stream.STREAM_ENV] = choice
-    try:
-        return stream.should_stream([pcap])
-    finally:
-        if saved is None:
-            del os.environ[stream.STREAM_ENV]
-        else:
-            os.environ[stream.STREAM_ENV] = saved
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diag.capture.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m diag.bench.analyze_speed", description=__doc__.splitlines()[0])
     parser.add_argument("--packets", type=int, default=2_000_000)
     parser.add_argument("--dir", type=Path)
     parser.add_argument("--pcap", type=Path, help="reuse this capture instead of generating one")
     parser.add_argument("--keep", action="store_true", help="keep the capture")
     parser.add_argument("--repeat", type=int, default=5, help="diag runs (median and best; default %(default)s)")
-    parser.add_argument("--numpy", action="store_true",
-                        help="also time the analysis without its C kernels (DIAG_NATIVE=0), alternating runs")
-    parser.add_argument("--in-memory", action="store_true",
-                        help="also time the analysis held in memory (DIAG_STREAM=never), alternating runs: "
-                             "against a big capture's bounded-memory streaming")
-    parser.add_argument("--stream", choices=("auto", "always", "never"), default="auto",
-                        help="DIAG_STREAM for the main runs (default %(default)s: stream captures too big for "
-                             "memory)")
+    parser.add_argument("--baseline", type=Path, metavar="TREE",
+                        help="also time `diag analyze` of this source tree (PYTHONPATH=TREE), alternating runs")
     parser.add_argument("--no-tshark", action="store_true", help="skip tshark (it takes minutes)")
     parser.add_argument("--rate", type=float, default=DEFAULT_RATE_BPS / 1e6, metavar="MB/s",
                         help="pace the generating transfer at this payload rate (default %(default)s MB/s)")
@@ -189,45 +168,39 @@ def main(argv: list[str] | None = None) -> int:
         # would compile every module from source on every run, ~50 ms here). One untimed run writes the
         # bytecode and brings the capture into the page cache.
         native_env = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
-        native_env["DIAG_STREAM"] = args.stream
-        numpy_env = {**native_env, "DIAG_NATIVE": "0"}
-        memory_env = {**native_env, "DIAG_STREAM": "never"}
+        baseline_env = {**native_env, "PYTHONPATH": str(args.baseline)}
         timed(command, work / "diag-warmup.json", native_env)
+        if args.baseline:
+            timed(command, work / "diag-warmup.json", baseline_env)
         load_before_diag = os.getloadavg()[0]
-        runs: dict[str, list[Timed]] = {"native": [], "numpy": [], "in-memory": []}
+        runs: dict[str, list[Timed]] = {"native": [], "baseline": []}
         outputs: set[bytes] = set()
         engines = [("native", native_env)]
-        engines += [("numpy", numpy_env)] if args.numpy else []
-        engines += [("in-memory", memory_env)] if args.in_memory else []
+        engines += [("baseline", baseline_env)] if args.baseline else []
         for turn in range(args.repeat):
             # Alternate which engine goes first, so a drift of the machine's load hits them alike.
             for name, env in engines if turn % 2 == 0 else engines[::-1]:
                 out_path = work / f"diag-{name}.json"
                 runs[name].append(timed(command, out_path, env))
                 outputs.add(out_path.read_bytes())
-        native_runs, numpy_runs = runs["native"], runs["numpy"]
+        native_runs = runs["native"]
         result = json.loads((work / "diag-native.json").read_text())
         n = result["capture"]["packets"]
         report: dict[str, object] = {
             "packets": n, "file_bytes": pcap.stat().st_size,
             "kernel_dropped": generated.kernel_dropped if generated else result["capture"]["kernel_dropped"],
             "kernels": available(),
-            "streamed": _streamed(pcap, args.stream),
             # Other work on the machine slows both tools; the ratio is fair only if these are alike.
             "load_1m_before_diag": round(load_before_diag, 2),
             "diag": summary(native_runs, n),
             "json_identical_across_runs": len(outputs) == 1,
         }
-        if args.numpy:
-            report["diag_numpy"] = summary(numpy_runs, n)
-            report["native_speedup_wall"] = round(statistics.median(r.wall_s for r in numpy_runs)
-                                                  / statistics.median(r.wall_s for r in native_runs), 2)
-            report["native_speedup_cpu"] = round(statistics.median(r.cpu_s for r in numpy_runs)
-                                                 / statistics.median(r.cpu_s for r in native_runs), 2)
-        if args.in_memory:
-            report["diag_in_memory"] = summary(runs["in-memory"], n)
-            report["in_memory_vs_main_peak_rss"] = round(
-                max(r.peak_rss_kib for r in runs["in-memory"]) / max(r.peak_rss_kib for r in native_runs), 2)
+        if args.baseline:
+            report["diag_baseline"] = summary(runs["baseline"], n)
+            report["baseline_vs_main_wall"] = round(statistics.median(r.wall_s for r in runs["baseline"])
+                                                    / statistics.median(r.wall_s for r in native_runs), 2)
+            report["baseline_vs_main_peak_rss"] = round(
+                max(r.peak_rss_kib for r in runs["baseline"]) / max(r.peak_rss_kib for r in native_runs), 2)
         if not args.no_tshark:
             fields = [x for f in TSHARK_FIELDS for x in ("-e", f)]
             report["load_1m_before_tshark"] = round(os.getloadavg()[0], 2)
@@ -241,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=1))
     finally:
         if not args.keep and not args.pcap:
-            for name in ("bench.pcap", "bench.pcap.capture.json", "diag-native.json", "diag-numpy.json",
-                         "diag-in-memory.json", "diag-warmup.json", "tshark.txt"):
+            for name in ("bench.pcap", "bench.pcap.capture.json", "diag-native.json",
+                         "diag-baseline.json", "diag-warmup.json", "tshark.txt"):
                 with_path = work / name
                 if with_path.exists():
                     os.unlink(with_path)

@@ -1,0 +1,504 @@
+"""The one aggregation: per-connection, per-direction and per-host numbers of `diag analyze`, fed chunk by
+chunk by the passes over a packet source (source.Pass), for the whole capture or one record phase's window.
+
+Counts follow tshark's tcp.analysis definitions (docs/analyzer.md). Order statistics (medians, 95th
+percentiles of RTTs, windows, bytes in flight) are exact: counted in one pass, their values collected in the
+next (quantile.OrderStats). Sums of bytes are whole numbers, so they are exact in any order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from diag.capture.busy import BusyRuns, DataStream, duplex
+from diag.capture.document import (
+    DEFAULT_MSS,
+    MAX_BINS,
+    SEGMENT_SIZE_EDGES,
+    connection_json,
+    endpoint_text,
+    host_json,
+    median_s,
+)
+from diag.capture.pcapfile import ACK, FIN, RST, SYN
+from diag.capture.quantile import OrderStats, median_ranks, np_median, np_percentile, percentile_ranks
+from diag.capture.source import VERDICTS, Chunk, Pass
+from diag.capture.turns import DIRECTIONS, Descents, Turns
+
+if TYPE_CHECKING:
+    from diag.capture.analysis import Analysis
+
+# The JSON's names of the verdict counts, in its key order.
+VERDICT_KEYS = ("retransmissions", "fast_retransmissions", "spurious_retransmissions", "out_of_order",
+                "lost_segments", "dup_acks", "zero_windows", "window_full")
+_EDGES = np.array(SEGMENT_SIZE_EDGES, dtype=np.int64)
+
+
+
+def _stats_ms(stats: OrderStats) -> dict[str, Any]:
+    if stats.n == 0:
+        return {"median": None, "p95": None, "n": 0}
+
+    def to_ms(v: Any) -> Any:
+        return v / 1e6
+
+    return {"median": np_median(stats, to_ms), "p95": np_percentile(stats, 95, to_ms), "n": int(stats.n)}
+
+
+def _want_median_p95(stats: OrderStats) -> None:
+    if stats.n:
+        stats.want(sorted(set(median_ranks(stats.n)) | set(percentile_ranks(stats.n, 95))))
+
+
+class Direction:
+    def __init__(self, idle_gap_s: float, chunked: bool) -> None:
+        self.packets = 0
+        self.data_packets = 0
+        self.payload_bytes = 0
+        self.unique = 0
+        self.first_ns: int | None = None
+        self.last_ns: int | None = None
+        self.verdicts = [0] * len(VERDICTS)
+        self.idle = BusyRuns(idle_gap_s, keep_gaps=True)
+        self.segment_counts = np.zeros(len(SEGMENT_SIZE_EDGES) - 1, dtype=np.int64)
+        self.max_size = 0                    # the largest data segment (turns' control-frame share reads it)
+        self.super_segments = 0
+        self.pure_acks = 0
+        self.piggybacked = 0
+        self.raw_max: int | None = None      # raw window, non-SYN rows
+        self.raw_positive_max = 0            # raw window over every row (the peer's scale bound reads it)
+        self.window = OrderStats(np.int64)
+        self.window_min: int | None = None
+        self.window_max: int | None = None
+        self.in_flight = OrderStats(np.int64)
+        self.in_flight_max: int | None = None
+        self.rtt = OrderStats(np.int64)
+        self.ts_rtt = OrderStats(np.int64)
+        self.stream = DataStream(idle_gap_s)
+        self.data_descents = Descents(chunked)  # the data packets' times, for the turn analysis' lookups
+        self.series: np.ndarray | None = None
+        self.first_data_s: float | None = None   # the first and last data packet's time (turns' span)
+        self.last_data_s: float | None = None
+
+
+class Connection:
+    """One connection within one aggregation (the whole capture, or one record phase)."""
+
+    def __init__(self, c: int, idle_gap_s: float, chunked: bool) -> None:
+        self.c = c
+        self.dirs = (Direction(idle_gap_s, chunked), Direction(idle_gap_s, chunked))
+        self.t0_ns: int | None = None
+        self.t1_ns: int | None = None
+        self.turns: Turns | None = None
+
+
+class Host:
+    def __init__(self, idle_gap_s: float) -> None:
+        self.tx = DataStream(idle_gap_s)
+        self.rx = DataStream(idle_gap_s)
+
+
+class Aggregation:
+    """The connections and hosts over the rows of the whole capture, or of one phase's time window."""
+
+    def __init__(self, top: Analysis, window_s: tuple[float, float] | None, capture_point: bool = False) -> None:
+        self.top = top
+        self.window_s = window_s
+        self.rows = 0
+        self.connections: dict[int, Connection] = {}
+        self.hosts: dict[int, Host] = {}
+        self.all_rows = False  # this aggregation's rows are every row of the capture
+        # the capture point (the whole capture's aggregation only)
+        self._point: dict[int, bool] | None = {} if capture_point else None
+        self._point_started = False
+
+    # -- routing -----------------------------------------------------------------------------------------
+
+    def feed(self, step: Pass, chunk: Chunk, rows: np.ndarray | None) -> None:
+        """rows: this aggregation's rows of the chunk (file order), None for all of them."""
+        if rows is None:
+            conn, direction, count = chunk.conn, chunk.direction, chunk.ts_ns.size
+        else:
+            conn, direction, count = chunk.conn[rows], chunk.direction[rows], rows.size
+        if count == 0:
+            return
+        if step is Pass.COUNTS:
+            self.rows += count
+            if self._point is not None:
+                self._capture_point(chunk, rows)
+        self._hosts(step, chunk, rows)
+        listed = self.top.streamer.listed
+        if listed is not None:  # only the listed connections are analyzed in full
+            keep = np.flatnonzero(listed[conn])
+            rows = keep if rows is None else rows[keep]
+            conn, direction = conn[keep], direction[keep]
+            if not keep.size:
+                return
+        empty = np.zeros(0, np.int64)
+        if self.top.streamer.nconn == 1:
+            both = [np.flatnonzero(direction == 0), np.flatnonzero(direction == 1)]
+            groups = {0: both if rows is None else [rows[b] for b in both]}
+        else:
+            key = conn.astype(np.int64) * 2 + direction
+            order = np.argsort(key, kind="stable")
+            sorted_key = key[order]
+            bounds = np.flatnonzero(np.diff(sorted_key)) + 1
+            groups = {}
+            for s, e in zip(np.r_[0, bounds], np.r_[bounds, key.size], strict=True):
+                k = int(sorted_key[s])
+                at = order[s:e] if rows is None else rows[order[s:e]]
+                groups.setdefault(k // 2, [empty, empty])[k % 2] = at
+        for c, (ab, ba) in groups.items():
+            if not ab.size and not ba.size:
+                continue
+            connection = self.connections.get(c)
+            if connection is None:
+                if step is not Pass.COUNTS:
+                    raise AssertionError("a connection appeared after Pass.COUNTS")
+                connection = self.connections[c] = Connection(c, self.top.idle_gap_s, not self.top.streamer.source.single)
+            self._connection(step, connection, chunk, [ab, ba])
+
+    def _capture_point(self, chunk: Chunk, rows: np.ndarray | None) -> None:
+        """Addresses whose NIC the capture sees: those that send or receive every TCP packet captured (only the
+        first packet's two addresses can; each is kept while every packet has it). A host seen only through
+        its traffic with that one (a ring neighbour at N>=3) may send and receive much more elsewhere."""
+        point = self._point
+        assert point is not None
+        src = chunk.src_addr if rows is None else chunk.src_addr[rows]
+        dst = chunk.dst_addr if rows is None else chunk.dst_addr[rows]
+        if not self._point_started:
+            self._point_started = True
+            for index in {int(src[0]), int(dst[0])}:
+                point[index] = True
+        for index, alive in point.items():
+            if alive and not bool(np.all((src == index) | (dst == index))):
+                point[index] = False
+
+    def observed_addresses(self) -> set[str]:
+        names = self.top.streamer.addresses
+        return {names[index] for index, alive in (self._point or {}).items() if alive}
+
+    # -- connections -------------------------------------------------------------------------------------
+
+    def _connection(self, step: Pass, conn: Connection, chunk: Chunk, rows: list[np.ndarray]) -> None:
+        ts_all = chunk.ts_ns
+        data_rows = []
+        for d in (0, 1):
+            idx = rows[d]
+            data_rows.append(idx[chunk.plen[idx] > 0] if idx.size else idx)
+        data_ts = [ts_all[r] / 1e9 for r in data_rows]
+        data_size = [chunk.plen[r].astype(np.int64) for r in data_rows]
+        if step is Pass.COUNTS:
+            for d in (0, 1):
+                idx = rows[d]
+                if idx.size:
+                    times = ts_all[idx]
+                    lo_ns, hi_ns = int(times.min()), int(times.max())
+                    conn.t0_ns = lo_ns if conn.t0_ns is None else min(conn.t0_ns, lo_ns)
+                    conn.t1_ns = hi_ns if conn.t1_ns is None else max(conn.t1_ns, hi_ns)
+                self._count_direction(conn.dirs[d], chunk, idx, data_ts[d], data_size[d])
+            return
+        if step is Pass.CADENCE:
+            for d in (0, 1):
+                self._state_direction(conn, d, chunk, rows[d], data_rows[d], data_ts[d], data_size[d])
+        elif step is Pass.RUNS:
+            for d in (0, 1):
+                self._runs_direction(conn, d, chunk, rows[d], data_rows[d], data_ts[d])
+        elif step is Pass.OVERLAP:
+            for d in (0, 1):
+                conn.dirs[d].stream.add_overlap(data_ts[d], data_size[d], conn.dirs[1 - d].stream)
+        assert conn.turns is not None
+        conn.turns.feed(step, data_ts, data_size)
+
+    def _count_direction(self, out: Direction, chunk: Chunk, idx: np.ndarray, data_ts: np.ndarray,
+                    sizes: np.ndarray) -> None:
+        if not idx.size:
+            return
+        out.packets += int(idx.size)
+        if out.first_ns is None:
+            out.first_ns = int(chunk.ts_ns[idx[0]])
+        out.last_ns = int(chunk.ts_ns[idx[-1]])
+        plen, flags = chunk.plen[idx], chunk.flags[idx]
+        data = plen > 0
+        out.data_packets += int(np.count_nonzero(data))
+        out.payload_bytes += int(plen.sum())
+        if sizes.size:
+            in_range = sizes[sizes <= _EDGES[-1]]
+            bins = np.minimum(np.searchsorted(_EDGES, in_range, side="right") - 1, _EDGES.size - 2)
+            out.segment_counts += np.bincount(bins, minlength=_EDGES.size - 1)
+            out.max_size = max(out.max_size, int(sizes.max()))
+            if out.first_data_s is None:
+                out.first_data_s = float(data_ts[0])
+            out.last_data_s = float(data_ts[-1])
+        has_ack = (flags & ACK) != 0
+        out.pure_acks += int(np.count_nonzero(has_ack & ~data & ((flags & (SYN | FIN | RST)) == 0)))
+        out.piggybacked += int(np.count_nonzero(has_ack & data))
+        win = chunk.win[idx]
+        not_syn = (flags & SYN) == 0
+        if not_syn.any():
+            raw = int(win[not_syn].max())
+            out.raw_max = raw if out.raw_max is None else max(out.raw_max, raw)
+        out.raw_positive_max = max(out.raw_positive_max, int(win.max()))
+        out.idle.add(data_ts)
+        out.data_descents.add(data_ts)
+        out.stream.count(data_ts, sizes)
+
+    def _state_direction(self, conn: Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
+                    data_ts: np.ndarray, sizes: np.ndarray) -> None:
+        out = conn.dirs[d]
+        st = chunk.state
+        assert st is not None
+        if idx.size:
+            out.unique += int(st["new_bytes"][idx].sum())
+            for k, name in enumerate(VERDICTS):
+                out.verdicts[k] += int(np.count_nonzero(st[name][idx]))
+        self._order_stats(conn, d, chunk, idx, data_rows, add=True)
+        if data_rows.size:
+            mss = self.top.streamer.mss_of(conn.c, d) or DEFAULT_MSS
+            out.super_segments += int(np.count_nonzero(sizes > mss))
+            if self.top.with_series:
+                assert out.series is not None
+                t0, _t1, bin_s, bins = self._bins(conn)
+                scaled = np.subtract(data_ts, t0)
+                np.divide(scaled, bin_s, out=scaled)
+                index = scaled.astype(np.int64)
+                np.minimum(index, bins - 1, out=index)
+                out.series += np.bincount(index, weights=sizes.astype(np.float64), minlength=bins)
+        out.stream.collect_gaps(data_ts, sizes)
+
+    def _rtts(self, conn: Connection, d: int, st: dict[str, np.ndarray], idx: np.ndarray, add: bool) -> None:
+        """ACK and timestamp RTTs on d's packets measure the other direction's data."""
+        target = conn.dirs[1 - d]
+        # over the whole capture a direction that never sent data has no ACK RTTs
+        if not (self.all_rows and target.data_packets == 0):
+            rtt = st["ack_rtt_ns"][idx]
+            rtt = rtt[rtt >= 0]
+            if rtt.size:
+                (target.rtt.add if add else target.rtt.collect)(rtt)
+        ts_rtt = st["ts_rtt_ns"][idx]
+        ts_rtt = ts_rtt[ts_rtt >= 0]
+        if ts_rtt.size:
+            (target.ts_rtt.add if add else target.ts_rtt.collect)(ts_rtt)
+
+    def _runs_direction(self, conn: Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
+                    data_ts: np.ndarray) -> None:
+        self._order_stats(conn, d, chunk, idx, data_rows, add=False)
+        conn.dirs[d].stream.add_runs(data_ts)
+
+    def _order_stats(self, conn: Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
+                     add: bool) -> None:
+        """The values of the window, in-flight and RTT order statistics: counted (Pass.CADENCE, with their
+        minimum and maximum) or collected (Pass.RUNS)."""
+        out = conn.dirs[d]
+        st = chunk.state
+        assert st is not None
+        if idx.size:
+            not_syn = (chunk.flags[idx] & SYN) == 0
+            win = st["window_bytes"][idx][not_syn]
+            if win.size and add:
+                out.window.add(win.astype(np.int64))
+                low, high = int(win.min()), int(win.max())
+                out.window_min = low if out.window_min is None else min(out.window_min, low)
+                out.window_max = high if out.window_max is None else max(out.window_max, high)
+            elif win.size:
+                out.window.collect(win.astype(np.int64))
+            self._rtts(conn, d, st, idx, add)
+        if data_rows.size:
+            flight = st["in_flight"][data_rows]
+            flight = flight[flight >= 0]
+            if flight.size and add:
+                out.in_flight.add(flight)
+                high = int(flight.max())
+                out.in_flight_max = high if out.in_flight_max is None else max(out.in_flight_max, high)
+            elif flight.size:
+                out.in_flight.collect(flight)
+
+    def _bins(self, conn: Connection) -> tuple[float, float, float, int]:
+        t0, t1 = self._span_s(conn)
+        bin_s = self.top.bin_s
+        bins = max(1, int(np.ceil((t1 - t0) / bin_s + 1e-9)))
+        if bins > MAX_BINS:
+            bin_s = (t1 - t0) / MAX_BINS
+            bins = MAX_BINS
+        return t0, t1, bin_s, bins
+
+    @staticmethod
+    def _span_s(conn: Connection) -> tuple[float, float]:
+        assert conn.t0_ns is not None and conn.t1_ns is not None
+        return float(conn.t0_ns) / 1e9, float(conn.t1_ns) / 1e9
+
+    # -- hosts -------------------------------------------------------------------------------------------
+
+    def _hosts(self, step: Pass, chunk: Chunk, rows: np.ndarray | None) -> None:
+        if step is Pass.HANDSHAKES:
+            return
+        data = np.flatnonzero(chunk.plen > 0) if rows is None else rows[chunk.plen[rows] > 0]
+        if not data.size:
+            return
+        ts = chunk.ts_ns[data] / 1e9
+        nbytes = chunk.plen[data].astype(np.int64)
+        src, dst = chunk.src_addr[data], chunk.dst_addr[data]
+        naddresses = len(self.top.streamer.addresses)
+        present = np.flatnonzero(np.bincount(src, minlength=naddresses) + np.bincount(dst, minlength=naddresses))
+        if self.top.streamer.listed_hosts is not None:
+            present = present[self.top.streamer.listed_hosts[present]]
+        for index in present.tolist():
+            host = self.hosts.get(index)
+            if host is None:
+                if step is not Pass.COUNTS:
+                    raise AssertionError("a host appeared after Pass.COUNTS")
+                host = self.hosts[index] = Host(self.top.idle_gap_s)
+            pairs = [(host.tx, src == index)]
+            if host.rx is not host.tx:  # one address (loopback): one stream both ways
+                pairs.append((host.rx, dst == index))
+            for stream, mask in pairs:
+                t, b = (ts, nbytes) if mask.all() else (ts[mask], nbytes[mask])
+                if step is Pass.COUNTS:
+                    stream.count(t, b)
+                elif step is Pass.CADENCE:
+                    stream.collect_gaps(t, b)
+                elif step is Pass.RUNS:
+                    stream.add_runs(t)
+                elif step is Pass.OVERLAP:
+                    stream.add_overlap(t, b, host.rx if stream is host.tx else host.tx)
+
+    # -- between passes ----------------------------------------------------------------------------------
+
+    def settle(self, step: Pass) -> None:
+        """What one pass's end decides for the next."""
+        if step is Pass.COUNTS and len(self.top.streamer.addresses) == 1:
+            for host in self.hosts.values():
+                host.rx = host.tx  # every data packet is the one host's, sent and received: computed once
+        streams = [s for conn in self.connections.values() for s in (conn.dirs[0].stream, conn.dirs[1].stream)]
+        streams += [s for host in self.hosts.values() for s in ((host.tx,) if host.rx is host.tx else (host.tx, host.rx))]
+        if step is Pass.COUNTS:
+            self.all_rows = self.rows == self.top.streamer.rows
+            for stream in streams:
+                stream.plan()
+            for conn in self.connections.values():
+                if self.top.with_series:
+                    bins = self._bins(conn)[3]
+                    for direction in conn.dirs:
+                        direction.series = np.zeros(bins)
+                conn.turns = Turns(self, conn)
+        elif step is Pass.CADENCE:
+            for stream in streams:
+                stream.settle_gap()
+            for conn in self.connections.values():
+                for direction in conn.dirs:
+                    for stats in (direction.rtt, direction.ts_rtt, direction.in_flight):
+                        _want_median_p95(stats)
+                    if direction.window.n:
+                        direction.window.want(median_ranks(direction.window.n))
+                assert conn.turns is not None
+                conn.turns.settle_run_gaps()
+        elif step is Pass.RUNS:
+            for stream in streams:
+                stream.settle_runs()
+            for conn in self.connections.values():
+                assert conn.turns is not None
+                conn.turns.settle_lookups()
+        elif step is Pass.OVERLAP:
+            for conn in self.connections.values():
+                assert conn.turns is not None
+                conn.turns.settle_handoffs()
+
+    # -- the JSON ----------------------------------------------------------------------------------------
+
+    def result(self, observed: set[str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The connections and hosts; observed: the addresses whose NIC the capture sees (None: this
+        aggregation's own capture point, for the whole capture)."""
+        if self.rows == 0:
+            return [], []
+        connections = [self._connection_json(self.connections[c]) for c in sorted(self.connections)]
+        return connections, self._hosts_json(self.observed_addresses() if observed is None else observed)
+
+    def _direction_json(self, conn: Connection, d: int, t0: float) -> dict[str, Any]:
+        top = self.top
+        out = conn.dirs[d]
+        c = conn.c
+        first_ts = float(np.int64(out.first_ns) / 1e9) if out.first_ns is not None else None
+        last_ts = float(np.int64(out.last_ns) / 1e9) if out.last_ns is not None else None
+        span = (last_ts - first_ts) if first_ts is not None and last_ts is not None else 0.0
+        starts, ends = out.idle.arrays()
+        active_s = float((ends - starts).sum())
+        idle = out.idle.idle_gaps()
+        mss_known = top.streamer.mss_of(c, d)
+        scale = int(top.streamer.wscale[c, d])
+        peer = conn.dirs[1 - d]
+        scale_lower_bound = None
+        if scale < 0 and out.in_flight.n and peer.raw_positive_max > 0:
+            assert out.in_flight_max is not None
+            ratio = float(out.in_flight_max) / float(peer.raw_positive_max)
+            scale_lower_bound = max(0, int(np.ceil(np.log2(ratio)))) if ratio > 1 else 0
+        unique = out.unique
+        window_median = np_median(out.window) if out.window.n else None
+        flight = out.in_flight
+        result: dict[str, Any] = {
+            "packets": out.packets,
+            "data_packets": out.data_packets,
+            "payload_bytes": out.payload_bytes,
+            "unique_payload_bytes": unique,
+            **{key: out.verdicts[k] for k, key in enumerate(VERDICT_KEYS)},
+            "first_ts": first_ts,
+            "last_ts": last_ts,
+            "goodput_Bps": unique / span if span > 0 else 0.0,
+            "active_s": active_s,
+            "active_goodput_Bps": unique / active_s if active_s > 0 else 0.0,
+            "rtt_ms": _stats_ms(out.rtt),
+            "ts_rtt_ms": _stats_ms(out.ts_rtt),
+            "idle_gaps": {"threshold_s": top.idle_gap_s, "count": int(idle.size), "total_s": float(idle.sum()),
+                          "max_s": float(idle.max()) if idle.size else 0.0},
+            "segment_sizes": {
+                "edges": SEGMENT_SIZE_EDGES,
+                "counts": out.segment_counts.tolist(),
+                "max_bytes": out.max_size,
+                "mss": mss_known or None,
+                "super_segments": out.super_segments,
+            },
+            "window": {
+                "scale": scale if scale >= 0 else None,
+                "scale_lower_bound": scale_lower_bound,
+                "min_bytes": out.window_min,
+                "median_bytes": window_median,
+                "max_bytes": out.window_max,
+                "raw_max": out.raw_max,
+            },
+            "bytes_in_flight": {
+                "median": np_median(flight) if flight.n else None,
+                "p95": np_percentile(flight, 95) if flight.n else None,
+                "max": out.in_flight_max,
+            },
+            "acks": {"pure": out.pure_acks, "piggybacked": out.piggybacked},
+            "syn_seen": bool(top.streamer.syn_seen[c, d]),
+        }
+        if top.with_series:
+            assert out.series is not None
+            bin_s = self._bins(conn)[2]
+            result["throughput"] = {"bin_s": bin_s, "t0": t0,
+                                    "Bps": [round(float(v) / bin_s, 1) for v in out.series]}
+        return result
+
+    def _connection_json(self, conn: Connection) -> dict[str, Any]:
+        streamer = self.top.streamer
+        t0 = self._span_s(conn)[0]
+        dirs = {"a->b": self._direction_json(conn, 0, t0), "b->a": self._direction_json(conn, 1, t0)}
+        dup = duplex(conn.dirs[0].stream, conn.dirs[1].stream)
+        rtts = tuple(median_s(dirs[name]["rtt_ms"]) for name in DIRECTIONS)
+        assert conn.turns is not None
+        turns = conn.turns.json((dup["x_active_s"], dup["y_active_s"]), dup["overlap_s"], dup["active_s"], rtts)
+        return connection_json(conn.c, endpoint_text(streamer.endpoints, streamer.connections.conn_a[conn.c]),
+                               endpoint_text(streamer.endpoints, streamer.connections.conn_b[conn.c]), dirs, dup, turns)
+
+    def _hosts_json(self, observed: set[str]) -> list[dict[str, Any]]:
+        names = self.top.streamer.addresses
+        hosts = []
+        for index in sorted(self.hosts, key=lambda i: names[i]):
+            host = self.hosts[index]
+            hosts.append(host_json(names[index], host.tx.bytes, host.rx.bytes, duplex(host.tx, host.rx),
+                                   names[index] in observed))
+        return hosts
+
+

@@ -1,0 +1,490 @@
+"""The packet source and the passes over it: every chunk of TCP rows, numbered, with its TCP state.
+
+A source is the capture file read chunk by chunk (FileChunks: reader.stream_capture, memory one chunk
+whatever the file's size), or one chunk in memory (OneChunk: pipes, several files merged in time order,
+--plot, a machine without the C kernels, and a file whose chunks cannot be analyzed exactly -- Fallback
+says why). The Streamer reads the source once per Pass and hands each chunk, with its connection and
+direction ids (numbered by first appearance, as tshark's tcp.stream) and, in the passes that need it, its
+TCP state (the _ctcp kernel fed chunk by chunk, or tcpstate.analyze_packets over the one chunk), to the
+aggregations. Each pass keeps only what the next one needs:
+
+  CONNECTIONS connections and their packets and bytes, SYNs (window scale, MSS): which are listed
+  COUNTS      counts and sums, idle runs, bulk gaps counted
+  HANDSHAKES  each connection's handshake RTT (the TCP state needs it from the first packet); stops early
+  CADENCE     TCP state: verdicts, RTT/window/in-flight counted, exact bulk gaps -> run gaps, series
+  RUNS        TCP state: exact order statistics, busy runs at each run gap, turn candidates
+  OVERLAP     bytes inside the other stream's busy runs, handoff triggers, control frames' peer times
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from diag.capture import native
+from diag.capture.pcapfile import ACK, COLUMN_DTYPES, SYN, CaptureChunk, ReadResult
+from diag.capture.reader import read_capture, stream_capture
+from diag.capture.tcpstate import PacketState, analyze_packets
+
+VERDICTS = ("retransmission", "fast_retransmission", "spurious_retransmission", "out_of_order",
+            "lost_segment", "dup_ack", "zero_window", "window_full")
+# The JSON's names of the verdict counts, in its key order.
+VERDICT_KEYS = ("retransmissions", "fast_retransmissions", "spurious_retransmissions", "out_of_order",
+                "lost_segments", "dup_acks", "zero_windows", "window_full")
+_STATE_DTYPES = {"new_bytes": np.int64, **{name: np.bool_ for name in VERDICTS}, "in_flight": np.int64,
+                 "window_bytes": np.int32, "ack_rtt_ns": np.int64, "ts_rtt_ns": np.int64}
+_KERNEL_INPUTS = {"ts_ns": np.int64, "seq": np.uint32, "ack": np.uint32, "plen": np.int32, "win": np.uint16,
+                  "flags": np.uint8, "tsval": np.uint32, "tsecr": np.uint32, "has_ts": np.bool_}
+# The TCP state kernel keeps every data segment's end (a retransmission or late ACK of any age must find
+# it): 17 bytes a segment. Streaming, it keeps this many a direction in memory and the older ones on disk.
+SPILL_WINDOW = 1 << 20
+# A capture of more connections (a port scan, a busy server) lists these in full, the busiest first chosen,
+# and sums up the rest in the JSON's connections_omitted; likewise the hosts.
+MAX_LISTED_CONNECTIONS = 2000
+MAX_LISTED_HOSTS = 4096
+# A file whose decoded columns take at most this (ROW_BYTES a TCP packet: ~2.8 M packets) is decoded twice,
+# not once a pass: the second read keeps its chunks for the later passes.
+CACHE_BYTES = 128 << 20
+ROW_BYTES = sum(np.dtype(dtype).itemsize for dtype in COLUMN_DTYPES.values())
+
+
+
+
+class Pass(enum.IntEnum):
+    """The reads of the source, in order (see the module docstring)."""
+
+    CONNECTIONS = 0
+    COUNTS = 1
+    HANDSHAKES = 2
+    CADENCE = 3
+    RUNS = 4
+    OVERLAP = 5
+
+
+class Fallback(Exception):
+    """This file cannot be streamed to the in-memory result (the message says why); analyze it in memory."""
+
+
+@dataclass
+class Chunk:
+    """One reader chunk as the aggregations see it: the columns they read plus per-row ids."""
+
+    ts_ns: np.ndarray
+    plen: np.ndarray
+    flags: np.ndarray
+    win: np.ndarray
+    conn: np.ndarray       # int32 connection index (numbered by first appearance)
+    direction: np.ndarray  # int8: 0 when sent by the connection's first sender
+    src_addr: np.ndarray   # int32 address index (Streamer.addresses, in order of first appearance)
+    dst_addr: np.ndarray
+    state: dict[str, np.ndarray] | None  # the TCP state outputs (Pass.CADENCE and Pass.RUNS)
+
+
+class _Stop(Exception):
+    """Raised inside a consume callback to end a pass early."""
+
+
+class ConnectionIds:
+    """Endpoint pairs -> connection index in order of first appearance (tshark's tcp.stream)."""
+
+    def __init__(self) -> None:
+        self.cap = 0
+        self.lookup = np.zeros(0, dtype=np.int32)  # low * cap + high -> connection, -1 unknown
+        self.pairs: dict[int, int] = {}  # low << 32 | high -> connection
+        self.conn_a: list[int] = []
+        self.conn_b: list[int] = []
+        self._conn_a_arr = np.zeros(0, dtype=np.int32)  # conn_a as an array, rebuilt when connections came
+
+    def _grow(self, nendpoints: int) -> None:
+        cap = max(16, self.cap)
+        while cap < nendpoints:
+            cap *= 2
+        if cap > 2048:  # a dense table would be too large: the dict path alone
+            self.cap = -1
+            return
+        if cap != self.cap:
+            self.lookup = np.full(cap * cap, -1, dtype=np.int32)
+            for key, c in self.pairs.items():
+                self.lookup[(key >> 32) * cap + (key & 0xFFFFFFFF)] = c
+            self.cap = cap
+
+    def ids(self, src: np.ndarray, dst: np.ndarray, nendpoints: int, assign: bool) -> np.ndarray:
+        if self.cap != -1 and nendpoints > self.cap:
+            self._grow(nendpoints)
+        low, high = np.minimum(src, dst), np.maximum(src, dst)
+        if self.cap == -1:
+            key = low.astype(np.int64) << 32 | high
+            uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+            known = np.array([self.pairs.get(k, -1) for k in uniq.tolist()], dtype=np.int32)
+            missing = np.flatnonzero(known < 0)
+            if missing.size:
+                if not assign:
+                    raise AssertionError("a connection appeared in a later pass")
+                for m in missing[np.argsort(first[missing], kind="stable")].tolist():
+                    k = int(uniq[m])
+                    known[m] = self._add(k >> 32, k & 0xFFFFFFFF, src[first[m]], dst[first[m]])
+            return known[inverse.ravel()]
+        key = low * np.int32(self.cap) + high
+        conn = self.lookup[key]
+        if conn.size and int(conn.min()) < 0:
+            if not assign:
+                raise AssertionError("a connection appeared in a later pass")
+            rows = np.flatnonzero(conn < 0)
+            keys, first = np.unique(key[rows], return_index=True)
+            for k, row in sorted(zip(keys.tolist(), rows[first].tolist(), strict=True), key=lambda kr: kr[1]):
+                self.lookup[k] = self._add(k // self.cap, k % self.cap, src[row], dst[row])
+            conn = self.lookup[key]
+        return conn
+
+    def _add(self, low: int, high: int, first_src: Any, first_dst: Any) -> int:
+        c = len(self.conn_a)
+        self.pairs[int(low) << 32 | int(high)] = c
+        self.conn_a.append(int(first_src))
+        self.conn_b.append(int(first_dst))
+        return c
+
+    def direction(self, conn: np.ndarray, src: np.ndarray) -> np.ndarray:
+        if len(self.conn_a) == 1:
+            return (src != self.conn_a[0]).astype(np.int8)
+        if self._conn_a_arr.size != len(self.conn_a):  # once per chunk at most, not once per new connection
+            self._conn_a_arr = np.array(self.conn_a, dtype=np.int32)
+        return (src != self._conn_a_arr[conn]).astype(np.int8)
+
+
+class FileChunks:
+    """One capture file read chunk by chunk (reader.stream_capture): memory is one chunk whatever its size.
+
+    Once the first read has counted the file's rows: when their columns take at most CACHE_BYTES, the next
+    complete read keeps copies of its decoded chunks and the later passes replay them instead of reading
+    and decoding the file again (a file too big for that is never copied at all)."""
+
+    single = False
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.paths = [path]
+        self.results: list[ReadResult] = []
+        self.rows: int | None = None
+        self.cached: list[CaptureChunk] | None = None
+
+    def read(self, consume: Callable[[CaptureChunk], None], details: bool = True) -> None:
+        """Every chunk to consume; details: with the SYNs and endpoints (the first pass)."""
+        if self.cached is not None and not details:
+            for chunk in self.cached:
+                consume(chunk)
+            return
+        kept: list[CaptureChunk] | None = None
+        if not details and self.rows is not None and self.rows * ROW_BYTES <= CACHE_BYTES:
+            kept = []
+        rows = 0
+
+        def keep(chunk: CaptureChunk) -> None:
+            nonlocal rows
+            rows += chunk.rows
+            if kept is not None:
+                copy = {name: column.copy() for name, column in chunk.columns.items()}
+                kept.append(CaptureChunk(copy, [], chunk.first_row, chunk.endpoints))
+            consume(chunk)
+
+        result = stream_capture(self.paths[0], keep, details=details)  # a pass that stops early keeps nothing
+        if details:
+            self.results, self.rows = [result], rows
+        self.cached = kept if kept is not None else self.cached
+
+def read_files(paths: Sequence[str | os.PathLike[str]]
+               ) -> tuple[dict[str, np.ndarray], list[tuple[str, int]], list[ReadResult]]:
+    """Every file's columns merged into one table (file order) with one endpoint numbering."""
+    results: list[ReadResult] = []
+    frame = 1
+    for path in paths:
+        result = read_capture(path, first_frame=frame)
+        frame += result.frames
+        results.append(result)
+    if len(results) == 1:  # one file: its endpoint ids and columns are already final (no copy)
+        cols, endpoints = results[0].columns, list(results[0].endpoints)
+    else:
+        cols, endpoints = _merge(results)
+    return cols, endpoints, results
+
+
+def _merge(results: list[ReadResult]) -> tuple[dict[str, np.ndarray], list[tuple[str, int]]]:
+    """Several files -> one column set with shared endpoint ids, in time order (mergecap semantics)."""
+    # Merge endpoints across files by (address, port).
+    ids: dict[tuple[str, int], int] = {}
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in results[0].columns}
+    for result in results:
+        remap = np.array([ids.setdefault(ep, len(ids)) for ep in result.endpoints] or [0], dtype=np.int32)
+        for name, column in result.columns.items():
+            if name in ("src", "dst"):
+                column = remap[column] if column.size else column
+            parts[name].append(column)
+    endpoints = list(ids)  # dicts keep insertion order, which is id order
+    cols = {name: np.concatenate(values) for name, values in parts.items()}
+    del parts
+    order = np.argsort(cols["ts_ns"], kind="stable")  # one stream in time order (stable for equal stamps)
+    return {name: values[order] for name, values in cols.items()}, endpoints
+
+
+class OneChunk:
+    """Every file read into memory and merged in time order (mergecap semantics): one chunk. For pipes,
+    several files, --plot and a machine without the C kernels."""
+
+    single = True
+
+    def __init__(self, paths: Sequence[str | os.PathLike[str]]) -> None:
+        self.paths = list(paths)
+        cols, endpoints, self.results = read_files(paths)
+        self.chunk = CaptureChunk(cols, [syn for result in self.results for syn in result.syns], 0, endpoints)
+
+    def read(self, consume: Callable[[CaptureChunk], None], details: bool = True) -> None:
+        del details  # the one chunk holds them anyway
+        if self.chunk.rows:  # as stream_capture: never a chunk of zero rows
+            consume(self.chunk)
+
+
+class Streamer:
+    """Runs the passes over one packet source and hands every chunk to the aggregations."""
+
+    def __init__(self, source: FileChunks | OneChunk, spill_window: int = SPILL_WINDOW) -> None:
+        self.source = source
+        self.path = source.paths[0]
+        self.spill_window = spill_window
+        self.keep_sequence = False
+        self.connections = ConnectionIds()
+        self.endpoints: list[tuple[str, int]] = []
+        self.address_of_endpoint = np.zeros(0, dtype=np.int32)
+        self.addresses: list[str] = []  # address index -> text, in order of first appearance
+        self._address_index: dict[str, int] = {}
+        self.rows = 0
+        # per connection (Pass.CONNECTIONS), in arrays that grow: a few dozen bytes a connection
+        self.syn_seen = np.zeros((0, 2), dtype=bool)
+        self.offered = np.zeros((0, 2), dtype=np.int8)   # the SYN's window scale; -1: none offered
+        self.mss = np.zeros((0, 2), dtype=np.int32)      # the SYN's MSS, 0 unknown
+        self.syn_time = np.zeros(0, dtype=np.int64)      # the most recent SYN without ACK
+        self.packets = np.zeros(0, dtype=np.int64)
+        self.payload = np.zeros(0, dtype=np.int64)
+        self.host_bytes = np.zeros(0, dtype=np.int64)    # per address: data bytes sent and received
+        self.listed: np.ndarray | None = None            # connections analyzed in full (None: all)
+        self.listed_hosts: np.ndarray | None = None
+        self._kernel_ids = np.zeros(0, dtype=np.int32)    # listed connection -> the TCP state kernel's index
+        self.wscale = np.zeros((0, 2), dtype=np.int64)
+        self.first_rtt = np.zeros(0, dtype=np.int64)
+        self._one_state: dict[str, np.ndarray] | None = None  # OneChunk: the TCP state, computed once
+        self.one_state: PacketState | None = None
+
+    @property
+    def nconn(self) -> int:
+        return len(self.connections.conn_a)
+
+    def _endpoints(self, chunk: CaptureChunk) -> None:
+        if len(chunk.endpoints) == len(self.endpoints):
+            return
+        new = chunk.endpoints[len(self.endpoints):]
+        ids = []
+        for address, _port in new:
+            index = self._address_index.get(address)
+            if index is None:
+                index = self._address_index[address] = len(self.addresses)
+                self.addresses.append(address)
+            ids.append(index)
+        self.endpoints = list(chunk.endpoints)
+        self.address_of_endpoint = np.concatenate([self.address_of_endpoint, np.array(ids, dtype=np.int32)])
+
+    def run(self, step: Pass, consume: Callable[[Chunk], None], with_state: bool = False) -> None:
+        """One pass: every chunk of the source, with the TCP state when asked, to consume."""
+        state_of = self._state_feeder() if with_state and not self.source.single else None
+
+        def on_chunk(raw: CaptureChunk) -> None:
+            cols = raw.columns
+            if step is Pass.CONNECTIONS:
+                self._endpoints(raw)
+            src, dst = cols["src"], cols["dst"]
+            conn = self.connections.ids(src, dst, len(self.endpoints), assign=step is Pass.CONNECTIONS)
+            direction = self.connections.direction(conn, src)
+            if step is Pass.CONNECTIONS:
+                self._tally(raw, conn, direction)
+            state = None
+            if with_state and self.source.single:
+                state = self._whole_state(cols, conn, direction)
+            elif state_of is not None:
+                state = state_of(cols, conn, direction)
+            consume(Chunk(cols["ts_ns"], cols["plen"], cols["flags"], cols["win"], conn, direction,
+                          self.address_of_endpoint[src], self.address_of_endpoint[dst], state))
+
+        try:
+            self.source.read(on_chunk, details=step is Pass.CONNECTIONS)
+        except _Stop:
+            return
+        if step is Pass.CONNECTIONS:
+            self._settle_handshakes()
+            self._select()
+
+    def _state_feeder(self) -> Callable[[dict[str, np.ndarray], np.ndarray, np.ndarray], dict[str, np.ndarray]]:
+        """The TCP state kernel fed chunk by chunk with the listed connections' rows (renumbered 0..K-1);
+        returns each chunk's state (rows of connections not listed are left unset)."""
+        kernel = native.require("_ctcp")
+        listed = np.arange(self.nconn) if self.listed is None else np.flatnonzero(self.listed)
+        analyzer = kernel.Analyzer(2 * listed.size, np.ascontiguousarray(self.wscale[listed], dtype=np.int64).reshape(-1),
+                                   np.ascontiguousarray(self.first_rtt[listed], dtype=np.int64),
+                                   spill_window=self.spill_window)
+        outputs: dict[str, np.ndarray] = {}
+        fed = [0]  # rows fed to the kernel before this chunk (its row numbers)
+
+        def state_of(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray) -> dict[str, np.ndarray]:
+            n = conn.size
+            rows = None if self.listed is None else np.flatnonzero(self.listed[conn])
+            m = n if rows is None else rows.size
+            for name, dtype in _STATE_DTYPES.items():
+                if name not in outputs or outputs[name].size < m:
+                    outputs[name] = np.empty(max(m, 1 << 16), dtype=dtype)
+            fed_state = {name: array[:m] for name, array in outputs.items()}
+            ids = conn if rows is None else self._kernel_ids[conn[rows]]
+            inputs = [np.ascontiguousarray(ids, dtype=np.int32),
+                      np.ascontiguousarray(direction if rows is None else direction[rows], dtype=np.int8)]
+            inputs += [np.ascontiguousarray(cols[name] if rows is None else cols[name][rows], dtype=dtype)
+                       for name, dtype in _KERNEL_INPUTS.items()]
+            try:
+                late_ack, late_ts = analyzer.feed(*inputs, None, None, *fed_state.values())
+            except OSError as exc:  # its temporary file of segment ends could not be written or read
+                from diag.errors import DiagError
+
+                raise DiagError(f"{self.path}: {exc}") from None
+            for late, name in ((late_ack, "ack_rtt_ns"), (late_ts, "ts_rtt_ns")):
+                for row, value in late:
+                    if row < fed[0]:
+                        raise Fallback("an RTT sample falls on a packet of an earlier chunk (packets out of "
+                                       "order in the file)")
+                    fed_state[name][row - fed[0]] = value
+            fed[0] += m
+            if rows is None:
+                return fed_state
+            state = {name: np.zeros(n, dtype=dtype) for name, dtype in _STATE_DTYPES.items()}
+            for name, values in fed_state.items():
+                state[name][rows] = values
+            return state
+
+        return state_of
+
+    def _whole_state(self, cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray
+                     ) -> dict[str, np.ndarray]:
+        """The one chunk's TCP state (tcpstate.analyze_packets: the C kernel, or its numpy twin), computed once
+        and kept for the later passes and the plots."""
+        if self._one_state is None:
+            self.one_state = analyze_packets(cols, conn, direction, self.wscale, self.first_rtt,
+                                             keep_sequence=self.keep_sequence)
+            self._one_state = {name: getattr(self.one_state, name) for name in _STATE_DTYPES}
+        return self._one_state
+
+    def _tally(self, raw: CaptureChunk, conn: np.ndarray, direction: np.ndarray) -> None:
+        """Pass.CONNECTIONS: rows, each connection's packets and payload bytes, each address's data bytes, SYNs."""
+        n, nconn = conn.size, self.nconn
+        self.rows += n
+        if self.packets.size < nconn:
+            grow = max(nconn, 2 * self.packets.size)
+            self.packets, self.payload, self.syn_time = (_grown(a, grow) for a in (self.packets, self.payload,
+                                                                                 self.syn_time))
+            self.syn_seen, self.mss = _grown(self.syn_seen, grow), _grown(self.mss, grow)
+            self.offered = _grown(self.offered, grow, fill=-1)
+        plen = raw.columns["plen"]
+        self.packets[:nconn] += np.bincount(conn, minlength=nconn)
+        self.payload[:nconn] += np.bincount(conn, weights=plen, minlength=nconn).astype(np.int64)
+        data = plen > 0
+        if data.any():
+            naddresses = len(self.addresses)
+            nbytes = plen[data]
+            moved = sum(np.bincount(self.address_of_endpoint[raw.columns[side][data]], weights=nbytes,
+                                    minlength=naddresses) for side in ("src", "dst"))
+            self.host_bytes = _grown(self.host_bytes, naddresses)
+            self.host_bytes[:naddresses] += np.asarray(moved, dtype=np.int64)
+        if raw.syns:
+            self._syns(raw, conn, direction)
+
+    def _syns(self, raw: CaptureChunk, conn: np.ndarray, direction: np.ndarray) -> None:
+        frames = raw.columns["frame"]
+        wanted = np.array([s.frame for s in raw.syns], dtype=np.int64)
+        rows = np.flatnonzero(np.isin(frames, wanted))
+        row_of = dict(zip(frames[rows].tolist(), rows.tolist(), strict=True))
+        for syn in raw.syns:
+            row = row_of.get(syn.frame)
+            if row is None:
+                continue
+            c, d = int(conn[row]), int(direction[row])
+            self.syn_seen[c, d] = True
+            self.offered[c, d] = -1 if syn.wscale is None else syn.wscale
+            if syn.mss:
+                self.mss[c, d] = syn.mss
+            if not syn.flags & ACK:
+                self.syn_time[c] = syn.ts_ns
+
+    def _select(self) -> None:
+        """The connections analyzed in full: all, or the MAX_LISTED_CONNECTIONS that moved the most bytes
+        (then packets; ties in order of first appearance); likewise the hosts (MAX_LISTED_HOSTS)."""
+        nconn = self.nconn
+        self.packets, self.payload = self.packets[:nconn], self.payload[:nconn]
+        if nconn > MAX_LISTED_CONNECTIONS:
+            order = np.lexsort((np.arange(nconn), -self.packets, -self.payload))[:MAX_LISTED_CONNECTIONS]
+            self.listed = np.zeros(nconn, dtype=bool)
+            self.listed[order] = True
+            self._kernel_ids = np.full(nconn, -1, dtype=np.int32)
+            self._kernel_ids[self.listed] = np.arange(MAX_LISTED_CONNECTIONS, dtype=np.int32)
+        moved = self.host_bytes
+        if np.count_nonzero(moved) > MAX_LISTED_HOSTS:
+            order = np.lexsort((np.arange(moved.size), -moved))[:MAX_LISTED_HOSTS]
+            self.listed_hosts = np.zeros(moved.size, dtype=bool)
+            self.listed_hosts[order] = True
+
+    def omitted(self) -> dict[str, int] | None:
+        """The connections not listed: how many, and their packets and payload bytes (None: all listed)."""
+        if self.listed is None:
+            return None
+        rest = ~self.listed
+        return {"count": int(np.count_nonzero(rest)), "packets": int(self.packets[rest].sum()),
+                "payload_bytes": int(self.payload[rest].sum())}
+
+    def _settle_handshakes(self) -> None:
+        """Window scales (RFC 7323: both SYNs must offer it); the handshake RTTs come from Pass.HANDSHAKES."""
+        nconn = self.nconn
+        self.syn_seen, self.offered = _grown(self.syn_seen, nconn)[:nconn], _grown(self.offered, nconn, -1)[:nconn]
+        self.mss, self.syn_time = _grown(self.mss, nconn)[:nconn], _grown(self.syn_time, nconn)[:nconn]
+        self.wscale = np.full((nconn, 2), -1, dtype=np.int64)
+        both = self.syn_seen.all(axis=1)
+        scaled = both & (self.offered >= 0).all(axis=1)
+        self.wscale[scaled] = self.offered[scaled]
+        self.wscale[both & ~scaled] = 0  # one side did not offer scaling: neither direction scales
+        self.first_rtt = np.zeros(nconn, dtype=np.int64)
+
+    def handshake_rtts(self) -> None:
+        """Pass.HANDSHAKES: each connection's first non-SYN ACK at or after its most recent SYN without ACK
+        (Wireshark's ts_first_rtt), in file order."""
+        wanted = self.syn_seen.all(axis=1) if self.listed is None else self.syn_seen.all(axis=1) & self.listed
+        pending = {c: int(self.syn_time[c]) for c in np.flatnonzero(wanted).tolist()}
+        if not pending:
+            return
+
+        def consume(chunk: Chunk) -> None:
+            hit = ((chunk.flags & ACK) != 0) & ((chunk.flags & SYN) == 0)
+            for c in list(pending):
+                rows = np.flatnonzero(hit & (chunk.ts_ns >= pending[c]) & (chunk.conn == c))
+                if rows.size:
+                    self.first_rtt[c] = int(chunk.ts_ns[rows[0]] - pending[c])
+                    del pending[c]
+            if not pending:
+                raise _Stop
+
+        self.run(Pass.HANDSHAKES, consume)
+
+    def mss_of(self, c: int, d: int) -> int:
+        return int(self.mss[c, d])
+
+
+def _grown(array: np.ndarray, rows: int, fill: int = 0) -> np.ndarray:
+    """array with at least `rows` rows (the new ones `fill`)."""
+    if array.shape[0] >= rows:
+        return array
+    out = np.full((rows, *array.shape[1:]), fill, dtype=array.dtype)
+    out[:array.shape[0]] = array
+    return out
