@@ -274,3 +274,21 @@ def test_an_interleaved_trial_beside_the_link_makes_a_survey_dip_surer(tmp_path)
     (strong,) = [f for f in n2_busbw_dip(load_run([with_trial])) if f.statement.startswith("torch:gloo")]
     assert strong.strength == "strong" and "in the interleaved N=2 trial beside the link" in strong.statement
     assert strong.statement.count("(shows the loss)") == 2
+
+
+def test_a_survey_without_a_dip_does_not_clear_what_the_interleaved_trial_shows(tmp_path) -> None:
+    """Survey rows at N=2 and N=3 alike (no dip), the trial beside the link showing gloo's loss at two sizes:
+    the two lines of evidence disagree, so the dip is undecided, never "clear"."""
+    from report_helpers import LINK_BPS, ideal_time, make_record, timed
+
+    from diag.report.diagnose import n2_busbw_dip
+
+    rows = [make_record("gloo", "all_gather", n, size, timed(ideal_time("all_gather", n, size, LINK_BPS), seed=n))
+            for size in (4 * MiB, 16 * MiB) for n in (2, 3)]
+    (clear,) = n2_busbw_dip(load_run([write_run_dir(tmp_path / "survey", rows)]))
+    assert clear.status == "clear"
+    root = write_run_dir(tmp_path / "trial", rows)
+    spec = reproduce_trial(sizes=(4 * MiB, 16 * MiB))
+    write_trial(root / "records" / "n2-trial.jsonl", spec, trial_records(spec, shaped_times(ANOMALY), rounds=8))
+    (gloo,) = [f for f in n2_busbw_dip(load_run([root])) if f.statement.startswith("torch:gloo")]
+    assert gloo.status == "undecided" and "the interleaved N=2 trial shows it below the link" in gloo.statement

@@ -66,9 +66,20 @@ def n2_busbw_dip(run: RunData) -> list[Finding]:
         dipping = [s for s in sizes if ratios[s].status == "dip"]
         largest = ratios[sizes[-1]]
         if not dipping:
-            if largest.status == "no_dip" or (largest.ratio.point > N2_DIP_RATIO.value
-                                              and all(ratios[s].status != "unsure" or ratios[s].ratio.point
-                                                      > N2_DIP_RATIO.value for s in sizes)):
+            # The interleaved trial is the surer of the two: where it shows this backend's N=2 below the link at
+            # two sizes, a survey that finds no dip against N>=3 (separate launches, one N after the other)
+            # does not clear it; the two disagree and the finding says so.
+            against_link = link_controls(run, label, op)
+            contradicted = [v for v, c in against_link.items() if c.status == "shown"]
+            if len(contradicted) >= 2:
+                findings.append(Finding(name, "undecided", f"{label} {op}: the survey finds N=2 not below N>=3 "
+                                        f"(N=2 / N>=3 mean busbw, ratio by size: {table}; 95% intervals), but the "
+                                        "interleaved N=2 trial shows it below the link: " + ", ".join(
+                                            f"D={human_bytes(v)} {against_link[v].text()}" for v in sorted(contradicted))
+                                        + f"{note}", thresholds=thresholds))
+            elif largest.status == "no_dip" or (largest.ratio.point > N2_DIP_RATIO.value
+                                                and all(ratios[s].status != "unsure" or ratios[s].ratio.point
+                                                        > N2_DIP_RATIO.value for s in sizes)):
                 findings.append(Finding(name, "clear", f"{label} {op}: busbw at N=2 is not below N>=3 (N=2 / N>=3 mean "
                                         f"busbw, ratio by size: {table}; 95% intervals){note}",
                                         thresholds=thresholds))
