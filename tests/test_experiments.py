@@ -292,3 +292,14 @@ def test_a_survey_without_a_dip_does_not_clear_what_the_interleaved_trial_shows(
     write_trial(root / "records" / "n2-trial.jsonl", spec, trial_records(spec, shaped_times(ANOMALY), rounds=8))
     (gloo,) = [f for f in n2_busbw_dip(load_run([root])) if f.statement.startswith("torch:gloo")]
     assert gloo.status == "undecided" and "the interleaved N=2 trial shows it below the link" in gloo.statement
+
+
+def test_an_undecided_backend_dip_leaves_the_mechanism_undecided_not_clear() -> None:
+    from diag.report.diagnose import mechanism
+    from diag.report.diagnose.findings import Evidence, Finding
+
+    raw_dip = Finding("n2_busbw_dip", "fired", "raw:ring [emulate=gloo] all_gather: busbw at N=2 is 30% below",
+                      "strong", (Evidence("x", {"series": "raw:ring [emulate=gloo]", "world_size": 2}),))
+    open_gloo = Finding("n2_busbw_dip", "undecided", "torch:gloo all_gather: the survey finds N=2 not below N>=3")
+    assert mechanism([raw_dip, open_gloo]).status == "undecided"
+    assert mechanism([raw_dip]).status == "clear"

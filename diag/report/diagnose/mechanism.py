@@ -41,6 +41,11 @@ def mechanism(findings: Sequence[Finding]) -> Finding:
         if checked and all(f.status == "undecided" for f in checked):
             return Finding(name, "undecided", "whether N=2 is slower could not be checked, so there is no "
                            "mechanism to name")
+        # A backend series whose dip could not be decided is not a backend without a dip.
+        open_backend = [f for f in checked if f.status == "undecided" and f.statement.startswith("torch:")]
+        if open_backend:
+            return Finding(name, "undecided", "whether the backend's N=2 is slower is undecided ("
+                           + "; ".join(f.statement for f in open_backend) + "), so there is no mechanism to name yet")
         if fired_dips:
             raw = sorted({str(f.evidence[0].values.get("series")) for f in fired_dips})
             return Finding(name, "clear", "no backend N=2 busbw dip to explain; the N=2 dips are in raw-TCP series "
