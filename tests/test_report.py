@@ -181,11 +181,22 @@ def test_report_from_a_real_sweep(real_sweep: Path) -> None:
     env = load_records(real_sweep / "records" / "gloo.jsonl").starts[0]["env"]
     assert env["kernel"] in (out / "report.html").read_text()
     findings = {f["rule"]: f for f in json.loads((out / "findings.json").read_text())["findings"]}
-    # two world sizes at the same sizes: the N=2 rule decides (either way), the raw rule cannot
-    assert findings["n2_busbw_dip"]["status"] in ("fired", "clear")
+    # two world sizes at the same sizes: the N=2 rule compares them; the raw rule cannot
     assert findings["backend_below_raw"]["status"] == "undecided"
     assert findings["data_errors"]["status"] == "clear"
-    ratio_text = re.search(r"ratio by size: ([^;]*);", findings["n2_busbw_dip"]["statement"]).group(1)
+    dip = findings["n2_busbw_dip"]
+    ratio_text = re.search(r"ratio by size: ([^;]*);", dip["statement"]).group(1)
+    sizes = [(float(p), float(lo), float(hi)) for p, lo, hi in
+             re.findall(r"KiB: ([\d.]+) \[([\d.]+), ([\d.]+)\]", ratio_text)]
+    assert len(sizes) == 2
+    # it decides where the intervals allow it, and only there: undecided means no size dips (ratio <= 0.8 with
+    # the interval below 1) and the largest is not confirmed at or above 0.8 (a real loopback sweep of a few
+    # iterations on a loaded machine can be that noisy)
+    dips = [p <= 0.8 and hi < 1.0 for p, _lo, hi in sizes]
+    if dip["status"] == "undecided":
+        assert not any(dips) and sizes[-1][1] < 0.8
+    else:
+        assert dip["status"] == ("fired" if any(dips) else "clear")
     n2 = {r.size_bytes: r for r in records if r.world_size == 2}
     n3 = {r.size_bytes: r for r in records if r.world_size == 3}
     # the ratio of mean busbw (all samples), each with its bootstrap interval around it
