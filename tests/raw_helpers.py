@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import traceback
@@ -80,3 +81,14 @@ def check_all_gather(transport: Any, rank: int, world_size: int, nbytes: int, it
         transport.all_gather(out, inp)
         wrong += int(out.view(torch.uint8).ne(torch.cat(blocks)).sum().item())
     return wrong
+
+
+class LogCollector(logging.Handler):
+    """Keeps the messages of a logger it is added to (the raw transport logs to "diag.raw")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())

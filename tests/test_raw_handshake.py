@@ -19,6 +19,7 @@ from diag.errors import DiagError
 from diag.transports.raw import mesh, schedules, wire
 from diag.transports.raw.engine import RECV, Engine, Link
 from diag.transports.raw.knobs import resolve_knobs
+from tests.raw_helpers import LogCollector
 
 TOKEN = bytes(range(16))
 WRONG = bytes(16)
@@ -26,18 +27,9 @@ KNOBS = resolve_knobs("ring", "recv-first", {"conn": "shared"})
 WAIT_S = 10.0
 
 
-class _Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @pytest.fixture
 def raw_log() -> Any:
-    collect = _Collect()
+    collect = LogCollector()
     logger = logging.getLogger("diag.raw")
     logger.addHandler(collect)
     yield collect.messages

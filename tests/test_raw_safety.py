@@ -16,20 +16,11 @@ import pytest
 
 from diag.transports.raw import wire
 from tests.common import free_port
-from tests.raw_helpers import assert_all_ok, check_all_gather, make_transport, run_ranks
-
-
-class _Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+from tests.raw_helpers import LogCollector, assert_all_ok, check_all_gather, make_transport, run_ranks
 
 
 def _late_rank_body(rank: int, world_size: int) -> dict[str, Any]:
-    collect = _Collect()
+    collect = LogCollector()
     logging.getLogger("diag.raw").addHandler(collect)
     from diag.transports.raw.transport import rendezvous_store
 
