@@ -303,3 +303,15 @@ def test_an_undecided_backend_dip_leaves_the_mechanism_undecided_not_clear() -> 
     open_gloo = Finding("n2_busbw_dip", "undecided", "torch:gloo all_gather: the survey finds N=2 not below N>=3")
     assert mechanism([raw_dip, open_gloo]).status == "undecided"
     assert mechanism([raw_dip]).status == "clear"
+
+
+def test_a_trial_that_died_before_an_arm_ran_is_read_without_it(tmp_path) -> None:
+    """A trial killed in its first round left no block of some arms: the rules read what is there."""
+    spec = reproduce_trial()
+    blocks = [r for r in trial_records(spec, shaped_times(ANOMALY), rounds=1) if r.block["arm"] != "gloo"]
+    root = write_run_dir(tmp_path / "run", anomaly_records())
+    write_trial(root / "records" / "n2-trial.jsonl", spec, blocks)
+    findings = {f.rule: f for f in diagnose(load_run([root]))}
+    assert findings["notice_behind_data"].status == "undecided"        # one round: too few to decide
+    assert findings["shared_connection"].status == "undecided"          # its anomaly arm never ran
+    assert any(f.rule == "n2_busbw_dip" and f.status == "fired" for f in diagnose(load_run([root])))

@@ -154,7 +154,7 @@ def link_controls(run: RunData, label: str, op: str) -> dict[int, Control]:
     out: dict[int, Control] = {}
     for spec, blocks, _end in run.trials:
         backend = [a for a in spec.arms if a.backend != "raw" and a.op == op
-                   and series_label(_row_of(blocks, a.name)) == label] if blocks else []
+                   and (row := _row_of(blocks, a.name)) is not None and series_label(row) == label]
         link = [a for a in spec.arms if a.backend == "raw" and a.op == op and not a.knobs]
         if not backend or not link:
             continue
@@ -170,8 +170,9 @@ def link_controls(run: RunData, label: str, op: str) -> dict[int, Control]:
     return out
 
 
-def _row_of(blocks: list[Record], arm: str) -> Record:
-    return next(b for b in blocks if b.block.get("arm") == arm)
+def _row_of(blocks: list[Record], arm: str) -> Record | None:
+    """The first block of an arm (None where a trial that died early never ran it)."""
+    return next((b for b in blocks if b.block.get("arm") == arm), None)
 
 
 def dip_ratio(row2: Record, others: list[Record]) -> DipRatio:
