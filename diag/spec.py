@@ -49,7 +49,7 @@ class SweepSpec:
         if self.iters < 1 or self.warmup < 0:
             raise DiagError("--iters must be >= 1 and --warmup >= 0")
         if self.max_iters and self.max_iters < self.iters:
-            raise DiagError("--max-iters must be at least --iters")
+            raise DiagError("max_iters must be at least iters (0: exactly iters)")
         if not 0 < self.target_sem < 1:
             raise DiagError("target_sem must be between 0 and 1 (a fraction of the mean)")
         if not self.sizes:

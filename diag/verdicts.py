@@ -161,13 +161,8 @@ def explained_share(on: Arm, off: Arm, control_arm: Arm, healthy: Arm, design: s
     rounds = _rounds(list(arms.values()))
     interleaved = _interleaved(list(arms.values()))
     boot = bootstrap_means(list(arms.values()), seed=seed)
-    ratio = interval(healthy.mean_s / control_arm.mean_s, boot[healthy.name] / boot[control_arm.name])
-    control = Control(ratio, control_status(ratio), modes(control_arm.samples).text())
-    loss_point = control_arm.mean_s - healthy.mean_s
-    gain_point = on.mean_s - off.mean_s
-    with _quiet_numpy():
-        share_boot = (boot[on.name] - boot[off.name]) / (boot[control_arm.name] - boot[healthy.name])
-    share = interval(gain_point / loss_point if loss_point > 0 else math.nan, share_boot)
+    control = _control(boot, control_arm, healthy)
+    share = _share(boot, on, off, control_arm, healthy)
     p = mann_whitney_p(on.samples, off.samples)
     common = {"design": design, "share": share, "control": control, "rounds": rounds, "samples": samples,
               "means_s": means, "p_value": p, "interleaved": interleaved}
@@ -215,18 +210,33 @@ def difference(a: Arm, b: Arm, effect: float, cpu: Mapping[str, ArmCpu] | None =
     return Decision(verdict="undecided", final=False, reason=f"{text}: cannot tell yet", **common)
 
 
-class _quiet_numpy:
-    """Divisions by a resampled zero give inf/nan, which the interval drops; say nothing about them."""
+def _control(boot: Mapping[str, Any], arm: Arm, healthy: Arm) -> Control:
+    """Does ``arm`` show the anomaly against ``healthy``, from bootstrap means already drawn?"""
+    ratio = interval(healthy.mean_s / arm.mean_s, boot[healthy.name] / boot[arm.name])
+    return Control(ratio, control_status(ratio), modes(arm.samples).text())
 
-    def __enter__(self) -> None:
-        import numpy as np
 
-        self._old = np.seterr(divide="ignore", invalid="ignore")
+def _share(boot: Mapping[str, Any], on: Arm, off: Arm, slow: Arm, healthy: Arm) -> Interval:
+    """(T_on - T_off) / (T_slow - T_healthy): the share of slow's loss that the toggle on -> off accounts for."""
+    import numpy as np
 
-    def __exit__(self, *exc: object) -> None:
-        import numpy as np
+    loss = slow.mean_s - healthy.mean_s
+    # Divisions by a resampled zero give inf/nan, which the interval drops; say nothing about them.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        resampled = (boot[on.name] - boot[off.name]) / (boot[slow.name] - boot[healthy.name])
+    return interval((on.mean_s - off.mean_s) / loss if loss > 0 else math.nan, resampled)
 
-        np.seterr(**self._old)
+
+def control(arm: Arm, healthy: Arm, seed: int = 0) -> Control:
+    """The positive control of one arm against the healthy one (e.g. the backend beside the link in a trial)."""
+    return _control(bootstrap_means([arm, healthy], seed=seed), arm, healthy)
+
+
+def loss_share(anomaly: Arm, healthy: Arm, on: Arm, off: Arm, seed: int = 0) -> Interval:
+    """Share of the anomaly arm's loss against the healthy arm that the toggle removes from ``on``, from the
+    same rounds: (T_on - T_off) / (T_anomaly - T_healthy)."""
+    arms = {a.name: a for a in (anomaly, healthy, on, off)}
+    return _share(bootstrap_means(list(arms.values()), seed=seed), on, off, anomaly, healthy)
 
 
 TABLE: tuple[Threshold, ...] = (CONTROL_DIP, SHOWN_SHARE, RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED)

@@ -31,10 +31,10 @@ from diag.report.thresholds import (
     Threshold,
     used,
 )
-from diag.stats import Arm, Interval, bootstrap_means, interval
+from diag.stats import Arm, Interval
 from diag.trial import arms_of, cpu_of
 from diag.units import human_bytes
-from diag.verdicts import Decision, difference, explained_share
+from diag.verdicts import Decision, difference, explained_share, loss_share
 
 
 @dataclass(frozen=True)
@@ -250,19 +250,6 @@ def explained(shown: list[Judged]) -> str:
     parts = [f"{j.loss_share.point:.0%} [{j.loss_share.low:.0%}, {j.loss_share.high:.0%}] at "
              f"{human_bytes(j.size_bytes)}" for j in shown if j.loss_share is not None]
     return "; ".join(parts) or "not measured: no backend arm in the same rounds"
-
-
-def loss_share(anomaly: Arm, healthy: Arm, on: Arm, off: Arm, seed: int = 0) -> Interval:
-    """Share of the anomaly arm's loss against the healthy arm that the toggle removes from ``on``, from the
-    same rounds: (T_on - T_off) / (T_anomaly - T_healthy)."""
-    import numpy as np
-
-    arms = {a.name: a for a in (anomaly, healthy, on, off)}
-    boot = bootstrap_means(list(arms.values()), seed=seed)
-    loss = anomaly.mean_s - healthy.mean_s
-    with np.errstate(divide="ignore", invalid="ignore"):
-        resampled = (boot[on.name] - boot[off.name]) / (boot[anomaly.name] - boot[healthy.name])
-    return interval((on.mean_s - off.mean_s) / loss if loss > 0 else float("nan"), resampled)
 
 
 def is_raw_reference(record: Record) -> bool:

@@ -28,7 +28,7 @@ from diag.report.thresholds import (
 from diag.stats import Arm, Interval, Modes, bootstrap_means, interval, modes
 from diag.trial import arms_of
 from diag.units import human_bytes, human_rate
-from diag.verdicts import MIN_ROUNDS, Control, control_status
+from diag.verdicts import MIN_ROUNDS, Control, control
 
 
 def n2_busbw_dip(run: RunData) -> list[Finding]:
@@ -164,9 +164,7 @@ def link_controls(run: RunData, label: str, op: str) -> dict[int, Control]:
                 g, r = arms[backend[0].name], arms[link[0].name]
                 if min(len(g.blocks), len(r.blocks)) < MIN_ROUNDS.value:
                     continue
-                boot = bootstrap_means([g, r], seed=spec.seed)
-                ratio = interval(r.mean_s / g.mean_s, boot[r.name] / boot[g.name])
-                out[size] = Control(ratio, control_status(ratio), modes(g.samples).text())
+                out[size] = control(g, r, spec.seed)
     return out
 
 
