@@ -292,16 +292,6 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
                     tell(f"  trial: closing arm {name}: {exc}")
 
 
-def load_trials(starts: Sequence[Mapping[str, Any]]) -> list[TrialSpec]:
-    """The trial specs of a records file's start events (meta.trial)."""
-    out = []
-    for start in starts:
-        trial = (start.get("meta") or {}).get("trial")
-        if trial:
-            out.append(TrialSpec.from_json(trial))
-    return out
-
-
-__all__ = ["Comparison", "TrialArm", "TrialSpec", "arm_spec", "arms_of", "cpu_of", "decide_all", "load_trials",
+__all__ = ["Comparison", "TrialArm", "TrialSpec", "arm_spec", "arms_of", "cpu_of", "decide_all",
            "round_order", "run_trial"]
 
