@@ -76,23 +76,40 @@ def advise_specs(sizes: tuple[int, ...], warmup: int, iters: int, timeout_s: flo
     return [(entry, base.replace(backend=entry.backend, ops=(entry.op,))) for entry in (BASELINE, *WORKAROUNDS)]
 
 
+def advise_result(records: Path, world_size: int, sizes: tuple[int, ...], lab: str | None,
+                  failures: list[dict[str, str]] | None = None, complete: bool = True) -> dict[str, Any]:
+    """advise.json's content from the records measured so far (each workaround against the baseline)."""
+    from diag.records import load_records
+
+    return {
+        "schema": ADVISE_SCHEMA, "anomaly": "gloo all_gather at N=2", "world_size": world_size,
+        "sizes": list(sizes), "lab": lab, "records": RECORDS_NAME, "baseline": _describe(BASELINE),
+        "workarounds": _compare(load_records(records).records if records.exists() else [], world_size),
+        "failures": list(failures or []), "complete": complete,
+    }
+
+
+def write_advise(out_dir: Path, records: Path, *, world_size: int, sizes: tuple[int, ...], lab: str | None,
+                 failures: list[dict[str, str]] | None = None, complete: bool = True) -> dict[str, Any]:
+    result = advise_result(records, world_size, sizes, lab, failures, complete)
+    _write(out_dir, result)
+    return result
+
+
 def run_advise(out_dir: Path, *, lab: Any = None, world_size: int = 2, sizes: tuple[int, ...] = DEFAULT_SIZES,
                warmup: int = 2, iters: int = 5, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure the baseline and every workaround at ``world_size`` on ``lab`` (None: loopback on this
-    machine); -> the advise.json content, also written to ``out_dir`` after every step."""
-    from diag.records import load_records
+    machine), one launch each; -> the advise.json content, also written to ``out_dir`` after every step."""
     from diag.runner import make_job, run_worlds
 
     say = say or (lambda text: None)
     safefs.private_dir(out_dir, "--out")
     records = out_dir / RECORDS_NAME
     steps = advise_specs(tuple(sizes), warmup, iters)
-    result: dict[str, Any] = {
-        "schema": ADVISE_SCHEMA, "anomaly": "gloo all_gather at N=2", "world_size": world_size,
-        "sizes": list(sizes), "lab": getattr(lab, "name", None), "records": RECORDS_NAME,
-        "baseline": _describe(BASELINE), "workarounds": [], "failures": [], "complete": False,
-    }
-    _write(out_dir, result)
+    lab_name = getattr(lab, "name", None)
+    failures: list[dict[str, str]] = []
+    seconds: dict[str, float] = {}
+    write_advise(out_dir, records, world_size=world_size, sizes=tuple(sizes), lab=lab_name, complete=False)
     for index, (entry, spec) in enumerate(steps, 1):
         say(f"[advise {index}/{len(steps)}] {entry.title}, N={world_size}")
         started = time.monotonic()
@@ -101,13 +118,12 @@ def run_advise(out_dir: Path, *, lab: Any = None, world_size: int = 2, sizes: tu
             run_worlds(spec, job, records, out_dir, world_sizes=[world_size], lab=lab,
                        tag_prefix=f"advise-{entry.name}--")
         except DiagError as exc:
-            result["failures"].append({"workaround": entry.name, "error": str(exc)})
+            failures.append({"workaround": entry.name, "error": str(exc)})
             say(f"[advise {index}/{len(steps)}] failed: {exc}")
-        result["workarounds"] = _compare(load_records(records).records if records.exists() else [], world_size)
-        result.setdefault("step_seconds", {})[entry.name] = round(time.monotonic() - started, 1)
+        seconds[entry.name] = round(time.monotonic() - started, 1)
+        result = advise_result(records, world_size, tuple(sizes), lab_name, failures, complete=index == len(steps))
+        result["step_seconds"] = seconds
         _write(out_dir, result)
-    result["complete"] = True
-    _write(out_dir, result)
     return result
 
 

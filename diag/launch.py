@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,7 +29,6 @@ from diag import safefs
 from diag.errors import DiagError
 from diag.lifeline import CHILD_CWD, child_env, python_command
 from diag.units import human_bytes
-from diag.worker import Job
 
 # After the first launcher fails, the others get this long to fail on their own (their errors name the
 # cause better than our SIGTERM would), then they are terminated.
@@ -98,11 +97,29 @@ def check_port_free(address: str, port: int) -> None:
             ) from None
 
 
+class Launchable(Protocol):
+    """What diag's launcher hands every rank in a 0600 job file: a sweep (diag.worker.Job) or the in-place
+    main job (diag.inplace.job.JobOptions). ``module`` is what each rank runs with the file's path."""
+
+    module: str
+    state_dir: str | None
+    heartbeat_s: float
+    out: str | None
+
+    @property
+    def watchdog_base_s(self) -> float: ...
+
+    @property
+    def via_exec(self) -> bool: ...
+
+    def save(self, path: Path) -> None: ...
+
+
 def launcher_command(host_index: int, host: HostLaunch, nnodes: int, master_addr: str, master_port: int,
-                     job_path: Path, via_exec: bool = False) -> list[str]:
+                     job_path: Path, via_exec: bool = False, module_name: str = "diag.worker") -> list[str]:
     """torchrun for one host; ``via_exec`` starts each rank through ``diag.exec`` (registers diag_tcp and
     runs the worker as a script, exactly as ``diag exec`` runs a user's script)."""
-    module = ["-m", "diag.exec", "-m", "diag.worker"] if via_exec else ["-m", "diag.worker"]
+    module = ["-m", "diag.exec", "-m", module_name] if via_exec else ["-m", module_name]
     # diag.lifeline: the launcher gets SIGTERM (and stops its workers) if this process dies, even by SIGKILL.
     return [
         *host.prefix, *python_command("-m", "diag.lifeline", str(os.getpid()), "-m", "torch.distributed.run"),
@@ -220,9 +237,11 @@ def watchdog_slack_s() -> float:
     return value
 
 
-def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence[WorldHook] = (),
-              master_port: int | None = None, tag: str = "", run_dir: Path | None = None) -> None:
-    """Start one launcher per host for one world size and supervise them until all end.
+def run_world(job: Launchable, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence[WorldHook] = (),
+              master_port: int | None = None, tag: str = "", run_dir: Path | None = None,
+              console: bool = False) -> None:
+    """Start one launcher per host for one world size and supervise them until all end. ``console``: the
+    first host's stderr goes to ours (the main job's rank 0 prints its progress there), not to its log.
 
     Raises DiagError with a one-line summary if any rank fails; finished rows are already on disk.
     """
@@ -233,14 +252,13 @@ def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence
     elif not hosts[0].prefix:
         check_port_free(master_addr, master_port)
 
-    watchdog_s = job.spec.timeout_s + watchdog_slack_s()
+    watchdog_s = job.watchdog_base_s + watchdog_slack_s()
     work_dir = work_dir.resolve()   # the launchers run in CHILD_CWD: every path they get is absolute
     state_dir = work_dir / f"state-n{world_size}"
     safefs.private_dir(state_dir)
     for stale in state_dir.glob("rank*.json"):
         stale.unlink()
-    job.state_dir = str(state_dir)
-    job.heartbeat_s = min(HEARTBEAT_S, watchdog_s / 10)
+    job = replace(job, state_dir=str(state_dir), heartbeat_s=min(HEARTBEAT_S, watchdog_s / 10))
     job_path = work_dir / f"job-n{world_size}.json"
     job.save(job_path)
 
@@ -264,8 +282,9 @@ def run_world(job: Job, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence
             with os.fdopen(safefs.create(log_path, replace=True), "wb") as log:
                 procs.append(subprocess.Popen(
                     launcher_command(index, host, len(hosts), master_addr, master_port, job_path,
-                                     via_exec=job.spec.backend == "diag_tcp"),
-                    env={**env_base, **host.env}, stderr=log, stdout=None if index == 0 else log,
+                                     via_exec=job.via_exec, module_name=job.module),
+                    env={**env_base, **host.env}, stderr=None if console and index == 0 else log,
+                    stdout=None if index == 0 else log,
                     start_new_session=True,  # Ctrl-C goes to us; we stop the launchers in order
                     cwd=CHILD_CWD,
                 ))
@@ -315,7 +334,7 @@ def _supervise(procs: list[subprocess.Popen[bytes]], state_dir: Path, watchdog_s
     return failure
 
 
-def _failure_message(kind: str, world_size: int, state_dir: Path, logs: list[Path], job: Job,
+def _failure_message(kind: str, world_size: int, state_dir: Path, logs: list[Path], job: Launchable,
                      watchdog_s: float) -> str:
     states = _read_states(state_dir)
     # One launcher per host, each with its own root cause: a rank killed by a signal explains the others'

@@ -210,10 +210,12 @@ class _CpuMeter:
 
 def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callable[[Any], None], run_id: str,
               heartbeat: Callable[[], None] | None = None, say: Callable[[str], None] | None = None,
-              token: bytes | None = None) -> dict[str, Any]:
+              token: bytes | None = None, group: Any = None) -> dict[str, Any]:
     """Every rank runs this; rank 0 emits the block records and returns the trial's summary for the end event.
-    ``gloo`` is the launch's TorchTransport (its default group carries the stop votes); ``token``: the raw
-    arms' run token from the job file (None: rank 0 publishes one in the store, as for any raw launch)."""
+    ``gloo`` is the launch's TorchTransport (its group carries the stop votes); ``token``: the raw arms' run
+    token from the job file (None: rank 0 publishes one in the store, as for any raw launch); ``group``: the
+    subgroup of an in-place job the trial runs on (diag.transports.group.GroupContext), None: the whole
+    launch."""
     import torch
     import torch.distributed as dist
 
@@ -222,12 +224,16 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
 
     spec = TrialSpec.from_json(trial_json)
     rank, world = gloo.rank, gloo.world_size
+    # torch's collectives name their root by its global rank, also on a subgroup
+    pg = group.process_group if group is not None else None
+    leader = group.global_rank(0) if group is not None else 0
     tell = say or (lambda text: print(text, file=sys.stderr, flush=True))
     transports: dict[str, Any] = {}
     try:
         for arm in spec.arms:   # the same order on every rank: raw meshes rendezvous by creation order
             transports[arm.name] = gloo if arm.backend == "gloo" else create_transport(
-                arm_spec(base, arm, spec.sizes[0], 1, 0), rank, world, base.timeout_s, token=token)
+                arm_spec(base, arm, spec.sizes[0], 1, 0), rank, world, base.timeout_s,
+                store=group.store if group is not None else None, token=token)
         meter = _CpuMeter()
         summary: dict[str, Any] = {}
         for size_index, size in enumerate(spec.sizes):
@@ -248,7 +254,7 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
                     record = measure_row(transports[name], block_spec, plan, run_id, heartbeat)
                     cpu = meter.read()
                     gathered: list[Any] = [None] * world if rank == 0 else []
-                    dist.gather_object(cpu, gathered if rank == 0 else None, dst=0)
+                    dist.gather_object(cpu, gathered if rank == 0 else None, dst=leader, group=pg)
                     if record is not None:
                         # a block is short by design: the sample-count warning speaks of rows, not blocks
                         record = replace(record, warnings=[w for w in record.warnings if "samples" not in w],
@@ -274,7 +280,7 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
                         f"{key} {d.verdict}" for key, d in decisions.items()) + (f" -> stop ({stopped})"
                                                                                  if stopped else ""))
                     stop[0] = 1 if stopped else 0
-                dist.broadcast(stop, src=0)
+                dist.broadcast(stop, src=leader, group=pg)
                 if int(stop[0]):
                     break
             if rank == 0:

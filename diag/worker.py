@@ -19,6 +19,7 @@ from diag import safefs
 from diag.errors import DiagError
 from diag.records import transport_label
 from diag.spec import SweepSpec
+from diag.transports.group import GroupContext
 
 
 @dataclass
@@ -42,6 +43,16 @@ class Job:
     # The raw transport's run token (hex) for ranks diag starts itself: it reaches them in this 0600 file,
     # never through the TCPStore, which any local user can reach. Never written to records.
     token: str | None = None
+    module: str = "diag.worker"     # what diag's launcher runs on every rank with this job file
+
+    @property
+    def watchdog_base_s(self) -> float:
+        """A rank reports progress at least every iteration, so only a collective past its timeout is silent."""
+        return self.spec.timeout_s
+
+    @property
+    def via_exec(self) -> bool:
+        return self.spec.backend == "diag_tcp"
 
     def save(self, path: Path) -> None:
         """0600, a new file renamed into place: it says what root's ranks run and where they write."""
@@ -70,12 +81,16 @@ def env_rank() -> tuple[int, int]:
         ) from None
 
 
-def make_transport(spec: SweepSpec, rank: int, world_size: int, token: str | None = None):
-    """``token``: the raw transport's run token (hex) from the job file; None under the user's launcher."""
+def make_transport(spec: SweepSpec, rank: int, world_size: int, token: str | None = None,
+                   group: GroupContext | None = None):
+    """``token``: the raw transport's run token (hex) from the job file; None under the user's launcher.
+    ``group``: a subgroup of the job (in place: one launch runs every N); rank and world_size are then the
+    group's, torch runs on the group's process group (for diag_tcp, one the job made with that backend) and a
+    raw mesh meets in the group's own store namespace."""
     if spec.backend == "raw":
         from diag.transports.raw import create_transport
 
-        return create_transport(spec, rank, world_size, spec.timeout_s,
+        return create_transport(spec, rank, world_size, spec.timeout_s, store=group.store if group else None,
                                 token=bytes.fromhex(token) if token else None)
     from diag.transports.torch_dist import TorchTransport
 
@@ -87,7 +102,7 @@ def make_transport(spec: SweepSpec, rank: int, world_size: int, token: str | Non
         if token:
             os.environ[ENV_TOKEN] = token   # this process's own environment: the backend reads it there
         register()   # a no-op when diag.exec started this rank and registered it already
-    return TorchTransport(spec.backend, spec.timeout_s, spec.device)
+    return TorchTransport(spec.backend, spec.timeout_s, spec.device, group=group)
 
 
 class StateFile:
@@ -114,15 +129,18 @@ def _one_line(exc: BaseException) -> str:
     return first[:300]
 
 
-def run_job(job: Job) -> int:
+def run_job(job: Job, group: GroupContext | None = None, raise_errors: bool = False) -> int:
+    """Run the job's sweep (or trial) on this rank; rank 0 writes the records. ``group``: on a subgroup of
+    an in-place job (diag.inplace), else on the default group from env://. ``raise_errors``: a failure is
+    raised as DiagError (after the records' failed ``end``), not returned as an exit status."""
     from diag.console import SweepConsole
     from diag.envinfo import fingerprint
     from diag.harness import plan_rows, run_sweep
     from diag.records import RecordWriter
     from diag.units import human_bytes
 
-    rank, world_size = env_rank()
-    state = StateFile(job.state_dir, rank)
+    rank, world_size = (group.rank, group.world_size) if group is not None else env_rank()
+    state = StateFile(job.state_dir, group.global_rank(rank) if group is not None else rank)
     state.update(status="init")
     writer: RecordWriter | None = None
     console: SweepConsole | None = None
@@ -131,7 +149,7 @@ def run_job(job: Job) -> int:
     try:
         spec = job.spec
         plans = plan_rows(spec, world_size)
-        transport = make_transport(spec, rank, world_size, job.token)
+        transport = make_transport(spec, rank, world_size, job.token, group)
         if rank == 0:
             if job.out:
                 writer = RecordWriter(job.out)
@@ -179,7 +197,7 @@ def run_job(job: Job) -> int:
 
             summary = run_trial(transport, job.meta["trial"], spec, emit, job.run_id, heartbeat,
                                 say=(lambda text: console.line(text)) if console else None,
-                                token=bytes.fromhex(job.token) if job.token else None)
+                                token=bytes.fromhex(job.token) if job.token else None, group=group)
         else:
             run_sweep(transport, spec, emit, job.run_id, on_row_start, heartbeat)
         transport.close()
@@ -204,6 +222,10 @@ def run_job(job: Job) -> int:
         if writer is not None:
             writer.end(job.run_id, "failed", t_ns=time.time_ns(), rows=rows_done, error=message,
                        failed_at={k: where.get(k) for k in ("op", "size_bytes", "world_size")})
+        if raise_errors:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise DiagError(message) from exc
         print(f"diag sweep: rank {rank}/{world_size}: {message}", file=sys.stderr, flush=True)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
     finally:

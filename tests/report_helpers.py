@@ -257,7 +257,7 @@ ANOMALY_SHAPES = {"gloo": (0.73, 1.12, 0.7), "raw": (0.72, 0.72, 0.0), "model": 
 
 
 def n2_trial(sizes: tuple[int, ...] = (16 * MiB,), seed: int = 7) -> Any:
-    from diag.reproduce import N2_ARMS, N2_COMPARISONS
+    from diag.plan import N2_ARMS, N2_COMPARISONS
     from diag.trial import TrialSpec
 
     return TrialSpec("n2-trial", N2_ARMS, N2_COMPARISONS, sizes=sizes, seed=seed)

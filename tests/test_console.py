@@ -94,7 +94,7 @@ def test_read_progress_follows_the_readers_file_position_and_passes(tmp_path: Pa
 
 def test_reproduce_weights_follow_the_plan() -> None:
     pytest.importorskip("torch")
-    from diag.reproduce import QUICK, per_rank_size, step_spec
+    from diag.plan import QUICK, per_rank_size, step_spec
 
     weights = __import__("diag.console", fromlist=["reproduce_weights"]).reproduce_weights(
         QUICK, step_spec, per_rank_size(max(QUICK.knob_volumes), 2))

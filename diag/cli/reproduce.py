@@ -1,15 +1,25 @@
 """The main job: reproduce the WORLD_SIZE=2 all_gather anomaly (or show its absence), with evidence.
 
-Brings up the lab (hosts with shaped full-duplex links; falls back to loopback without root), measures the
-link, runs gloo and raw-TCP all_gather sweeps at equal per-device volume D for every N, the exchange op in
-both orders and raw knob experiments at N=2, captures and observes them, analyses the captures, writes the
-report and prints the findings. --quick (N = 2, 3, 4) takes a few minutes; the default (N = 2..8) longer.
+One job runs the whole plan in one launch of K ranks: every N = 2..K through subgroups, gloo and the raw-TCP
+reference at equal per-device volume D, the N=2 experiments as interleaved trials, the exchange in both
+orders, raw knob rows, the workarounds (advise); a pairwise link matrix between the hosts; every node
+fingerprinted, captured (or sampled with TCP_INFO) and analysed where its data is; one report on rank 0.
+
+Where it runs: under torchrun / srun / any env:// launcher it runs IN PLACE on the job's hosts (the path on a
+real cluster). Started by hand as root it brings up the lab (a cluster in a box: one namespace per host,
+shaped full-duplex links) and starts one torchrun per host itself; without root, K ranks on loopback.
 Ctrl-C tears the lab down and keeps what finished.
 
 examples:
-  diag reproduce --quick                       # N = 2, 3, 4: a few minutes
+  diag reproduce --quick                       # the lab: N = 2, 3, 4, a few minutes
   diag reproduce --out runs/r1 --rate 1gbit     # N = 2..8 on a 1 Gbit/s lab
   diag reproduce --quick --volumes 4M,16M,32M   # larger volumes D
+  # on each of 4 nodes (rank 0's host at 10.0.0.1), the same command:
+  torchrun --nnodes 4 --nproc-per-node 1 --node-rank $NODE_RANK --rdzv-backend static \\
+           --master-addr 10.0.0.1 --master-port 29500 -m diag reproduce --quick --iface eth0 --out /shared/r1
+  # Slurm:
+  srun --nodes 4 --ntasks-per-node 1 torchrun --nnodes 4 --nproc-per-node 1 --rdzv-backend c10d \\
+       --rdzv-endpoint $HEAD:29500 -m diag reproduce --quick --iface eth0 --out /shared/r1
 """
 
 from __future__ import annotations
@@ -20,12 +30,21 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="N = 2, 3, 4 and fewer sizes (a few minutes)")
-    parser.add_argument("--out", type=Path, help="run directory (default runs/reproduce-<time>)")
-    parser.add_argument("--rate", help="per-host link rate of the lab, tc syntax (default 200mbit, which a "
-                                       "2-core machine sustains)")
-    parser.add_argument("--max-n", type=int, help="largest world size (default 4 with --quick, else 8)")
+    parser.add_argument("--out", type=Path, help="run directory (default runs/reproduce-<time>); in place, on a "
+                                                 "shared filesystem every node writes its part there, else each "
+                                                 "node sends its results to rank 0")
+    parser.add_argument("--rate", help="the lab: per-host link rate, tc syntax (default 200mbit, which a 2-core "
+                                       "machine sustains)")
+    parser.add_argument("--max-n", type=int, help="largest world size (default 4 with --quick, else 8; in place "
+                                                  "at most the job's ranks)")
     parser.add_argument("--volumes", help="per-device volumes D to run at every N, e.g. 1M,4M,16M "
                                           "(default 1M,4M,16M)")
+    parser.add_argument("--iface", help="in place: the network interface of the job's traffic (sets "
+                                        "GLOO_SOCKET_IFNAME; default: GLOO_SOCKET_IFNAME, else the route to "
+                                        "MASTER_ADDR)")
+    parser.add_argument("--keep-pcaps", action="store_true",
+                        help="in place without a shared --out: send the nodes' pcaps to rank 0 too (default: "
+                             "they stay on their node; their analyses are sent)")
     parser.add_argument("--stop-on-error", action="store_true",
                         help="stop at the first failed step (default: note it and go on)")
 
@@ -38,9 +57,13 @@ def run(args: argparse.Namespace) -> int:
     from diag.units import parse_size_list
 
     volumes = parse_size_list(args.volumes) if args.volumes else None
+    if args.max_n is not None and args.max_n < 2:
+        from diag.errors import DiagError
+
+        raise DiagError("--max-n must be at least 2")
     if args.out is not None:
         from diag import validate
 
         validate.output_dir(args.out, "--out")
     return run_reproduce(args.quick, args.out, args.rate, args.max_n, keep_going=not args.stop_on_error,
-                         volumes=volumes)
+                         volumes=volumes, iface=args.iface, keep_pcaps=args.keep_pcaps)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from diag.errors import EXIT_NO_DEVICE, DiagError
 from diag.transports.base import UnsupportedOperation
+from diag.transports.group import GroupContext
 
 # Output buffers whose list of views is kept (the harness cycles through a ring of them), in bytes at most.
 GATHER_VIEW_CACHE_BYTES = 8 << 20
@@ -37,7 +38,10 @@ def _check_interface(name: str | None) -> None:
 
 
 class TorchTransport:
-    def __init__(self, backend: str, timeout_s: float, device: str = "cpu") -> None:
+    """``group``: run on a subgroup of the job (diag.transports.group.GroupContext) instead of the default
+    group; ranks and peers are then the group's, and closing leaves the job's process groups alone."""
+
+    def __init__(self, backend: str, timeout_s: float, device: str = "cpu", group: GroupContext | None = None) -> None:
         if backend == "nccl" and not torch.cuda.is_available():
             raise DiagError("backend nccl needs CUDA, and no CUDA device is visible; use --backend gloo",
                             exit_code=EXIT_NO_DEVICE)
@@ -52,7 +56,9 @@ class TorchTransport:
             self.device = torch.device("cuda", local_rank)
         else:
             self.device = torch.device(device)
-        if not dist.is_initialized():
+        self.context = group
+        self.group = group.process_group if group is not None else None
+        if group is None and not dist.is_initialized():
             try:
                 kwargs: dict[str, Any] = {}
                 if backend == "nccl":
@@ -60,8 +66,8 @@ class TorchTransport:
                 dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **kwargs)
             except (RuntimeError, ValueError) as exc:
                 raise DiagError(f"init_process_group({backend}) failed: {str(exc).splitlines()[0]}") from exc
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
+        self.rank = dist.get_rank(self.group)
+        self.world_size = dist.get_world_size(self.group)
         self._gather_views: dict[tuple[int, int, torch.dtype], list[torch.Tensor]] = {}
         self._gather_view_bytes = 0
         self._hosts = self._gather_hostnames()  # collective, so done here where every rank takes part
@@ -89,18 +95,22 @@ class TorchTransport:
                     name = f"{name}/{addr.address}"
                     break
         names: list[Any] = [None] * self.world_size
-        dist.all_gather_object(names, name)
+        dist.all_gather_object(names, name, group=self.group)
         return [str(n) for n in names]
 
     def hosts(self) -> list[str]:
         return list(self._hosts)
 
     # --- operations ----------------------------------------------------------------------------
+    def _peer(self, group_rank: int) -> int:
+        """torch's point-to-point calls take global ranks, also on a subgroup."""
+        return self.context.global_rank(group_rank) if self.context is not None else group_rank
+
     def barrier(self) -> None:
         if self.backend == "nccl":
-            dist.barrier(device_ids=[self.device.index])
+            dist.barrier(group=self.group, device_ids=[self.device.index])
         else:
-            dist.barrier()
+            dist.barrier(group=self.group)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -113,7 +123,7 @@ class TorchTransport:
         # views keep their buffer alive, hence the bound on what is cached.
         nbytes = output.numel() * output.element_size()
         if nbytes > GATHER_VIEW_CACHE_BYTES:
-            dist.all_gather(list(output.chunk(self.world_size)), input)
+            dist.all_gather(list(output.chunk(self.world_size)), input, group=self.group)
             return
         key = (output.data_ptr(), output.numel(), output.dtype)
         views = self._gather_views.get(key)
@@ -123,19 +133,20 @@ class TorchTransport:
                 self._gather_view_bytes = 0
             views = self._gather_views[key] = list(output.chunk(self.world_size))
             self._gather_view_bytes += nbytes
-        dist.all_gather(views, input)
+        dist.all_gather(views, input, group=self.group)
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
-        dist.send(tensor, dst)
+        dist.send(tensor, self._peer(dst), group=self.group)
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
-        dist.recv(tensor, src)
+        dist.recv(tensor, self._peer(src), group=self.group)
 
     def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, order: str) -> None:
+        other = self._peer(peer)
         if order == "send-first":
-            works = [dist.isend(send, peer), dist.irecv(recv, peer)]
+            works = [dist.isend(send, other, group=self.group), dist.irecv(recv, other, group=self.group)]
         else:
-            works = [dist.irecv(recv, peer), dist.isend(send, peer)]
+            works = [dist.irecv(recv, other, group=self.group), dist.isend(send, other, group=self.group)]
         for work in works:
             work.wait()
 
@@ -146,25 +157,25 @@ class TorchTransport:
             # wait for each other until the timeout
             raise UnsupportedOperation("diag_tcp runs point-to-point calls one at a time, so batch_isend_irecv "
                                        "cannot overlap them; use all_gather on diag_tcp")
-        receives = [dist.P2POp(dist.irecv, tensor, peer) for tensor, peer in recvs]
-        posts = [dist.P2POp(dist.isend, tensor, peer) for tensor, peer in sends]
+        receives = [dist.P2POp(dist.irecv, tensor, self._peer(peer), self.group) for tensor, peer in recvs]
+        posts = [dist.P2POp(dist.isend, tensor, self._peer(peer), self.group) for tensor, peer in sends]
         for work in dist.batch_isend_irecv(receives + posts if order == "recv-first" else posts + receives):
             work.wait()
 
     def all_reduce(self, tensor: torch.Tensor) -> None:
-        dist.all_reduce(tensor)
+        dist.all_reduce(tensor, group=self.group)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor) -> None:
         try:
-            dist.reduce_scatter_tensor(output, input)
+            dist.reduce_scatter_tensor(output, input, group=self.group)
         except (RuntimeError, NotImplementedError) as exc:
             raise UnsupportedOperation(f"{self.backend} has no reduce_scatter here: {exc}") from exc
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
-        dist.broadcast(tensor, root)
+        dist.broadcast(tensor, self._peer(root), group=self.group)
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor) -> None:
-        dist.all_to_all_single(output, input)
+        dist.all_to_all_single(output, input, group=self.group)
 
     def on_iteration(self, phase: str, index: int) -> None:
         return None
@@ -173,5 +184,7 @@ class TorchTransport:
         return {}
 
     def close(self) -> None:
-        if dist.is_initialized():
+        # A subgroup belongs to the job that made it (it runs several steps on it); only the transport that
+        # initialized the default group tears it down.
+        if self.context is None and dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,30 @@
+"""``python -m diag.inplace JOB.json``: one rank of the main job, as diag's own lab/loopback launch starts it."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m diag.inplace JOB.json", file=sys.stderr)
+        return 2
+    from diag.errors import DiagError
+    from diag.lifeline import bind_to_parent, terminate_as_exception
+
+    # As diag.worker: die with the launcher, and take its SIGTERM as an exception (rank 0 saves run.json).
+    bind_to_parent(signal.SIGKILL)
+    terminate_as_exception()
+    try:
+        from diag.inplace.job import JobOptions, run_in_place
+
+        return run_in_place(JobOptions.load(args[0]))
+    except DiagError as exc:
+        print(f"diag reproduce: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""A node's own work in an in-place job, done by the node's leader rank: its fingerprint, a capture of its
+own NIC for the steps it takes part in (tcpdump where it may; else TCP_INFO from ``ss``, which needs no
+privilege), observers of its own ranks (per-thread CPU, the machine's CPUs, NIC counters), and the analysis
+of its captures, where the captures are. Nothing here fails the run: what a node cannot do is one note.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diag import safefs
+from diag.errors import DiagError
+from diag.inplace.topology import Node
+
+CAPTURE_SNAPLEN = 128        # headers and the TCP options; payload is never needed
+CAPTURE_FILTER = "tcp"
+OBSERVE_INTERVAL_S = 0.2
+CAP_NET_RAW = 13
+
+
+def capture_ability() -> tuple[bool, str]:
+    """(may capture, why not): tcpdump on PATH, run as root with CAP_NET_RAW (tcpdump drops root itself
+    once the interface is open)."""
+    from diag.lab.netns import has_capability
+
+    if shutil.which("tcpdump") is None:
+        return False, "tcpdump is not on PATH (install it: apt-get install tcpdump)"
+    if os.geteuid() != 0 or not has_capability(CAP_NET_RAW):
+        return False, "no root with CAP_NET_RAW to capture (run as root)"
+    return True, ""
+
+
+@dataclass
+class NodeWork:
+    """``directory``: RUN/nodes/<name>, in the shared run directory or this node's own copy of it."""
+
+    node: Node
+    directory: Path
+    iface: str | None
+    notes: list[str] = field(default_factory=list)
+    can_capture: bool = False
+    analysis_seconds: float = 0.0
+    _capture: Any = None
+    _observers: Any = None
+    _tag: str = ""
+
+    def __post_init__(self) -> None:
+        safefs.private_dir(self.directory)
+        for sub in ("captures", "analysis", "observe", "tcpinfo"):
+            safefs.private_dir(self.directory / sub)
+        self.can_capture, why = capture_ability()
+        if self.can_capture and not self.iface:
+            self.can_capture, why = False, "no interface known for the job's traffic (pass --iface)"
+        if not self.can_capture:
+            self.note(f"{why}: sampled TCP_INFO with ss instead of capturing packets")
+
+    def note(self, text: str) -> None:
+        self.notes.append(f"{self.node.name}: {text}")
+
+    def write_fingerprint(self, topology_json: dict[str, Any]) -> dict[str, Any]:
+        from diag.envinfo import fingerprint
+
+        document = {"node": self.node.to_json(), "iface": self.iface, **fingerprint(self.iface),
+                    "capture": {"tcpdump": self.can_capture}, "world_size": topology_json.get("world_size")}
+        safefs.write_file(self.directory / "fingerprint.json", json.dumps(document, indent=1, default=str))
+        return document
+
+    def start_step(self, tag: str, capture: bool) -> None:
+        """Capture (where asked and allowed) and observe this node's ranks until stop_step."""
+        from diag.observe import start_observers
+
+        self._tag = tag
+        if capture and self.can_capture:
+            from diag.capture import start_capture
+
+            try:
+                self._capture = start_capture(self.directory / "captures" / f"{tag}.pcap", self.iface or "lo",
+                                              bpf_filter=CAPTURE_FILTER, snaplen=CAPTURE_SNAPLEN, tool="tcpdump",
+                                              immediate=False)
+            except DiagError as exc:
+                self.can_capture = False
+                self.note(f"could not capture ({exc}); sampled TCP_INFO with ss instead")
+        try:
+            self._observers = start_observers(list(self.node.pids), self.directory / "observe" / f"{tag}.jsonl",
+                                              interval_s=OBSERVE_INTERVAL_S, iface=self.iface)
+        except DiagError as exc:
+            self.note(f"no observers ({exc})")
+
+    def stop_step(self) -> None:
+        if self._capture is not None:
+            info = self._capture.stop()
+            self._capture = None
+            if info.kernel_dropped:
+                self.note(f"the capture of {self._tag} dropped {info.kernel_dropped} packets; what is derived from "
+                          "it is flagged")
+        if self._observers is not None:
+            self._observers.stop()
+            self._observers = None
+
+    def analyze(self, records: list[str]) -> None:
+        """Analyse every capture of this node against the run's records (analysis/<tag>.json)."""
+        from diag.capture import analyze_files
+
+        for pcap in sorted((self.directory / "captures").glob("*.pcap")):
+            started = time.monotonic()
+            try:
+                result = analyze_files([str(pcap)], records=records)
+            except DiagError as exc:
+                self.note(f"analysis of {pcap.name} failed: {exc}")
+                continue
+            result.setdefault("node", self.node.name)
+            safefs.write_file(self.directory / "analysis" / f"{pcap.stem}.json", json.dumps(result, default=str))
+            self.analysis_seconds += time.monotonic() - started
+
+    def files(self, keep_pcaps: bool) -> dict[str, bytes]:
+        """Everything this node wrote, by path below its directory, to ship to rank 0 where the run directory
+        is not shared (pcaps only with --keep-pcaps: they stay on their node)."""
+        out = {}
+        for path in sorted(self.directory.rglob("*")):
+            if path.is_file() and (keep_pcaps or path.suffix != ".pcap"):
+                out[str(path.relative_to(self.directory))] = path.read_bytes()
+        return out
+
+
+__all__ = ["NodeWork", "capture_ability"]

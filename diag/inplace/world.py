@@ -1,0 +1,115 @@
+"""The job's own process group: how the ranks of an in-place job agree on what to do next, and how a node
+that dies or stops answering becomes one line that names it.
+
+Every rank of the job calls every method here, in the same order. The default group (gloo) carries only
+these small messages; the measurements run on subgroups (diag.transports.group). Ranks outside a step's
+subgroup wait in ``barrier`` while it runs, so the group's own timeout is long (WORLD_TIMEOUT_S); the
+barrier after a step names the ranks that did not come (gloo's monitored barrier) and a lost connection
+names the peer's address, which the topology turns into a node.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+from diag.errors import EXIT_FAILED, DiagError
+from diag.inplace.topology import Topology
+
+# Idle ranks wait in the job's group while a subgroup runs a step: no step comes near this; a node that
+# dies is seen at once (its connections close), one that hangs within STEP_WAIT_S of the step's end.
+WORLD_TIMEOUT_S = 3600.0
+STEP_WAIT_S = 900.0
+
+# gloo names the peer of a broken pair as "[10.0.0.3]:24257" (Read error, Connection closed/reset by peer)
+_PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
+_MISSING_RANKS = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
+
+
+class NodeLost(DiagError):
+    """A node died or stopped answering: the run cannot go on (its finished steps are on disk)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, exit_code=EXIT_FAILED)
+
+
+class World:
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.topology: Topology | None = None
+
+    # --- messages ------------------------------------------------------------------------------------
+    def barrier(self, what: str, timeout_s: float = STEP_WAIT_S) -> None:
+        import torch.distributed as dist
+
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s), wait_all_ranks=True)
+        except RuntimeError as exc:
+            raise self.lost(exc, what) from None
+
+    def all_gather(self, value: Any, what: str = "exchanging results") -> list[Any]:
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        try:
+            dist.all_gather_object(out, value)
+        except RuntimeError as exc:
+            raise self.lost(exc, what) from None
+        return out
+
+    def broadcast(self, value: Any, what: str = "sharing the plan", src: int = 0) -> Any:
+        import torch.distributed as dist
+
+        box = [value]
+        try:
+            dist.broadcast_object_list(box, src=src)
+        except RuntimeError as exc:
+            raise self.lost(exc, what) from None
+        return box[0]
+
+    def gather(self, value: Any, what: str = "collecting results", dst: int = 0) -> list[Any] | None:
+        import torch.distributed as dist
+
+        out: list[Any] | None = [None] * self.world_size if self.rank == dst else None
+        try:
+            dist.gather_object(value, out, dst=dst)
+        except RuntimeError as exc:
+            raise self.lost(exc, what) from None
+        return out
+
+    # --- failures ------------------------------------------------------------------------------------
+    def lost(self, exc: BaseException, what: str) -> NodeLost:
+        """One line: which node, during what, and gloo's own first line."""
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if text.startswith("[") and "] " in text:   # gloo's source location
+            text = text.split("] ", 1)[1]
+        text = text.split(". This is typically caused")[0]
+        return NodeLost(f"{what}: {self.suspect(str(exc))} ({text}); the steps finished before it are kept")
+
+    def suspect(self, message: str) -> str:
+        topology = self.topology
+        if "waiting for send/recv from rank 0" in message:
+            # rank 0 left the barrier with an error of its own: it names the node that failed
+            return "rank 0 stopped the job after a failure (its output names the node)"
+        missing = _MISSING_RANKS.search(message)
+        if missing and topology is not None:
+            ranks = sorted({int(r) for r in re.findall(r"\d+", missing.group(1))})
+            nodes = topology.nodes_of(tuple(r for r in ranks if 0 <= r < topology.world_size))
+            if nodes:
+                return "node " + ", ".join(f"{n.name} ({n.address}, rank {', '.join(map(str, n.ranks))})"
+                                           for n in nodes) + " stopped answering"
+        peer = _PEER_ADDRESS.search(message)
+        if peer:
+            address = peer.group(1)
+            if topology is not None:
+                nodes = [n for n in topology.nodes if n.address == address and self.rank not in n.ranks]
+                if len(nodes) == 1:
+                    node = nodes[0]
+                    return f"node {node.name} ({address}, rank {', '.join(map(str, node.ranks))}) died or closed its connections"
+            return f"the node at {address} died or closed its connections"
+        return "a node died or stopped answering"
+
+
+__all__ = ["STEP_WAIT_S", "WORLD_TIMEOUT_S", "NodeLost", "World"]

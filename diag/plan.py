@@ -1,0 +1,198 @@
+"""The main job's plan, as data (flent's tests are data too): which steps run, at which world sizes and
+per-device volumes D, with which knobs; --quick and the default differ only in these numbers and steps.
+
+``diag.inplace`` runs a plan in one launch (every N through subgroups), ``diag reproduce`` brings up the lab
+(or loopback) and starts that launch. A new experiment is one more Step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from diag.errors import DiagError
+from diag.spec import SweepSpec
+from diag.trial import Comparison, TrialArm, TrialSpec
+from diag.units import parse_size
+
+# A single TCP stream below this fraction of the shaped goodput means the CPU, not the link, limits the lab.
+CPU_BOUND_LINK_FRACTION = 0.85
+EXCHANGE_MIN_ITERS = 8
+# Each N's iperf3 ring pattern runs this long (0.5 s of it warm-up): 7 N add ~20 s to a default run.
+RING_PATTERN_SECONDS = 2.0
+# Survey rows sample until the standard error of their mean time is this fraction of it, or SURVEY_MAX_ITERS:
+# N=2 rows are a mixture of a fast and a slow mode, and five samples put the median in either.
+SURVEY_TARGET_SEM = 0.03
+SURVEY_MAX_ITERS = 12
+
+
+@dataclass(frozen=True)
+class Step:
+    """One experiment of the plan, as data: which transport runs which op, at which world sizes and volumes,
+    with which knobs. ``at`` is "every_n" (the plan's world sizes) or "n2"; ``volumes`` is "sweep" (the
+    plan's per-device volumes D), "experiment" (its knob volume) or "exchange" (its exchange sizes, per
+    rank). The step's name names its records file and prefixes its captures' tags."""
+
+    name: str
+    backend: str                         # "gloo" | "raw"
+    op: str = "all_gather"
+    at: str = "every_n"
+    volumes: str = "sweep"
+    knobs: dict[str, Any] = field(default_factory=dict)
+    algo: str = "ring"                   # raw only
+    order: str = "recv-first"            # exchange: which call each rank posts first
+    min_iters: int = 0                   # e.g. the order effect is judged by a two-sample test on these rows
+    trial: TrialSpec | None = None       # an interleaved trial (backend "trial"): its arms, comparisons
+    budget_share: float = 0.0            # of the plan's trial budget
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["trial"] = self.trial.to_json() if self.trial else None
+        return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a reproduce run does; --quick and the default differ only in these numbers and steps."""
+
+    world_sizes: tuple[int, ...]
+    volumes: tuple[int, ...]            # per-device volume D = (N-1) x per-rank bytes, the same for every N
+    exchange_sizes: tuple[int, ...]
+    knob_volumes: tuple[int, ...]       # D of the N=2 experiments (interleaved trials, raw knob rows)
+    rate: str
+    warmup: int
+    iters: int
+    steps: tuple[Step, ...] = ()
+    trial_budget_s: float = 90.0        # all trials together; each stops sooner once its verdicts are decided
+
+    def world_sizes_of(self, step: Step) -> tuple[int, ...]:
+        return self.world_sizes if step.at == "every_n" else (2,)
+
+    def sizes_of(self, step: Step, world_size: int) -> tuple[int, ...]:
+        """Per-rank sizes of a step at one world size."""
+        if step.volumes == "exchange":
+            return self.exchange_sizes
+        volumes = self.volumes if step.volumes == "sweep" else self.knob_volumes
+        return tuple(sorted({per_rank_size(v, world_size) for v in volumes}))
+
+    def to_json(self) -> dict[str, Any]:
+        return {**{k: v for k, v in asdict(self).items() if k != "steps"},
+                "steps": [s.to_json() for s in self.steps]}
+
+
+# gloo and raw TCP at every N, equal D; --emulate gloo (shared + notify + 2 chunks) runs at every N too.
+SWEEPS = (
+    Step("gloo-all_gather", "gloo"),
+    Step("raw-ring-all_gather", "raw"),
+    Step("raw-ring-emulate-gloo-all_gather", "raw", knobs={"emulate": "gloo"}),
+)
+# The interleaved trial at N=2 (diag/trial.py): every arm in every round, so the comparisons below hold arms
+# that saw the same background load. Arms: gloo (the anomaly), raw TCP with one connection per direction
+# (the healthy reference: the link), gloo's protocol model (--emulate gloo: the base arm of M1's knock-out),
+# the model with only its ready notice on its own connection (M1's toggle), and raw TCP with both directions
+# on one connection (M4's knock-in: each direction's ACKs behind the other's data).
+N2_ARMS = (
+    TrialArm("gloo", "gloo"),
+    TrialArm("raw"),
+    TrialArm("model", knobs={"emulate": "gloo"}),
+    TrialArm("model-own-conn", knobs={"emulate": "gloo", "notice": "own-conn"}),
+    TrialArm("shared-conn", knobs={"conn": "shared"}),
+)
+N2_COMPARISONS = (
+    Comparison("notice_behind_data", "knock-out", on="model", off="model-own-conn", reference="raw"),
+    Comparison("shared_connection", "knock-in", on="shared-conn", off="raw", reference="gloo"),
+)
+# The exchange op in both orders, gloo's and raw TCP's arms in the same rounds (diagnose: exchange_order),
+# so an order effect can be pinned on the backend alone.
+EXCHANGE_ARMS = tuple(TrialArm(f"{name}-{order}", backend, op="exchange", order=order)
+                      for name, backend in (("gloo", "gloo"), ("raw", "raw")) for order in ("recv-first", "send-first"))
+EXCHANGE_COMPARISONS = tuple(Comparison("exchange_order", "difference", on=f"{name}-send-first",
+                                        off=f"{name}-recv-first", effect=0.15) for name in ("gloo", "raw"))
+
+
+def _trial(name: str, arms: tuple[TrialArm, ...], comparisons: tuple[Comparison, ...], volumes: str,
+           share: float) -> Step:
+    """A trial step; its sizes come from the plan at run time (step_trial)."""
+    # One iteration a block: the variance is between rounds as much as within them, so rounds are what a
+    # verdict needs most of (and a block's first iteration pays no switch-over cost worth a warm-up: the lab's
+    # RTT is far below a millisecond).
+    return Step(name, "trial", op=arms[0].op, at="n2", volumes=volumes,
+                trial=TrialSpec(name, arms, comparisons, sizes=(1,), block_iters=1, min_rounds=5, max_rounds=30),
+                budget_share=share)
+
+
+TRIALS = (
+    _trial("n2-trial", N2_ARMS, N2_COMPARISONS, "experiment", 0.75),
+    _trial("n2-exchange-trial", EXCHANGE_ARMS, EXCHANGE_COMPARISONS, "exchange", 0.25),
+)
+# N=2 raw rows the wire must see (captured, so not in a trial): a half-duplex schedule, directions in turns,
+# the reference half_duplex_match holds gloo against.
+KNOBS_QUICK = (
+    Step("raw-ring-alternate-io-all_gather", "raw", at="n2", volumes="experiment", knobs={"io": "alternate"}),
+)
+KNOBS_FULL = (
+    *KNOBS_QUICK,
+    Step("raw-ring-notify-all_gather", "raw", at="n2", volumes="experiment",
+         knobs={"conn": "split", "handshake": "notify", "chunks": 2}),
+    Step("raw-ring-shared-alternate-all_gather", "raw", at="n2", volumes="experiment",
+         knobs={"conn": "shared", "io": "alternate"}),
+)
+
+QUICK = Plan(world_sizes=(2, 3, 4), volumes=tuple(parse_size(s) for s in ("1M", "4M", "16M")),
+             exchange_sizes=(parse_size("16M"),), knob_volumes=(parse_size("4M"), parse_size("16M")),
+             rate="200mbit", warmup=1, iters=5, trial_budget_s=80.0, steps=(*SWEEPS, *TRIALS, *KNOBS_QUICK))
+# D=32M is left out of the default: on a 2-core machine N=2..8 with it measured ~21 min (half the steps in
+# 10.7 min), over the 20 minutes the default may take; pass --volumes 1M,4M,16M,32M to include it.
+FULL = Plan(world_sizes=(2, 3, 4, 5, 6, 7, 8), volumes=tuple(parse_size(s) for s in ("1M", "4M", "16M")),
+            exchange_sizes=(parse_size("4M"), parse_size("16M")),
+            knob_volumes=(parse_size("4M"), parse_size("16M")), rate="200mbit", warmup=1, iters=6,
+            trial_budget_s=200.0, steps=(*SWEEPS, *TRIALS, *KNOBS_FULL))
+
+
+def per_rank_size(volume: int, world_size: int, element: int = 4) -> int:
+    """S = D / (N-1), rounded down to whole elements."""
+    return max(element, volume // (world_size - 1) // element * element)
+
+
+def resolve_plan(quick: bool, max_n: int | None, volumes: list[int] | None) -> Plan:
+    """The quick or full plan with the user's --max-n and --volumes applied (the experiments then run at
+    the largest volume)."""
+    plan = QUICK if quick else FULL
+    if volumes:
+        largest = tuple(sorted(set(volumes))[-2:])
+        plan = replace(plan, volumes=tuple(volumes), exchange_sizes=(max(volumes),), knob_volumes=largest)
+    if max_n is not None:
+        if max_n < 2:
+            raise DiagError("--max-n must be at least 2")
+        plan = replace(plan, world_sizes=tuple(range(2, max_n + 1)))
+    return plan
+
+
+def step_spec(plan: Plan, step: Step, world_size: int) -> SweepSpec:
+    """The sweep one step runs at one world size (a trial's: the launch's base spec, gloo)."""
+    if step.trial is not None:
+        trial = step_trial(plan, step)
+        # Every arm sets its own block's iterations; the launch's iters are what the trial is expected to run
+        # (its arms at least min_rounds times), so progress bars weigh it for what it is.
+        return SweepSpec(backend="gloo", ops=(step.op,), sizes=trial.sizes, warmup=trial.warmup,
+                         iters=trial.block_iters * len(trial.arms) * trial.min_rounds, timeout_s=120.0)
+    iters = max(plan.iters, step.min_iters)
+    spec = SweepSpec(backend=step.backend, ops=(step.op,), sizes=plan.sizes_of(step, world_size),
+                     warmup=plan.warmup, iters=iters, timeout_s=120.0, order=step.order,
+                     max_iters=max(iters, SURVEY_MAX_ITERS), target_sem=SURVEY_TARGET_SEM)
+    if step.backend == "raw":
+        spec = spec.replace(algo=step.algo, knobs=dict(step.knobs))
+    return spec
+
+
+def step_trial(plan: Plan, step: Step, seed: int = 0) -> TrialSpec:
+    """A trial step's spec on this plan: its sizes (per rank, N=2), its share of the budget, the warm-up."""
+    assert step.trial is not None
+    return replace(step.trial, sizes=plan.sizes_of(step, 2), budget_s=plan.trial_budget_s * step.budget_share,
+                   warmup=plan.warmup, seed=seed)
+
+
+def step_title(step: Step, world_size: int) -> str:
+    """'gloo all_gather N=2', 'raw-ring-emulate-gloo all_gather N=3', 'gloo exchange send-first N=2'."""
+    name = step.name.removesuffix(f"-{step.op}").removesuffix(f"-{step.op}-{step.order}")
+    return f"{name} {step.op}{' ' + step.order if step.op == 'exchange' else ''} N={world_size}"

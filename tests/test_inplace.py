@@ -1,0 +1,135 @@
+"""The main job in place, started as an operator starts it: one torchrun per node, by hand (issue 19).
+
+The lab's namespaces stand in for the nodes; diag launches nothing itself. One node has no tcpdump on its
+PATH, one runs without CAP_NET_RAW (its capabilities dropped with setpriv): both must say so and sample
+TCP_INFO instead, without failing the run. A node that dies mid-run fails the run in one line that names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from diag.bench.inplace_lab import start_nodes
+from diag.records import load_records
+from tests.lab_helpers import requires_root, unique_lab_name
+
+pytestmark = [requires_root, pytest.mark.slow]
+
+SMALL_PLAN = ["--quick", "--max-n", "3", "--volumes", "512K", "--iface", "eth0"]
+
+
+def _path_without_tcpdump(directory: Path) -> str:
+    """A PATH that holds every tool the job uses but tcpdump (they share /usr/bin on Debian)."""
+    directory.mkdir()
+    for tool in ("ss", "ip", "tc", "ethtool", "iperf3", "sysctl", "setpriv"):
+        found = shutil.which(tool)
+        if found:
+            (directory / tool).symlink_to(found)
+    return f"{directory}:{Path(os.sys.executable).parent}"
+
+
+def processes_in_netns(netns: str) -> list[int]:
+    inode = os.stat(f"/run/netns/{netns}").st_ino
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}/ns/net").st_ino == inode:
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture
+def lab3():
+    from diag.lab import LabConfig, bring_up, tear_down
+
+    config = LabConfig(name=unique_lab_name("ip"), hosts=3, rate="100mbit")
+    lab = bring_up(config)
+    try:
+        yield lab
+    finally:
+        tear_down(config.name)
+
+
+def test_in_place_by_hand_on_three_nodes(lab3, tmp_path):
+    run_dir = tmp_path / "run"
+    job = start_nodes(lab3, [*SMALL_PLAN, "--out", str(run_dir)], tmp_path / "logs",
+                      master_port=29400 + os.getpid() % 500,
+                      env={2: {"PATH": _path_without_tcpdump(tmp_path / "bin")}},
+                      wrappers={1: ["setpriv", "--bounding-set", "-net_raw", "--inh-caps", "-net_raw"]})
+    codes = job.wait(600)
+    assert codes == {"h0": 0, "h1": 0, "h2": 0}, {name: job.output(name)[-2000:] for name in codes}
+
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["mode"] == "in-place" and not meta["failures"]
+    nodes = meta["topology"]["nodes"]
+    # three namespaces on one machine: one hostname, so the nodes are told apart by address and namespace
+    assert [n["address"] for n in nodes] == [h.address for h in lab3.hosts]
+    assert len({n["netns"] for n in nodes}) == 3 and len({n["name"] for n in nodes}) == 3
+    assert meta["topology"]["subgroups"] == {"2": [0, 1], "3": [0, 1, 2]}
+    names = [n["name"] for n in nodes]
+    notes = " ".join(meta["notes"])
+    assert f"{names[1]}: no root with CAP_NET_RAW" in notes and f"{names[2]}: tcpdump is not on PATH" in notes
+
+    node_dirs = {name: run_dir / "nodes" / name for name in names}
+    for name, directory in node_dirs.items():
+        fingerprint = json.loads((directory / "fingerprint.json").read_text())
+        assert fingerprint["node"]["name"] == name and fingerprint["sysctl"]["net.ipv4.tcp_rmem"]
+    # the capturing node analysed its own captures; the others sampled TCP_INFO of their own ranks
+    assert list((node_dirs[names[0]] / "analysis").glob("*.json"))
+    analysis = json.loads(next((node_dirs[names[0]] / "analysis").glob("gloo-all_gather*-n2.json")).read_text())
+    assert analysis["connections"] and analysis["phases"]
+    for name in names[1:]:
+        assert not list((node_dirs[name] / "captures").glob("*.pcap"))
+        samples = [json.loads(line) for path in (node_dirs[name] / "observe").glob("gloo-all_gather*.jsonl")
+                   for line in path.read_text().splitlines()]
+        assert any(s["kind"] == "tcp_info" and s["cwnd"] for s in samples)
+    # h2 is in the subgroup of 3 only
+    assert {p.stem for p in (node_dirs[names[2]] / "observe").glob("*.jsonl")} == {
+        "gloo-all_gather--gloo-all_gather-n3", "raw-ring-all_gather--raw-ring-all_gather-n3",
+        "raw-ring-emulate-gloo-all_gather--raw-ring-emulate-gloo-all_gather-n3"}
+
+    records = {p.stem: load_records(p) for p in (run_dir / "records").glob("*.jsonl")}
+    assert sorted(r.world_size for r in records["gloo-all_gather"].records) == [2, 3]
+    assert all(r.nwrong == 0 for f in records.values() for r in f.records)
+    trial = [r for r in records["n2-trial"].records if r.block]
+    assert {r.block["arm"] for r in trial} == {"gloo", "raw", "model", "model-own-conn", "shared-conn"}
+    advice = json.loads((run_dir / "advise" / "advise.json").read_text())
+    assert advice["complete"] and not advice["failures"]
+    assert {w["name"] for w in advice["workarounds"] if w["rows"]} == {"p2p-recv-first", "diag_tcp"}
+    assert (run_dir / "report" / "report.html").stat().st_size > 10_000
+    assert "findings (" in job.output("h0")
+
+
+def test_a_node_that_dies_fails_the_run_in_one_line_naming_it(lab3, tmp_path):
+    run_dir = tmp_path / "run"
+    job = start_nodes(lab3, ["--quick", "--max-n", "3", "--volumes", "2M", "--iface", "eth0", "--out", str(run_dir)],
+                      tmp_path / "logs", master_port=29900 + os.getpid() % 90)
+    records = run_dir / "records" / "gloo-all_gather.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (records.exists() and load_records(records).records):
+        time.sleep(0.2)
+    assert records.exists(), job.output("h0")[-2000:]
+    # the node dies: every process in its namespace (torchrun starts its ranks in sessions of their own)
+    for pid in processes_in_netns(lab3.hosts[2].netns):
+        os.kill(pid, signal.SIGKILL)
+    codes = job.wait(300)
+    assert codes["h0"] != 0
+    output = job.output("h0")
+    lines = [line for line in output.splitlines() if "diag reproduce: error:" in line]
+    assert len(lines) == 1, output[-3000:]
+    assert lab3.hosts[2].address in lines[0] and "died" in lines[0]
+    assert "diag/" not in output.split("Traceback", 1)[-1]   # torchrun's own report may follow; none of diag's frames
+    # every step finished before the death is kept
+    assert load_records(records).records
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert any(lab3.hosts[2].address in f["error"] for f in meta["failures"])
