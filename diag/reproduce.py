@@ -56,7 +56,7 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
             say(f"[lab] {len(lab.hosts)} hosts, {human_bits(lab.rate_bps)} full duplex each; one torchrun per "
                 "host, in its namespace")
             launches = [_host(h.name, 1, h.address, h.netns, h.iface) for h in lab.hosts]
-            code = _launch(JobOptions(**{**options.__dict__, "mode": "lab", "lab": lab.to_json(),
+            code = _launch(JobOptions(**{**options.__dict__, "mode": "lab", "lab": lab_meta(lab),
                                          "iface": lab.hosts[0].iface}), launches, run_dir)
         say("[lab] torn down")
         return code
@@ -66,12 +66,24 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
                    [_host("local", hosts, "127.0.0.1", None, "lo")], run_dir)
 
 
+def lab_meta(lab: object) -> dict:
+    """run.json's ``lab``: the lab's own description (docs/lab.md), with ``hosts`` the count the report reads
+    and every host's details (address, namespace, faults) under ``host_list``."""
+    meta = lab.to_json()
+    meta["host_list"] = meta.pop("hosts")
+    meta["hosts"] = len(meta["host_list"])
+    meta["addresses"] = [host["address"] for host in meta["host_list"]]
+    return meta
+
+
 def _host(name: str, nproc: int, address: str, netns: str | None, iface: str) -> object:
     from diag.launch import HostLaunch
 
-    # OMP_NUM_THREADS: torchrun sets it to 1 anyway for several ranks a host, and says so at length
+    # OMP_NUM_THREADS: torchrun sets it to 1 anyway for several ranks a host, and says so at length;
+    # TORCH_CPP_LOG_LEVEL: c10d warns on every connection that the lab's addresses have no host names.
     return HostLaunch(name, nproc, address, netns=netns, iface=iface,
-                      env={"GLOO_SOCKET_IFNAME": iface, "DIAG_NODE_NAME": name, "OMP_NUM_THREADS": "1"})
+                      env={"GLOO_SOCKET_IFNAME": iface, "DIAG_NODE_NAME": name, "OMP_NUM_THREADS": "1",
+                           "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")})
 
 
 def _launch(options: JobOptions, hosts: list, run_dir: Path) -> int:

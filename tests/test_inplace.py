@@ -133,3 +133,28 @@ def test_a_node_that_dies_fails_the_run_in_one_line_naming_it(lab3, tmp_path):
     assert load_records(records).records
     meta = json.loads((run_dir / "run.json").read_text())
     assert any(lab3.hosts[2].address in f["error"] for f in meta["failures"])
+
+
+def test_without_a_shared_run_directory_nodes_send_their_results_to_rank_0(lab3, tmp_path):
+    """Nodes 1 and 2 see their own empty filesystem at the run directory's place (a private tmpfs, as on
+    machines without a shared filesystem): they keep their pcaps and send everything else to rank 0."""
+    run_dir = tmp_path / "run"
+    private = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+               'mount -t tmpfs tmpfs "$0" && exec "$@"', str(tmp_path)]
+    job = start_nodes(lab3, ["--quick", "--max-n", "2", "--volumes", "512K", "--iface", "eth0", "--out", str(run_dir)],
+                      tmp_path / "logs", master_port=29700 + os.getpid() % 190, wrappers={1: private, 2: private})
+    codes = job.wait(600)
+    assert codes == {"h0": 0, "h1": 0, "h2": 0}, {name: job.output(name)[-2000:] for name in codes}
+    assert "not shared with every node" in job.output("h0")
+    meta = json.loads((run_dir / "run.json").read_text())
+    names = [n["name"] for n in meta["topology"]["nodes"]]
+    shipped = run_dir / "nodes" / names[1]
+    assert json.loads((shipped / "fingerprint.json").read_text())["node"]["name"] == names[1]
+    analyses = sorted(p.name for p in (shipped / "analysis").glob("*.json"))
+    assert "gloo-all_gather--gloo-all_gather-n2.json" in analyses
+    assert (shipped / "captures" / "gloo-all_gather--gloo-all_gather-n2.pcap.capture.json").exists()
+    assert not list(shipped.rglob("*.pcap"))    # pcaps stay on their node without --keep-pcaps
+    assert list((shipped / "observe").glob("*.jsonl")) and list((shipped / "tcpinfo").glob("*.jsonl"))
+    # h2 took part in no step at N=2: its fingerprint arrived, nothing else
+    assert (run_dir / "nodes" / names[2] / "fingerprint.json").exists()
+    assert not list((run_dir / "nodes" / names[2] / "analysis").glob("*.json"))

@@ -302,8 +302,10 @@ class InPlaceJob:
         from diag.advise import advise_specs
 
         size = per_rank_size(max(self.plan.knob_volumes), 2)
+        from diag.runner import transport_tag
+
         return [Action(f"advise: {entry.title}, N=2", None, 2, spec, {"advise": entry.name}, "advise/records.jsonl",
-                       f"advise-{entry.name}", capture=False,
+                       f"advise-{entry.name}--{transport_tag(spec)}-{spec.ops[0]}-n2", capture=False,
                        group_backend="diag_tcp" if spec.backend == "diag_tcp" else "gloo")
                 for entry, spec in advise_specs((size,), self.plan.warmup, max(self.plan.iters, 3))]
 
