@@ -24,6 +24,9 @@ RING_PATTERN_SECONDS = 2.0
 # N=2 rows are a mixture of a fast and a slow mode, and five samples put the median in either.
 SURVEY_TARGET_SEM = 0.03
 SURVEY_MAX_ITERS = 12
+# Every collective of a step may take this long before a dead or hung peer fails it (the subgroups' own
+# timeout in place); a 16 MiB exchange at 100 Mbit/s takes ~1.5 s.
+STEP_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -175,10 +178,10 @@ def step_spec(plan: Plan, step: Step, world_size: int) -> SweepSpec:
         # Every arm sets its own block's iterations; the launch's iters are what the trial is expected to run
         # (its arms at least min_rounds times), so progress bars weigh it for what it is.
         return SweepSpec(backend="gloo", ops=(step.op,), sizes=trial.sizes, warmup=trial.warmup,
-                         iters=trial.block_iters * len(trial.arms) * trial.min_rounds, timeout_s=120.0)
+                         iters=trial.block_iters * len(trial.arms) * trial.min_rounds, timeout_s=STEP_TIMEOUT_S)
     iters = max(plan.iters, step.min_iters)
     spec = SweepSpec(backend=step.backend, ops=(step.op,), sizes=plan.sizes_of(step, world_size),
-                     warmup=plan.warmup, iters=iters, timeout_s=120.0, order=step.order,
+                     warmup=plan.warmup, iters=iters, timeout_s=STEP_TIMEOUT_S, order=step.order,
                      max_iters=max(iters, SURVEY_MAX_ITERS), target_sem=SURVEY_TARGET_SEM)
     if step.backend == "raw":
         spec = spec.replace(algo=step.algo, knobs=dict(step.knobs))

@@ -31,7 +31,16 @@ from diag.errors import DiagError
 from diag.inplace.node import NodeWork
 from diag.inplace.topology import Topology, build_topology, identify, job_interface
 from diag.inplace.world import WORLD_TIMEOUT_S, World
-from diag.plan import Plan, Step, per_rank_size, resolve_plan, step_spec, step_title, step_trial
+from diag.plan import (
+    STEP_TIMEOUT_S,
+    Plan,
+    Step,
+    per_rank_size,
+    resolve_plan,
+    step_spec,
+    step_title,
+    step_trial,
+)
 from diag.transports.group import GroupContext
 from diag.units import human_bytes
 
@@ -205,7 +214,7 @@ class InPlaceJob:
         store = dist.distributed_c10d._get_default_store()
         for n in self.plan.world_sizes:
             members = self.topology.members(n)
-            group = dist.new_group(ranks=list(members), backend="gloo", timeout=timedelta(seconds=120.0))
+            group = dist.new_group(ranks=list(members), backend="gloo", timeout=timedelta(seconds=STEP_TIMEOUT_S))
             self.groups[n] = GroupContext(members, members.index(self.rank), group,
                                           dist.PrefixStore(f"diag_group/n{n}", store), f"n{n}") \
                 if self.rank in members else None
@@ -294,7 +303,7 @@ class InPlaceJob:
         register()
         if self.options.token:
             os.environ[ENV_TOKEN] = self.options.token
-        group = dist.new_group(ranks=list(members), backend="diag_tcp", timeout=timedelta(seconds=120.0))
+        group = dist.new_group(ranks=list(members), backend="diag_tcp", timeout=timedelta(seconds=STEP_TIMEOUT_S))
         return GroupContext(members, members.index(self.rank), group, None, "diag_tcp") if self.rank in members else None
 
     def advise_actions(self) -> list[Action]:
