@@ -82,3 +82,35 @@ def test_observers_sample_descendants(tmp_path: Path) -> None:
 def test_bad_interval() -> None:
     with pytest.raises(DiagError):
         start_observers([1], "/tmp/never.jsonl", interval_s=0)
+
+
+def test_a_process_under_a_cpu_quota_is_seen_throttled(tmp_path: Path) -> None:
+    """A busy process in a cgroup v1 CPU quota of 0.2 cores: the observers report the quota and the kernel's
+    throttled periods growing (root and the cpu controller needed)."""
+    from diag.observe.cgroup import CGROUP_ROOT
+
+    base = CGROUP_ROOT / "cpu"
+    if os.geteuid() != 0 or not (base / "cpu.cfs_quota_us").exists():
+        pytest.skip("needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
+    group = base / f"diag-test-{os.getpid()}"
+    group.mkdir()
+    spinner = None
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("20000")
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        (group / "cgroup.procs").write_text(str(spinner.pid))
+        out = tmp_path / "obs.jsonl"
+        with start_observers([spinner.pid], out, interval_s=0.1):
+            time.sleep(1.2)
+        samples = [json.loads(line) for line in out.read_text().splitlines()]
+        quota = [s for s in samples if s["kind"] == "cpu_quota"]
+        assert quota and all(s["quota_cores"] == 0.2 for s in quota)
+        assert quota[-1]["throttled_periods"] > quota[0]["throttled_periods"] >= 0
+        busy = [s["cpu_pct"] for s in samples if s["kind"] == "cpu_thread"]
+        assert busy and max(busy) < 40   # the thread reads far from a busy core: starved, not idle
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+        group.rmdir()

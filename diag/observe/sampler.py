@@ -158,6 +158,10 @@ class Observers:
                              "rwnd_limited_s": sock.get("rwnd_limited_s"),
                              "sndbuf_limited_s": sock.get("sndbuf_limited_s"), "retrans": sock.get("retrans"),
                              "bytes_acked": sock.get("bytes_acked"), "bytes_received": sock.get("bytes_received")})
+        for allowance in self._quotas(procs):
+            self._write({"kind": "cpu_quota", "t_ns": t_ns, "cgroup": allowance.path,
+                         "quota_cores": round(allowance.quota_cores, 3), "periods": allowance.periods,
+                         "throttled_periods": allowance.throttled_periods, "throttled_s": allowance.throttled_s})
         host = self._host_cpu()
         if host is not None:
             self._write({"kind": "cpu_host", "t_ns": t_ns, "cpus": len(host),
@@ -165,6 +169,18 @@ class Observers:
         for iface, (rx, tx) in self._nic(procs).items():
             self._write({"kind": "nic", "t_ns": t_ns, "iface": iface, "tx_bytes": tx, "rx_bytes": rx})
         self._handle.flush()
+
+    def _quotas(self, procs: list[Any]) -> list[Any]:
+        """The CPU quota of every cgroup that holds an observed process, where one holds (its counters are
+        cumulative: the report takes differences)."""
+        from diag.observe.cgroup import cpu_allowance
+
+        seen = {}
+        for proc in procs:
+            allowance = cpu_allowance(proc.pid)
+            if allowance is not None and allowance.quota_cores is not None:
+                seen.setdefault(allowance.path, allowance)
+        return list(seen.values())
 
     def _host_cpu(self) -> list[float] | None:
         """Busy % of each CPU of this machine since the last sample (None on the first). Every rank of a
