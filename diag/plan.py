@@ -15,11 +15,6 @@ from diag.spec import SweepSpec
 from diag.trial import Comparison, TrialArm, TrialSpec
 from diag.units import parse_size
 
-# A single TCP stream below this fraction of the shaped goodput means the CPU, not the link, limits the lab.
-CPU_BOUND_LINK_FRACTION = 0.85
-EXCHANGE_MIN_ITERS = 8
-# Each N's iperf3 ring pattern runs this long (0.5 s of it warm-up): 7 N add ~20 s to a default run.
-RING_PATTERN_SECONDS = 2.0
 # Survey rows sample until the standard error of their mean time is this fraction of it, or SURVEY_MAX_ITERS:
 # N=2 rows are a mixture of a fast and a slow mode, and five samples put the median in either.
 SURVEY_TARGET_SEM = 0.03

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+# A single TCP stream below this fraction of the shaped goodput means the CPU, not the link, limits the lab.
+CPU_BOUND_LINK_FRACTION = 0.85
 LINK_SECONDS = 2.0
+# Each N's ring pattern runs this long (0.5 s of it warm-up): 7 N add ~20 s to a default run.
 RING_PATTERN_SECONDS = 2.0
 
 
