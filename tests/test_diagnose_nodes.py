@@ -30,6 +30,7 @@ from report_helpers import (
     direction,
     flat_records,
     host_cpu_samples,
+    make_record,
     n2_trial,
     shaped_times,
     trial_records,
@@ -67,7 +68,9 @@ def ring(world_size: int, flows: dict[tuple[str, str], dict], backend: str = "gl
     ``flows[(src, dst)]`` one way (the other direction ACKs only)."""
     conns = [connection(endpoint(src, 5000 + i), endpoint(dst, 40000 + i), d, direction(0, packets=400), 0.0)
              for i, ((src, dst), d) in enumerate(sorted(flows.items()))]
-    return analysis(world_size, conns, backend=backend)
+    doc = analysis(world_size, conns, backend=backend)
+    doc["phases"][0]["phase"]["t_end_ns"] = 2_000_000_000   # one record phase over the 2 s the flows ran
+    return doc
 
 
 # --- loading ---
@@ -179,8 +182,9 @@ def test_loss_at_one_host_names_it_with_cwnd_cuts_and_cost(tmp_path: Path) -> No
     [found] = loss_at_host(load_run([lossy_rx_run(tmp_path / "run")]))
     assert found.status == "fired" and found.strength == "strong"
     assert found.statement.startswith("segments are lost on the directions into h1 (from 3 peers)")
-    assert "the lossy directions moved data at 73% of the others' rate" in found.statement
-    assert "idled" in found.statement and "past the 0.2 s minimum retransmission timeout" in found.statement
+    assert "the lossy directions moved data at 73% of the rate of the other directions of the same steps" in found.statement
+    assert ("inside timed iterations they idled 5.4 s of 12 s (longest gap 0.31 s, past the 0.2 s minimum "
+            "retransmission timeout)") in found.statement
     assert "cwnd cut" in found.statement
     first = found.evidence[0]
     assert first.values["dst"] == "h1" and first.text.startswith("into h1 from ")
@@ -218,15 +222,18 @@ def test_loss_spread_over_hosts_or_seen_from_one_point_names_no_host(tmp_path: P
                              analyses={n: {"gloo-all_gather--gloo-all_gather-n4": ring(4, spread)} for n in NODES})
     [found] = loss_at_host(load_run([root]))
     assert found.status == "clear" and f"no one host holds {LOSS_HOST_SHARE.value:.0%}" in found.statement
-    # the earlier layout's one capture point (h0) names lab hosts by address: data both ways between h0 and h1,
-    # lost one way only, is that edge's; data one way only (the other ACKs) has nothing to compare with
-    lab = {"lab": {"name": "t", "rate_bps": 2e8, "hosts": 2, "addresses": [ADDRESS["h0"], ADDRESS["h1"]]}}
-    both = {("h1", "h0"): direction(16 * MiB, packets=12000, retrans=150), ("h0", "h1"): direction(16 * MiB)}
-    one = write_run_dir(tmp_path / "one", flat_records(), analyses={"gloo_n2": ring(2, both)}, meta=lab)
+    # the earlier layout's one capture point (h0) sees every direction of h0 but only those of the others that
+    # touch it: the lab's addresses name the hosts, yet no host is named from it
+    lab = {"lab": {"name": "t", "rate_bps": 2e8, "hosts": 3, "addresses": [ADDRESS[n] for n in NODES[:3]]}}
+    into_h0 = {("h1", "h0"): direction(16 * MiB, packets=12000, retrans=150),
+               ("h2", "h0"): direction(16 * MiB, packets=12000, retrans=150), ("h0", "h1"): direction(16 * MiB)}
+    one = write_run_dir(tmp_path / "one", flat_records(), analyses={"gloo_n3": ring(3, into_h0)}, meta=lab)
     [found] = loss_at_host(load_run([one]))
-    assert found.status == "fired" and "the one edge h1 -> h0" in found.statement
-    solo = {("h1", "h0"): direction(16 * MiB, packets=12000, retrans=150)}
-    alone = write_run_dir(tmp_path / "alone", flat_records(), analyses={"gloo_n2": ring(2, solo)}, meta=lab)
+    assert found.status == "undecided" and "one capture point" in found.statement
+    # two nodes saw it, but data ran one way only (the other way ACKs): nothing into another host to compare with
+    solo = ring(2, {("h1", "h0"): direction(16 * MiB, packets=12000, retrans=150)})
+    alone = write_inplace_run(tmp_path / "alone", ring_records(HEALTHY), nodes=NODES[:2],
+                              analyses={"h0": {"x-n2": solo}, "h1": {"x-n2": solo}})
     [found] = loss_at_host(load_run([alone]))
     assert found.status == "undecided" and "no direction into another host was seen" in found.statement
     clean = write_inplace_run(tmp_path / "clean", ring_records(HEALTHY), matrix=link_matrix(),
@@ -372,6 +379,15 @@ def test_a_control_that_dips_keeps_the_mechanism_from_blaming_the_backend(tmp_pa
     card = build_verdict(run, findings)
     assert card.why.startswith("Not the backend's N=2 protocol")
     assert "so is a transport that does not take turns" in card.slow
+
+
+def test_the_diag_tcp_backend_is_a_control_too(tmp_path: Path) -> None:
+    rows = ring_records(HEALTHY, backends=("diag_tcp",))
+    [found] = negative_control(load_run([write_run_dir(tmp_path / "run", rows)]))
+    assert found.status == "clear" and "torch:diag_tcp all_gather" in found.statement
+    shared = [make_record("diag_tcp", r.op, r.world_size, r.size_bytes, r.times_s, knobs={"conn": "shared"})
+              for r in rows]
+    assert negative_control(load_run([write_run_dir(tmp_path / "shared", shared)]))[0].status == "undecided"
 
 
 def test_no_control_rows_cannot_run_the_control(tmp_path: Path) -> None:

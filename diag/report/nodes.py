@@ -67,6 +67,21 @@ def _node_flows(run: RunData) -> list[NodeFlow]:
     return sorted(best.values(), key=lambda f: (f.capture.tag, f.label))
 
 
+def phase_idle(flow: NodeFlow) -> tuple[float, float, float]:
+    """(idle seconds, longest gap, timed seconds) of a flow's direction inside its capture's record phases (the
+    timed iterations), so time between iterations and steps is not counted as a cost."""
+    src, _, dst = flow.label.partition("->")
+    idle = longest = timed = 0.0
+    for p in flow.capture.phases:
+        for pc in p.connections:
+            if {pc.a, pc.b} == {src, dst}:
+                timed += (p.phase.t_end_ns - p.phase.t_start_ns) / 1e9
+                d = pc.direction("a->b" if pc.a == src else "b->a")
+                idle += d.idle_gaps.total_s
+                longest = max(longest, d.idle_gaps.max_s)
+    return idle, longest, timed
+
+
 def flow_observations(run: RunData) -> list[NodeFlow]:
     """Every direction every node's capture saw (a connection both ends captured appears twice): what each
     capture point saw of it, e.g. whether the sender's own capture saw the segments it later resent."""

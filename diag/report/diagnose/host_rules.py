@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from diag.report.diagnose.base import strength_of, undecided, weaken
@@ -24,6 +24,7 @@ from diag.report.nodes import (
     flow_observations,
     node_flows,
     node_tcp_info,
+    phase_idle,
     subgroup_nodes,
 )
 from diag.report.rundir import RunData
@@ -196,9 +197,6 @@ class PairLoss:
     packets: int = 0
     payload_bytes: int = 0
     fast: int = 0
-    idle_s: float = 0.0
-    idle_max_s: float = 0.0
-    goodputs: list[float] = field(default_factory=list)
     flows: list[NodeFlow] = field(default_factory=list)
     series: list[NodeSeries] = field(default_factory=list)
 
@@ -212,11 +210,6 @@ def _pair_losses(run: RunData) -> dict[tuple[str, str], PairLoss]:
             loss.packets += d.packets
             loss.payload_bytes += d.payload_bytes
             loss.fast += d.fast_retransmissions
-            if d.payload_bytes:
-                loss.idle_s += d.idle_gaps.total_s
-                loss.idle_max_s = max(loss.idle_max_s, d.idle_gaps.max_s)
-                if d.active_goodput_Bps:
-                    loss.goodputs.append(d.active_goodput_Bps)
             loss.flows.append(flow)
     for s in node_tcp_info(run):
         if s.src and s.dst and s.src != s.dst:
@@ -242,6 +235,14 @@ def loss_at_host(run: RunData) -> list[Finding]:
     if total < RETRANS_MIN_COUNT.value or (packets and total / packets < RETRANS_RATE.value):
         return [Finding(name, "clear", f"{total:.0f} retransmitted segments in {packets} packets across "
                         f"{len(pairs)} node-to-node directions: no loss worth placing on a host", thresholds=thresholds)]
+    # One capture point sees every host's directions through its own: all of its own, only those of the others
+    # that touch it. A host is named from what at least two nodes saw (their captures or TCP_INFO).
+    viewpoints = {f.capture.node for f in flow_observations(run) if f.src and f.dst} | {
+        s.node for p in pairs.values() for s in p.series}
+    if len(viewpoints - {None}) < 2:
+        return undecided(name, "the captures and TCP_INFO come from one capture point, which sees only the "
+                         "directions that touch its own host: a host is named only from what two or more nodes "
+                         "saw (the in-place layout, nodes/<node>/)", *limits)
     nodes = sorted({n for pair in pairs for n in pair})
     tallies = sorted(((sum(p.resent for (s, d), p in pairs.items() if (d if way == "into" else s) == node) / total,
                        node, way) for node in nodes for way in ("into", "out of")), reverse=True)
@@ -340,6 +341,21 @@ def _edge_side(run: RunData, src: str, dst: str) -> tuple[str | None, str]:
                   else "no link matrix and no capture on the sender to tell the two apart")
 
 
+def _goodput_ratio(lossy: dict[tuple[str, str], PairLoss], others: list[PairLoss]) -> tuple[float | None, int]:
+    """The median, over the steps (capture tags) that have both, of the lossy directions' median active goodput
+    over the other data directions' of the same step: like against like (same sizes, same N)."""
+    def by_tag(losses: Iterable[PairLoss]) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = defaultdict(list)
+        for p in losses:
+            for f in p.flows:
+                if f.direction.payload_bytes >= BIDIR_MIN_BYTES.value and f.direction.active_goodput_Bps > 0:
+                    out[f.capture.tag].append(f.direction.active_goodput_Bps)
+        return out
+    slow, fast = by_tag(lossy.values()), by_tag(others)
+    ratios = [statistics.median(slow[tag]) / statistics.median(fast[tag]) for tag in slow if tag in fast]
+    return (statistics.median(ratios), len(ratios)) if ratios else (None, 0)
+
+
 def _loss_evidence(run: RunData, pairs: dict[tuple[str, str], PairLoss], lossy: dict[tuple[str, str], PairLoss],
                    node: str, way: str) -> tuple[list[Evidence], str]:
     evidence = []
@@ -356,19 +372,20 @@ def _loss_evidence(run: RunData, pairs: dict[tuple[str, str], PairLoss], lossy: 
                                  f"retransmitted segments in {quiet} packets", {"node": node, "packets": quiet},
                                  "analysis of every node"))
     costs = []
-    slow = [g for p in lossy.values() for g in p.goodputs]
-    fast = [g for p in others for g in p.goodputs]
-    if slow and fast and statistics.median(fast) > 0:
-        ratio = statistics.median(slow) / statistics.median(fast)
-        rates = f"active goodput {human_rate(statistics.median(slow))} vs {human_rate(statistics.median(fast))}"
-        costs.append(f"the lossy directions moved data at {ratio:.0%} of the others' rate ({rates})" if ratio < 0.95
-                     else f"the lossy directions moved data as fast as the others while active ({rates})")
-    idle = sum(p.idle_s for p in lossy.values())
-    longest = max((p.idle_max_s for p in lossy.values()), default=0.0)
-    if idle > 0:
-        costs.append(f"they idled {idle:.3g} s in gaps (longest {longest:.3g} s"
-                     + (f", past the {IDLE_RESTART_S.value:g} s minimum retransmission timeout" if longest >= IDLE_RESTART_S.value
-                        else "") + ")")
+    ratio, steps = _goodput_ratio(lossy, others)
+    if ratio is not None:
+        costs.append(f"the lossy directions moved data at {ratio:.0%} of the rate of the other directions of the "
+                     f"same steps while active (median over {steps} step(s))" if ratio < 0.95 else
+                     f"the lossy directions moved data as fast as the others of the same steps while active "
+                     f"({ratio:.0%}, {steps} step(s))")
+    spans = [phase_idle(f) for p in lossy.values() for f in p.flows
+             if f.direction.payload_bytes >= BIDIR_MIN_BYTES.value]   # an ACK-only direction idles by design
+    idle, timed = sum(span[0] for span in spans), sum(span[2] for span in spans)
+    longest = max((span[1] for span in spans), default=0.0)
+    if timed > 0 and idle > 0:
+        costs.append(f"inside timed iterations they idled {idle:.3g} s of {timed:.3g} s (longest gap {longest:.3g} s"
+                     + (f", past the {IDLE_RESTART_S.value:g} s minimum retransmission timeout"
+                        if longest >= IDLE_RESTART_S.value else "") + ")")
     series = [s for p in lossy.values() for s in p.series]
     cuts = sum(s.series.cwnd_cuts(CWND_CUT_FACTOR.value) for s in series)
     collapses = sum(s.series.cwnd_collapses(CWND_COLLAPSE_SEGMENTS.value) for s in series)
@@ -381,7 +398,8 @@ def _loss_evidence(run: RunData, pairs: dict[tuple[str, str], PairLoss], lossy: 
         if cuts:
             costs.append(f"cwnd cut {cuts} time(s) ({collapses} collapses)")
     if costs:
-        evidence.append(Evidence("cost: " + "; ".join(costs), {"node": node, "idle_s": idle, "idle_max_s": longest},
+        evidence.append(Evidence("cost: " + "; ".join(costs), {"node": node, "idle_s": idle, "idle_max_s": longest,
+                                                                "timed_s": timed, "goodput_ratio": ratio},
                                  "analysis of every node"))
     return evidence, "; ".join(costs)
 
