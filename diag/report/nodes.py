@@ -270,7 +270,7 @@ def best_large_busbw(run: RunData) -> dict[int, tuple[float, str]]:
 
 # Keys (dotted paths of the fingerprint) that differ between nodes by nature, never by configuration: names,
 # addresses, namespace and boot ids, ranks, times, and what diag itself could or could not do there.
-VOLATILE_PARTS = frozenset({"netns", "boot_id", "host", "hostname", "node", "name", "address", "addresses",
+VOLATILE_PARTS = frozenset({"netns", "boot_id", "host", "hostname", "node", "name", "iface", "address", "addresses",
                             "pid", "rank", "ranks", "leader", "created_ns", "t_ns", "time_ns", "uptime_s",
                             "capture", "unreadable", "errors", "could_not"})
 # Environment variables that name this node's place in the job, not its configuration.

@@ -172,8 +172,8 @@ def node_blocks(run: RunData) -> list[Block]:
     """The nodes (run.json topology, node folders): who they are, what each sent, what sets each apart from
     the others (fingerprint_differences, the node_fingerprints finding's source), and which nodes each N ran on."""
     names = run.node_names
-    if len(names) < 2 and not run.nodes:
-        return []
+    if not run.nodes and run.topology is None:
+        return []     # the earlier layout: one capture point, no nodes to show
     topology = run.topology
     by_name = {n.name: n for n in topology.nodes} if topology else {}
     addresses = {node: address for address, node in run.lookup.by_address.items()}
