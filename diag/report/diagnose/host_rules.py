@@ -272,9 +272,8 @@ def loss_at_host(run: RunData) -> list[Finding]:
             place = _place(pairs, node, side, share_of[(node, side)])
             where = f"the directions {side} {node} (the edge {src} -> {dst} carries them; {why})"
             strength = "moderate"
-    # A host is only named against a contrast: directions into (out of) other hosts that the same evidence saw
-    # carry data. One capture point sees only its own host's directions, where everything is "into" or "out
-    # of" it by construction.
+    # A host is only named against a contrast: directions into (out of) other hosts that carried data. Where
+    # data only ever flowed into one host, its loss cannot be told from what every host would have lost.
     if not place.contrast:
         return undecided(name, f"{place.share:.0%} of {total:.0f} retransmitted segments are on directions "
                          f"{place.way} {place.node}, but no direction {place.way} another host was seen to compare "
