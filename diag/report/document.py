@@ -97,6 +97,8 @@ def _verdict_rows(v: Verdict) -> list[tuple[str, str]]:
     rows = [("What is slow", v.slow), ("Why", v.why)]
     if v.sure:
         rows.append(("How sure", sure_text(v) + (f"; the experiment that shows it: {v.shown_by}" if v.shown_by else "")))
+    if v.hosts:
+        rows.append(("At the hosts", "; ".join(v.hosts)))
     rows.append(("What to do", v.todo))
     rows.append(("Ruled out", "; ".join(v.ruled_out) if v.ruled_out else "nothing, by experiment"))
     if v.not_isolated:

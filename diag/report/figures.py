@@ -48,6 +48,18 @@ class Bars:
 
 
 @dataclass(frozen=True)
+class Grid:
+    """A heat map: one cell per (row, column), None where nothing was measured; each cell printed with its
+    value, so the colour is never the only reading."""
+
+    rows: Sequence[str]
+    columns: Sequence[str]
+    values: Sequence[Sequence[float | None]]
+    unit: str                         # the colour bar's label
+    fmt: str = "{:.1f}"               # how a cell prints its value
+
+
+@dataclass(frozen=True)
 class RefLine:
     value: float
     label: str
@@ -61,6 +73,7 @@ class Panel:
     ylabel: str
     lines: Sequence[Line] = ()
     bars: Bars | None = None
+    grid: Grid | None = None          # a heat map instead of lines and bars
     refs: Sequence[RefLine] = ()      # horizontal reference lines (link rate, 100%)
     x: str = "linear"                 # "linear" | "bytes" (log2, byte labels) | "int" (integer ticks, N)
     y: str = "linear"                 # "linear" | "log" | "bytes"
@@ -140,6 +153,9 @@ def _scale(ax: Any, which: str, kind: str, values: Sequence[float]) -> None:
 
 def draw_panel(ax: Any, panel: Panel) -> None:
     """The one panel helper every plot goes through."""
+    if panel.grid is not None:
+        _draw_grid(ax, panel, panel.grid)
+        return
     xs: list[float] = []
     ys: list[float] = []
     for line in panel.lines:
@@ -185,6 +201,34 @@ def draw_panel(ax: Any, panel: Panel) -> None:
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: many or long labels
         else:
             ax.legend(fontsize=7)
+
+
+def _draw_grid(ax: Any, panel: Panel, grid: Grid) -> None:
+    """Cells coloured by value (a colour-blind-safe sequential map, low = dark), each labelled with its value;
+    empty cells (nothing measured, the diagonal of a matrix) stay blank."""
+    import numpy as np
+
+    data = np.array([[np.nan if v is None else float(v) for v in row] for row in grid.values], dtype=float)
+    finite = data[np.isfinite(data)]
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#eeeeee")   # not measured: light grey
+    image = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, vmin=0.0,
+                      vmax=float(finite.max()) if finite.size else 1.0, aspect="auto")
+    ax.figure.colorbar(image, ax=ax, label=grid.unit, shrink=0.85)
+    middle = (float(finite.max()) / 2) if finite.size else 0.0
+    for i, row in enumerate(data):
+        for j, value in enumerate(row):
+            if np.isfinite(value):
+                ax.text(j, i, grid.fmt.format(value), ha="center", va="center", fontsize=8,
+                        color="white" if value < middle else "black")
+    ax.set_xticks(range(len(grid.columns)))
+    ax.set_xticklabels(grid.columns, fontsize=8)
+    ax.set_yticks(range(len(grid.rows)))
+    ax.set_yticklabels(grid.rows, fontsize=8)
+    ax.set_xlabel(panel.xlabel, fontsize=8)
+    ax.set_ylabel(panel.ylabel, fontsize=8)
+    ax.set_title(textwrap.fill(panel.title, TITLE_CHARS), fontsize=9)
 
 
 def _draw_bars(ax: Any, bars: Bars) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from diag import safefs
 from diag.records import Record
-from diag.report.figures import Bars, FigureSpec, Line, Panel, Plot, RefLine, Skipped, render
+from diag.report.figures import Bars, FigureSpec, Grid, Line, Panel, Plot, RefLine, Skipped, render
 from diag.report.queries import (
     busiest_connection,
     capture_name,
@@ -334,9 +334,35 @@ def cpu(run: RunData) -> FigureSpec | Skipped:
                       "about the CPU than about TCP.", panels, panel_size=(5.5, 3.6))
 
 
+def link_matrix(run: RunData) -> FigureSpec | Skipped:
+    title = "Link matrix: goodput between every pair of nodes"
+    matrix = run.link_matrix
+    if matrix is None or not matrix.alone():
+        return Skipped(title, "no link matrix (run.json link.matrix)")
+    names = matrix.names()
+    panels = []
+    for what, values in (("alone (the other direction idle)", matrix.alone()),
+                         ("both directions at once", matrix.bidir())):
+        if values:
+            cells = [[values[(src, dst)] / 1e6 if (src, dst) in values else None for dst in names]
+                     for src in names]
+            panels.append(Panel(f"src -> dst goodput, {what}", "receiving node (dst)", "sending node (src)",
+                                grid=Grid(names, names, cells, "goodput [MB/s]")))
+    size = max(4.0, 0.8 * len(names) + 2.0)
+    return FigureSpec("link_matrix.png", title,
+                      f"Goodput from each node (row) to each other node (column), MB/s = 1e6 B/s, measured with "
+                      f"{matrix.tool or '?'} in rounds of disjoint pairs ({len(matrix.rounds)} rounds"
+                      + (f", {matrix.seconds:g} s per phase" if matrix.seconds else "") + "). Every cell should "
+                      "read about the link rate. A dark row is a host that sends slowly, a dark column one that "
+                      "receives slowly, both a slow host (its NIC, cable or port); one dark cell alone is one slow "
+                      "link. The right panel runs both directions of a pair at once (each its own connection): a "
+                      "full-duplex link keeps each near the left panel's value.",
+                      panels, columns=2, panel_size=(size + 1.2, size))
+
+
 # In report order; the headline first.
-PLOTS: tuple[Builder, ...] = (headline, time_vs_volume, busbw_vs_size, efficiency, conn_throughput, duplex, window,
-                              in_flight, cpu)
+PLOTS: tuple[Builder, ...] = (headline, link_matrix, time_vs_volume, busbw_vs_size, efficiency, conn_throughput,
+                              duplex, window, in_flight, cpu)
 
 
 def render_plots(run: RunData, out: Path) -> list[Plot | Skipped]:

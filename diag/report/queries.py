@@ -174,6 +174,26 @@ class TcpInfoSeries:
             peak = max(peak, cwnd)
         return count
 
+    def cwnd_cuts(self, factor: float) -> int:
+        """How often cwnd fell to ``factor`` of its peak since the last cut or less: a multiplicative decrease
+        after a loss (CUBIC cuts to 0.7, Reno to 0.5), or a collapse after a timeout."""
+        count, peak = 0, 0.0
+        for cwnd in self.values("cwnd"):
+            if peak > 0 and cwnd <= factor * peak:
+                count += 1
+                peak = cwnd
+            peak = max(peak, cwnd)
+        return count
+
+    def retransmitted(self) -> float | None:
+        """Segments this socket retransmitted over the series: the growth of the kernel's total_retrans (raw
+        side files), else the largest total ss reported (observer samples; ss prints the socket's total)."""
+        total = self.delta("total_retrans")
+        if total is None:
+            values = self.values("retrans")
+            total = max(values) if values else None
+        return total
+
     @property
     def endpoints(self) -> frozenset[str]:
         """{"ip:port", "ip:port"} of an observer's series (IPv4-mapped addresses unwrapped); empty otherwise."""
@@ -204,16 +224,21 @@ def tcp_info_series(run: RunData) -> list[TcpInfoSeries]:
 
 
 def _tcp_info_series(run: RunData) -> list[TcpInfoSeries]:
+    return series_of(run.captures.values(), run.tcpinfo)
+
+
+def series_of(captures: Iterable[CaptureSet], tcpinfo: Iterable[dict[str, Any]]) -> list[TcpInfoSeries]:
+    """Per connection, the TCP_INFO samples of these captures' observers and these raw side files."""
     grouped: dict[str, list[TcpInfoSample]] = defaultdict(list)
     tags: dict[str, str | None] = {}
-    for c in run.captures.values():
+    for c in captures:
         for raw in c.observe:
             if raw.get("kind") == "tcp_info":
                 s = from_json(TcpInfoSample, raw)
                 label = f"pid {s.pid} {s.local}->{s.remote}"
                 grouped[label].append(s)
                 tags.setdefault(label, c.tag)
-    for raw in run.tcpinfo:
+    for raw in tcpinfo:
         if raw.get("kind", "tcp_info") == "tcp_info":
             s = from_json(TcpInfoSample, raw)
             label = f"rank {s.rank} peer {s.peer} conn {s.conn}"
@@ -258,8 +283,13 @@ class HostCpu:
 
 def thread_cpu(run: RunData) -> list[ThreadCpu]:
     """Per (capture, pid, tid), sorted by (tag, pid, tid) as text."""
+    return threads_of(run.captures.values())
+
+
+def threads_of(captures: Iterable[CaptureSet]) -> list[ThreadCpu]:
+    """thread_cpu of these captures (one node's)."""
     grouped: dict[tuple[str, Any, Any], list[dict[str, Any]]] = defaultdict(list)
-    for c in run.captures.values():
+    for c in captures:
         for s in c.observe:
             if s.get("kind") == "cpu_thread" and isinstance(s.get("cpu_pct"), (int, float)):
                 grouped[(c.tag, s.get("pid"), s.get("tid"))].append(s)
@@ -274,8 +304,13 @@ def thread_cpu(run: RunData) -> list[ThreadCpu]:
 
 def host_cpu(run: RunData) -> dict[str, HostCpu]:
     """Per capture tag, the whole-machine samples (observe kind cpu_host), sorted by tag."""
+    return machines_of(run.captures.values())
+
+
+def machines_of(captures: Iterable[CaptureSet]) -> dict[str, HostCpu]:
+    """host_cpu of these captures (one node's)."""
     grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for c in run.captures.values():
+    for c in captures:
         for s in c.observe:
             if s.get("kind") == "cpu_host" and isinstance(s.get("busy_pct"), (int, float)):
                 grouped[c.tag].append(s)

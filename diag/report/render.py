@@ -30,6 +30,7 @@ from diag.report.document import (
 )
 from diag.report.figures import Plot, Skipped
 from diag.report.model import GroupModel, fit_all, models_to_json
+from diag.report.nodes import differences_of, subgroup_nodes
 from diag.report.plots import render_plots
 from diag.report.queries import raw_link_reach
 from diag.report.rundir import RING_PATTERN_CPU_LIMIT, RunData
@@ -144,6 +145,7 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
     if reference_rows:
         blocks += [Heading(3, "Link reference per N"), Text(reference_intro),
                    Table(LINK_REFERENCE_HEADER, reference_rows)]
+    blocks += node_blocks(run)
     blocks += workaround_blocks(run.advise)
     # The card's figure is drawn once, there; here its caption says how to read it.
     blocks += [Heading(2, "Plots"),
@@ -161,6 +163,54 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
     if meta_rows:
         blocks += [Heading(3, "Run (run.json)"), Table(["key", "value"], meta_rows)]
     return blocks
+
+
+NODE_HEADER = ["node", "address", "ranks", "data from it", "differs from the other nodes"]
+
+
+def node_blocks(run: RunData) -> list[Block]:
+    """The nodes (run.json topology, node folders): who they are, what each sent, what sets each apart from
+    the others (fingerprint_differences, the node_fingerprints finding's source), and which nodes each N ran on."""
+    names = run.node_names
+    if not run.nodes and run.topology is None:
+        return []     # the earlier layout: one capture point, no nodes to show
+    topology = run.topology
+    by_name = {n.name: n for n in topology.nodes} if topology else {}
+    addresses = {node: address for address, node in run.lookup.by_address.items()}
+    rows = []
+    for name in names:
+        node = by_name.get(name)
+        ranks = ", ".join(map(str, node.ranks)) if node and node.ranks else "-"
+        if node and len(node.ranks) > 1 and node.leader is not None:
+            ranks += f" (leader {node.leader})"
+        differs = [f"{d.key} = {d.value_of(name)}" + (f" (others: {d.groups[0][0]})" if name not in d.groups[0][1]
+                                                      else " (no value the others share)")
+                   for d in differences_of(run, name)]
+        rows.append([name, addresses.get(name, "-"), ranks, _node_data(run, name), "; ".join(differs) or "-"])
+    intro = (f"{len(names)} nodes" + (f" ({run.info.mode})" if run.info.mode else "")
+             + (f" on {topology.iface}" if topology and topology.iface else "")
+             + ": a node is a host as the network sees it (address, network namespace, boot id).")
+    blocks: list[Block] = [Heading(3, "Nodes"), Text(intro), Table(NODE_HEADER, rows)]
+    groups = subgroup_nodes(run)
+    if groups:
+        shared = set(topology.shared_hosts) if topology else set()
+        blocks.append(Bullets([("", f"N={n}: {', '.join(nodes)}" + (" (ranks share hosts: N ranks on fewer than "
+                                                                     "N hosts)" if n in shared else ""))
+                               for n, nodes in sorted(groups.items())]))
+    return blocks
+
+
+def _node_data(run: RunData, name: str) -> str:
+    node = run.nodes.get(name)
+    if node is None:
+        return "none (no nodes/" + name + "/)" if run.nodes else "-"
+    analyses = sum(1 for c in node.captures.values() if c.analysis)
+    observed = sum(1 for c in node.captures.values() if c.observe)
+    parts = ["fingerprint" if node.fingerprint is not None else "no fingerprint",
+             f"{analyses} capture analyses", f"{observed} observer files"]
+    if node.tcpinfo:
+        parts.append(f"{len(node.tcpinfo)} TCP_INFO samples")
+    return ", ".join(parts)
 
 
 def write_report(run: RunData, out_dir: Path) -> ReportResult:

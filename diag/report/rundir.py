@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from diag.capture.schema import Analysis, Connection, Host, Phase
 from diag.errors import DiagError
 from diag.records import Record, RecordFile, load_records, transport_label
+from diag.report.topology import LinkMatrix, NodeLookup, Topology
 from diag.typedjson import from_json
 
 T = TypeVar("T")
@@ -46,6 +47,7 @@ class LinkInfo:
     single_stream_Bps: float | None = None
     bidir_Bps: list[float] = field(default_factory=list)
     tool: str | None = None
+    matrix: LinkMatrix | None = None      # every ordered pair of nodes (docs/inplace.md)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -62,6 +64,8 @@ class LabInfo:
 class RunInfo:
     """run.json as diag reproduce writes it (the fields the report reads; the rest stays in ``extra``)."""
 
+    mode: str | None = None               # "in-place" | "lab" | "loopback" (absent before the in-place job)
+    topology: Topology | None = None
     link: LinkInfo | None = None
     lab: LabInfo | None = None
     cpu_count: int | None = None
@@ -78,6 +82,13 @@ class CaptureSet:
     meta: CaptureMeta | None = None
     analysis: Analysis | None = None
     observe: list[dict[str, Any]] = field(default_factory=list)
+    node: str | None = None        # the node that took it (None: the earlier layout's one capture point)
+    where: str = ""                # its folder's prefix in the run directory: "" or "nodes/<node>/"
+
+    def source(self, kind: str) -> str:
+        """The file of this capture a finding cites: kind "analysis", "observe" or "captures"."""
+        suffix = {"analysis": ".json", "observe": ".jsonl", "captures": ".capture.json"}[kind]
+        return f"{self.where}{kind}/{self.tag}{suffix}"
 
     @property
     def world_size(self) -> int | None:
@@ -145,7 +156,18 @@ class CaptureSet:
     @property
     def label(self) -> str:
         parts = [self.transport or "?", f"N={self.world_size}" if self.world_size else "N=?"]
-        return f"{self.tag} ({', '.join(parts)})"
+        return f"{self.node + ': ' if self.node else ''}{self.tag} ({', '.join(parts)})"
+
+
+@dataclass
+class NodeData:
+    """One node's folder of the run directory (nodes/<node>/): its fingerprint, captures and TCP_INFO files."""
+
+    name: str
+    where: str                                   # "nodes/<node>/"
+    fingerprint: dict[str, Any] | None = None    # fingerprint.json (diag.envinfo.node_fingerprint)
+    captures: dict[str, CaptureSet] = field(default_factory=dict)
+    tcpinfo: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -158,6 +180,10 @@ class RunData:
     missing: list[str]
     # advise.json of the run's measured workarounds (diag advise, RUN_DIR/advise), None where none ran
     advise: dict[str, Any] | None = None
+    # nodes/<node>/ of a run directory of the in-place layout, in the job's order; empty for the earlier layout
+    # (one capture point: captures/, analysis/, observe/ at the top). ``captures`` and ``tcpinfo`` are then
+    # rank 0's node's, what every rule of the one-capture-point lab reads.
+    nodes: dict[str, NodeData] = field(default_factory=dict)
     # Answers of the evidence queries (diag.report.queries), computed once per run for rules and plots.
     memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -289,6 +315,41 @@ class RunData:
     def observe_samples(self) -> list[dict[str, Any]]:
         return [s for c in self.captures.values() for s in c.observe]
 
+    @property
+    def topology(self) -> Topology | None:
+        return self.info.topology
+
+    @property
+    def link_matrix(self) -> LinkMatrix | None:
+        return self.info.link.matrix if self.info.link else None
+
+    @property
+    def lookup(self) -> NodeLookup:
+        """Address -> node and rank -> node (run.json topology, else a lab's addresses h0, h1, ...)."""
+        addresses = list(self.info.lab.addresses) if self.info.lab else []
+        return self.remember("node_lookup", lambda: NodeLookup.of(self.topology, addresses))
+
+    @property
+    def node_names(self) -> list[str]:
+        """Every node the run knows, in the job's order: topology, then node folders, then the matrix's."""
+        names = list(self.lookup.order)
+        for name in [*self.nodes, *(self.link_matrix.names() if self.link_matrix else [])]:
+            if name not in names:
+                names.append(name)
+        return names
+
+    @property
+    def all_captures(self) -> list[CaptureSet]:
+        """Every node's captures (the earlier layout's one capture point where there are no nodes)."""
+        if not self.nodes:
+            return list(self.captures.values())
+        seen = [c for node in self.nodes.values() for c in node.captures.values()]
+        return seen + [c for c in self.captures.values() if all(c is not other for other in seen)]
+
+    def fingerprints(self) -> dict[str, dict[str, Any]]:
+        """node -> its fingerprint.json, for the nodes that wrote one."""
+        return {name: node.fingerprint for name, node in self.nodes.items() if node.fingerprint is not None}
+
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
@@ -340,40 +401,82 @@ def load_run_dir(root: Path) -> RunData:
         missing.append("run.json (no measured link rate: no ideal line, no lab description)")
         meta = {}
 
+    captures, tcpinfo = _load_capture_point(root, "", None)
+    nodes = _in_job_order(_load_nodes(root), meta)
+    if nodes:
+        # rank 0's node: the one capture point every rule of the earlier layout reads
+        first = next(iter(nodes.values()))
+        captures = {**captures, **first.captures}
+        tcpinfo = tcpinfo + first.tcpinfo
+    points = [captures] + [node.captures for node in nodes.values()]
+    everywhere = [c for point in points for c in point.values()]
+    side_files = tcpinfo or [s for node in nodes.values() for s in node.tcpinfo]
+
+    where = "nodes/*/" if nodes else ""
+    if not any(c.analysis for c in everywhere):
+        missing.append(f"{where}analysis/*.json (no capture analysis: no duplex overlap, per-connection "
+                       "throughput, windows, retransmissions or idle gaps from the wire)")
+    if not any(c.meta for c in everywhere):
+        missing.append(f"{where}captures/*.capture.json (no capture metadata: kernel drops unknown)")
+    if not any(c.observe for c in everywhere):
+        missing.append(f"{where}observe/*.jsonl (no observer samples: no per-thread CPU, no ss/TCP_INFO)")
+    if not side_files:
+        missing.append(f"{where}tcpinfo/*.jsonl (no raw transport TCP_INFO side files)")
+    without = [name for name, node in nodes.items() if node.fingerprint is None]
+    if without:
+        missing.append(f"nodes/<node>/fingerprint.json of {', '.join(without)} (their configuration is not "
+                       "compared with the other nodes')")
+    # advise.json's own reader (its schema check), below diag.advise: the report never imports a command.
+    from diag.advisefile import ADVISE_NAME, load_advise
+
+    advise = load_advise(root / "advise") if (root / "advise" / ADVISE_NAME).is_file() else None
+    return RunData(root, record_files, meta, captures, tcpinfo, missing, advise=advise, nodes=nodes)
+
+
+def _load_capture_point(folder: Path, where: str, node: str | None) -> tuple[dict[str, CaptureSet], list[dict[str, Any]]]:
+    """The captures (capture.json, analysis, observer samples by tag) and raw TCP_INFO side files of one
+    capture point: the run directory's top (the earlier layout) or one node's folder."""
     captures: dict[str, CaptureSet] = {}
 
     def capture(tag: str) -> CaptureSet:
-        return captures.setdefault(tag, CaptureSet(tag))
+        return captures.setdefault(tag, CaptureSet(tag, node=node, where=where))
 
-    for path in sorted((root / "captures").glob("*.capture.json")):
+    for path in sorted((folder / "captures").glob("*.capture.json")):
         # The capture tool names it after the pcap (<tag>.pcap.capture.json); the contract says <tag>.capture.json.
         document = _read_json(path)
         capture(_tag_of(path, [".pcap.capture.json", ".pcapng.capture.json", ".capture.json"])).meta = (
             from_json(CaptureMeta, document) if document is not None else None)
-    for path in sorted((root / "analysis").glob("*.json")):
+    for path in sorted((folder / "analysis").glob("*.json")):
         document = _read_json(path)
         try:
             capture(_tag_of(path, [".json"])).analysis = Analysis.from_json(document) if document else None
         except ValueError as exc:
             raise DiagError(f"{path}: {exc}") from exc
-    for path in sorted((root / "observe").glob("*.jsonl")):
+    for path in sorted((folder / "observe").glob("*.jsonl")):
         capture(_tag_of(path, [".jsonl"])).observe = _read_jsonl(path)
-    tcpinfo = [s for path in sorted((root / "tcpinfo").glob("*.jsonl")) for s in _read_jsonl(path)]
+    tcpinfo = [s for path in sorted((folder / "tcpinfo").glob("*.jsonl")) for s in _read_jsonl(path)]
+    return captures, tcpinfo
 
-    if not any(c.analysis for c in captures.values()):
-        missing.append("analysis/*.json (no capture analysis: no duplex overlap, per-connection throughput, "
-                       "windows, retransmissions or idle gaps from the wire)")
-    if not any(c.meta for c in captures.values()):
-        missing.append("captures/*.capture.json (no capture metadata: kernel drops unknown)")
-    if not any(c.observe for c in captures.values()):
-        missing.append("observe/*.jsonl (no observer samples: no per-thread CPU, no ss/TCP_INFO)")
-    if not tcpinfo:
-        missing.append("tcpinfo/*.jsonl (no raw transport TCP_INFO side files)")
-    # advise.json's own reader (its schema check), below diag.advise: the report never imports a command.
-    from diag.advisefile import ADVISE_NAME, load_advise
 
-    advise = load_advise(root / "advise") if (root / "advise" / ADVISE_NAME).is_file() else None
-    return RunData(root, record_files, meta, captures, tcpinfo, missing, advise=advise)
+def _load_nodes(root: Path) -> dict[str, NodeData]:
+    """nodes/<node>/ of the in-place layout (docs/inplace.md), by folder name."""
+    nodes: dict[str, NodeData] = {}
+    folder = root / "nodes"
+    if not folder.is_dir():
+        return nodes
+    for path in sorted(p for p in folder.iterdir() if p.is_dir()):
+        where = f"nodes/{path.name}/"
+        captures, tcpinfo = _load_capture_point(path, where, path.name)
+        nodes[path.name] = NodeData(path.name, where, _read_json(path / "fingerprint.json"), captures, tcpinfo)
+    return nodes
+
+
+def _in_job_order(nodes: dict[str, NodeData], meta: dict[str, Any]) -> dict[str, NodeData]:
+    """The nodes with rank 0's first, then by their lowest rank (run.json topology), then by name."""
+    info = from_json(RunInfo, meta)
+    order = NodeLookup.of(info.topology, []).order
+    rank = {name: i for i, name in enumerate(order)}
+    return dict(sorted(nodes.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
 
 
 def load_run(paths: Sequence[str | os.PathLike[str]]) -> RunData:

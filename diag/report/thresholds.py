@@ -67,6 +67,19 @@ TURN_TAKING_GAP = _t("TURN_TAKING_GAP", 0.3, "a backend's two-way connection ove
                      "less than raw TCP on one shared connection between the same hosts: the backend takes turns")
 HALF_DUPLEX_MATCH = _t("HALF_DUPLEX_MATCH", 0.2, "a backend's busbw within this fraction of a raw ring that "
                        "alternates directions (half duplex) matches it")
+SLOW_LINK_RATIO = _t("SLOW_LINK_RATIO", 0.7, "a node whose best edge out (or in) of the link matrix carries less "
+                     "than this fraction of the median node's best is a slow host; one edge below this fraction of "
+                     "what both its ends carry on their other edges is a slow link")
+LOCALIZE_MIN_NODES = _t("LOCALIZE_MIN_NODES", 3, "fewest nodes in the link matrix to pin a slow edge on one host "
+                        "(with two, every edge touches both)")
+PACED_TOLERANCE = _t("PACED_TOLERANCE", 0.1, "an N whose subgroup holds the slow host (or link) is paced by it when "
+                     "its best large-size busbw stays within this fraction above the slow edge's goodput")
+LOSS_HOST_SHARE = _t("LOSS_HOST_SHARE", 0.8, "share of all retransmitted segments on the directions into (or out "
+                     "of) one host at or above which the loss is that host's")
+CWND_CUT_FACTOR = _t("CWND_CUT_FACTOR", 0.75, "cwnd falling to this fraction of its peak or below is a cut: a loss's "
+                     "multiplicative decrease (CUBIC cuts to 0.7, Reno to 0.5), or a timeout's collapse")
+CPU_STARVED_LINK_SHARE = _t("CPU_STARVED_LINK_SHARE", 0.5, "a node whose CPU is saturated while its NIC carries "
+                            "less than this share of its link rate is CPU-starved: the link waits on the CPU")
 ALPHA = _t("ALPHA", _ALPHA, "significance level of Welch's t-test: a difference with p below it is confirmed")
 
 TABLE: tuple[Threshold, ...] = (
@@ -74,7 +87,8 @@ TABLE: tuple[Threshold, ...] = (
     ORDER_EFFECT, CONN_SPLIT_EFFECT, RWND_LIMITED_FRACTION, SNDBUF_LIMITED_FRACTION, WINDOW_FULL_RATE,
     WINDOW_FULL_MIN_COUNT, RETRANS_RATE,
     RETRANS_MIN_COUNT, IDLE_RESTART_S, IDLE_FRACTION, TURN_GAP_SHARE, CWND_COLLAPSE_SEGMENTS, CPU_PINNED_PCT, CPU_PINNED_SHARE, CPU_MIN_SAMPLES,
-    CPU_SATURATED_PCT, CPU_LINK_REACHED, TURN_TAKING_GAP, HALF_DUPLEX_MATCH, ALPHA, CONTROL_DIP, SHOWN_SHARE,
+    CPU_SATURATED_PCT, CPU_LINK_REACHED, TURN_TAKING_GAP, HALF_DUPLEX_MATCH, SLOW_LINK_RATIO, LOCALIZE_MIN_NODES,
+    PACED_TOLERANCE, LOSS_HOST_SHARE, CWND_CUT_FACTOR, CPU_STARVED_LINK_SHARE, ALPHA, CONTROL_DIP, SHOWN_SHARE,
     RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED,
 )
 

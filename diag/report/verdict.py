@@ -20,9 +20,25 @@ from diag.units import human_bytes, human_rate
 
 HEADLINE = "headline.png"
 # The rule ids the card reads. A rule the diagnosis does not have (renamed, or not run) reads as absent.
-DIP, BELOW_RAW, MECHANISM, WORKAROUNDS, DATA_ERRORS = (
-    "n2_busbw_dip", "backend_below_raw", "mechanism", "workarounds", "data_errors")
+DIP, BELOW_RAW, MECHANISM, WORKAROUNDS, DATA_ERRORS, CONTROL = (
+    "n2_busbw_dip", "backend_below_raw", "mechanism", "workarounds", "data_errors", "negative_control")
 SUSPECT_PREFIX = "suspect_"
+# Findings that name a host as the cause of a slowdown, with what each says the host does. cpu_bound names a
+# host only through its evidence of kind "starved" (a node whose CPU is full while its link idles).
+HOST_FAULTS = {"slow_host_link": "its link carries less than the other hosts' in the link matrix",
+               "loss_at_host": "segments are lost on its directions",
+               "window_at_host": "its receive window or send buffer holds its peers back",
+               "cpu_bound": "its CPU is full while its link idles"}
+# What to do about each, {place} being the host (or the link) the finding names.
+FAULT_TODO = {"slow_host_link": "Check {place}'s NIC, cable and switch port (ethtool: speed, duplex, errors); every N "
+                                "that includes it runs at its pace until then.",
+              "loss_at_host": "Find where {place}'s packets drop (ethtool -S, tc -s qdisc, the switch port's buffers "
+                              "and counters); every retransmission costs its flows time.",
+              "window_at_host": "Give {place} the other nodes' TCP buffer settings (net.ipv4.tcp_rmem / tcp_wmem, "
+                                "net.core.rmem_max / wmem_max).",
+              "cpu_bound": "Free {place}'s CPU (other jobs, a CPU quota, its clock) or give its ranks more cores."}
+# Findings shown beside the faults: how the nodes differ explains nothing alone, but says where to look.
+HOST_NOTES = ("node_fingerprints",)
 # Clear findings besides the suspects' that rule a suspected cause out (an experiment on the same run).
 # (the paired experiments that toggle a suspect speak through the suspect's own finding).
 RULED_OUT_RULES = {"cpu_bound": "the CPU", "exchange_order": "the order of send and receive",
@@ -37,6 +53,9 @@ PLAIN_NAMES = {
     "retransmissions": "retransmissions", "shared_connection": "the one-vs-two-connections experiment (M4)",
     "turn_taking": "turn-taking on the wire", "window_limited": "window and buffer limits",
     "backend_below_raw": "the raw-TCP reference", "n2_busbw_dip": "the N=2 dip",
+    "negative_control": "the negative control (raw TCP)", "slow_host_link": "the link matrix",
+    "loss_at_host": "retransmissions per host", "window_at_host": "window limits per host",
+    "node_fingerprints": "the node fingerprints",
 }
 
 
@@ -67,6 +86,7 @@ class Verdict:
     figure: str | None = HEADLINE           # the report PNG that shows what is slow
     rules: tuple[str, ...] = field(default_factory=tuple)   # the findings read (the detail section has them)
     sure_detail: str = ""            # how sure of each link: the experiment, and its tie to this dip
+    hosts: tuple[str, ...] = ()      # what the host findings name (faults, then how the nodes differ)
 
 
 def _by_rule(findings: Sequence[Finding]) -> dict[str, list[Finding]]:
@@ -88,28 +108,57 @@ def _is_backend(f: Finding) -> bool:
     return not series.startswith("raw:")
 
 
+def host_faults(rules: dict[str, list[Finding]]) -> list[Finding]:
+    """The fired findings that name a host as a cause, strongest first."""
+    found = [f for rule in HOST_FAULTS for f in rules.get(rule, []) if f.status == "fired"
+             and (rule != "cpu_bound" or any(e.values.get("kind") == "starved" for e in f.evidence))]
+    return sorted(found, key=lambda f: STRENGTHS.index(f.strength) if f.strength in STRENGTHS else len(STRENGTHS))
+
+
+def _control_dipped(rules: dict[str, list[Finding]]) -> Finding | None:
+    return next((f for f in rules.get(CONTROL, []) if f.status == "fired"), None)
+
+
 def _what_is_slow(rules: dict[str, list[Finding]]) -> tuple[str, str, list[str]]:
     dips = rules.get(DIP, [])
     dip = _strongest([f for f in dips if _is_backend(f)])
+    control = _control_dipped(rules)
+    if dip is not None and control is not None:
+        text, status, used = _dip_text(dip)
+        return (text[:-1] + "; so is a transport that does not take turns (the negative control), so the "
+                "slowdown is not the backend's own.", status, [*used, CONTROL])
     if dip is not None:
-        values = dip.evidence[-1].values
-        first = dip.evidence[0].values
-        axis = "D=" if " at D=" in dip.statement else ""
-        per_rank = "" if axis else " per rank"
-        series, op = values.get("series", "the backend"), values.get("op", "")
-        ratio = values.get("ratio")
-        # the reference the rule held N=2 against ("N>=3", or "N=3" where CPU-bound N were left out)
-        named = re.search(r" below (N[>=][=\d,]*\d) at ", dip.statement)
-        reference = named.group(1) if named else "N>=3"
-        text = (f"{series} {op} at N=2: busbw is {1 - ratio:.0%} below {reference}" if isinstance(ratio, (int, float))
-                else f"{series} {op}: busbw at N=2 is below {reference}")
-        if isinstance(values.get("busbw_n2_Bps"), (int, float)) and isinstance(values.get("busbw_n3plus_Bps"),
-                                                                                   (int, float)):
-            text += (f" ({human_rate(values['busbw_n2_Bps'])} vs {human_rate(values['busbw_n3plus_Bps'])} at "
-                     f"{axis}{human_bytes(int(values.get('size_bytes', 0)))}{per_rank})")
-        if isinstance(first.get("size_bytes"), int):
-            text += f", from {axis}{human_bytes(first['size_bytes'])}{per_rank} upward"
-        return text + f" ({dip.strength} evidence).", "fired", [DIP]
+        return _dip_text(dip)
+    faults = host_faults(rules)
+    if faults:
+        head = plain(faults[0].statement).split("; ", 1)[0]
+        return f"One host slows the run: {head}.", "fired", [faults[0].rule]
+    return _not_a_dip(rules, dips)
+
+
+def _dip_text(dip: Finding) -> tuple[str, str, list[str]]:
+    """What is slow, from the strongest backend dip: its ratio, its figures at the largest size, its onset."""
+    values = dip.evidence[-1].values
+    first = dip.evidence[0].values
+    axis = "D=" if " at D=" in dip.statement else ""
+    per_rank = "" if axis else " per rank"
+    series, op = values.get("series", "the backend"), values.get("op", "")
+    ratio = values.get("ratio")
+    # the reference the rule held N=2 against ("N>=3", or "N=3" where CPU-bound N were left out)
+    named = re.search(r" below (N[>=][=\d,]*\d) at ", dip.statement)
+    reference = named.group(1) if named else "N>=3"
+    text = (f"{series} {op} at N=2: busbw is {1 - ratio:.0%} below {reference}" if isinstance(ratio, (int, float))
+            else f"{series} {op}: busbw at N=2 is below {reference}")
+    if isinstance(values.get("busbw_n2_Bps"), (int, float)) and isinstance(values.get("busbw_n3plus_Bps"),
+                                                                               (int, float)):
+        text += (f" ({human_rate(values['busbw_n2_Bps'])} vs {human_rate(values['busbw_n3plus_Bps'])} at "
+                 f"{axis}{human_bytes(int(values.get('size_bytes', 0)))}{per_rank})")
+    if isinstance(first.get("size_bytes"), int):
+        text += f", from {axis}{human_bytes(first['size_bytes'])}{per_rank} upward"
+    return text + f" ({dip.strength} evidence).", "fired", [DIP]
+
+
+def _not_a_dip(rules: dict[str, list[Finding]], dips: list[Finding]) -> tuple[str, str, list[str]]:
     below = _strongest(rules.get(BELOW_RAW, []))
     if below is not None:
         return f"The backend is slower than raw TCP on the same link: {plain(below.statement)}.", "fired", [BELOW_RAW]
@@ -153,7 +202,47 @@ def _after(text: str, marker: str) -> str:
     return text.split(marker, 1)[1] if marker in text else text
 
 
+def fault_place(f: Finding) -> str:
+    """'h3', or 'the link h1 -> h3', from a host finding's evidence values."""
+    for e in f.evidence:
+        if e.values.get("node"):
+            return str(e.values["node"])
+        if e.values.get("src") and e.values.get("dst"):
+            return f"the link {e.values['src']} -> {e.values['dst']}"
+    return "one host"
+
+
+def _fault_why(f: Finding) -> str:
+    place = fault_place(f)
+    what = ("it carries less than its ends do on their other links" if place.startswith("the link")
+            else HOST_FAULTS[f.rule])
+    return f"{place}: {what}"
+
+
+def _host_lines(rules: dict[str, list[Finding]], shown: Finding | None) -> list[str]:
+    """The host findings for the card's own row: every fault but the one already shown as what is slow, then
+    how the nodes differ."""
+    lines = [f"{_fault_why(f)} ({plain(f.statement)})" for f in host_faults(rules) if f is not shown]
+    lines += [plain(f.statement) for rule in HOST_NOTES for f in rules.get(rule, []) if f.status == "fired"]
+    return lines
+
+
 def _why(rules: dict[str, list[Finding]], slow_status: str) -> tuple[str, str, str, list[str], str]:
+    control = _control_dipped(rules)
+    faults = host_faults(rules)
+    if control is not None:
+        named = ("; what the host findings name: " + "; ".join(_fault_why(f) for f in faults) if faults
+                 else "; no host finding names what slows it")
+        return (f"Not the backend's N=2 protocol: N=2 is slower for a transport that does not take turns too{named}.",
+                control.strength, plain(control.evidence[0].text), [CONTROL, *(f.rule for f in faults)], "")
+    backend_dip = _strongest([f for f in rules.get(DIP, []) if _is_backend(f)])
+    if backend_dip is None and faults:
+        # The rest of the fault's statement (after what "slow" shows) is why it slows the run: the N it paces,
+        # the sysctl it is tied to, what the loss costs. Observations, not an experiment: no "shown by".
+        first = faults[0]
+        rest = plain(first.statement).split("; ", 1)[1:]
+        return (f"A fault at {_fault_why(first)}, not the backend's N=2 mechanism" + (f": {rest[0]}." if rest else "."),
+                first.strength, "", [first.rule], f"from {PLAIN_NAMES.get(first.rule, first.rule)}")
     suspects = [f for rule, fs in rules.items() if rule.startswith(SUSPECT_PREFIX) for f in fs]
     shown = _strongest(suspects)
     mech = (rules.get(MECHANISM) or [None])[0]
@@ -251,9 +340,16 @@ def build_verdict(run: Any, findings: Sequence[Finding], figure: str | None = No
     why, sure, shown_by, used_why, sure_detail = _why(rules, status)
     todo, fixes, used_fix = _fixes(rules, getattr(run, "advise", None))
     ruled_out, open_, used_out = _ruled_out(rules)
+    faults = host_faults(rules)
+    shown = faults[0] if faults and faults[0].rule in used_slow else None
+    if shown is not None:   # the run is slowed at a host, not by the backend: the host is what to fix
+        todo, fixes = FAULT_TODO[shown.rule].format(place=fault_place(shown)), []
+    hosts = _host_lines(rules, shown)
+    if shown is not None and figure == HEADLINE:
+        figure = shown.evidence[0].plot or figure
     used = tuple(dict.fromkeys([*used_slow, *used_why, *used_fix, *used_out]))
     return Verdict(slow, status, why, sure, shown_by, todo, tuple(fixes), tuple(ruled_out), tuple(open_), figure,
-                   used, sure_detail)
+                   used, sure_detail, tuple(hosts))
 
 
 def sure_text(v: Verdict) -> str:
@@ -266,6 +362,8 @@ def verdict_lines(v: Verdict) -> list[str]:
     lines = ["verdict:", f"  slow:       {v.slow}", f"  why:        {v.why}"]
     if v.sure:
         lines.append(f"  how sure:   {sure_text(v)}" + (f"; the experiment: {v.shown_by}" if v.shown_by else ""))
+    if v.hosts:
+        lines.append("  at hosts:   " + "; ".join(v.hosts))
     lines.append(f"  to do:      {v.todo}")
     lines.append("  ruled out:  " + ("; ".join(v.ruled_out) if v.ruled_out else "nothing, by experiment"))
     if v.not_isolated:

@@ -19,6 +19,7 @@ from typing import Any
 
 from diag.report.diagnose.advice import workarounds
 from diag.report.diagnose.base import Rule
+from diag.report.diagnose.control import negative_control
 from diag.report.diagnose.cpu_rules import cpu_bound, cpu_limited_world_sizes
 from diag.report.diagnose.findings import (
     FINDINGS_SCHEMA,
@@ -32,6 +33,8 @@ from diag.report.diagnose.findings import (
     render_text,
     summary_lines,
 )
+from diag.report.diagnose.fingerprint_rules import node_fingerprints
+from diag.report.diagnose.host_rules import loss_at_host, slow_host_link, window_at_host
 from diag.report.diagnose.mechanism import SUSPECTS, mechanism, suspects
 from diag.report.diagnose.paired import (
     EXCHANGE_ORDER,
@@ -63,8 +66,9 @@ def _register(*rules: Rule) -> dict[str, Rule]:
 
 # Every rule, under its id, in report order.
 RULES: dict[str, Rule] = _register(
-    n2_busbw_dip, backend_below_raw, SHARED_CONNECTION, EXCHANGE_ORDER, NOTICE_CHANNEL, low_duplex_overlap, turn_taking,
-    half_duplex_match, window_limited, retransmissions, idle_gaps, cpu_bound, capture_drops, data_errors, workarounds,
+    n2_busbw_dip, negative_control, backend_below_raw, SHARED_CONNECTION, EXCHANGE_ORDER, NOTICE_CHANNEL,
+    low_duplex_overlap, turn_taking, half_duplex_match, window_limited, retransmissions, idle_gaps, cpu_bound,
+    slow_host_link, loss_at_host, window_at_host, node_fingerprints, capture_drops, data_errors, workarounds,
 )
 
 
@@ -87,6 +91,12 @@ EXPLAINS: dict[str, str] = {
     "data_errors": "none: about the data, not the loss",
     "capture_drops": "none: about the capture, not the loss",
     "workarounds": "none: measures what avoids the loss, not why it happens",
+    "negative_control": "none: the control, a transport that does not take turns; where it dips too, the loss is "
+                        "not the backend's",
+    "slow_host_link": "none: a host or link fault; it slows every N that includes it, not N=2 alone",
+    "loss_at_host": "none: a host fault, not the backend's N=2 mechanism",
+    "window_at_host": "none: a host fault, not the backend's N=2 mechanism",
+    "node_fingerprints": "none: how the nodes differ, an observation",
     "mechanism": "undecided",
 }
 
@@ -99,6 +109,7 @@ __all__ = [
     "EXCHANGE_ORDER", "EXPERIMENTS", "FINDINGS_SCHEMA", "NOTICE_CHANNEL", "RULES", "SHARED_CONNECTION", "STATUSES", "STRENGTHS", "SUSPECTS",
     "Evidence", "Finding", "FindingsDocument", "PairedExperiment", "Rule", "backend_below_raw", "capture_drops",
     "cpu_bound", "cpu_limited_world_sizes", "data_errors", "diagnose", "findings_to_json", "format_threshold",
-    "half_duplex_match", "idle_gaps", "load_findings", "low_duplex_overlap", "mechanism", "n2_busbw_dip",
-    "render_text", "retransmissions", "summary_lines", "suspects", "turn_taking", "window_limited", "workarounds",
+    "half_duplex_match", "idle_gaps", "load_findings", "loss_at_host", "low_duplex_overlap", "mechanism",
+    "n2_busbw_dip", "negative_control", "node_fingerprints", "render_text", "retransmissions", "slow_host_link",
+    "summary_lines", "suspects", "turn_taking", "window_at_host", "window_limited", "workarounds",
 ]

@@ -51,6 +51,13 @@ def mechanism(findings: Sequence[Finding]) -> Finding:
             return Finding(name, "clear", "no backend N=2 busbw dip to explain; the N=2 dips are in raw-TCP series "
                            f"({'; '.join(raw)}): properties of those raw schedules, not a backend's mechanism")
         return Finding(name, "clear", "no N=2 busbw dip to explain")
+    # The negative control: a transport that does not take turns dips at N=2 too, so what slows N=2 is not
+    # specific to the backend (a host, link or CPU fault): no backend mechanism is named, whatever shows.
+    control = [f for f in findings if f.rule == "negative_control" and f.status == "fired"]
+    if control:
+        return Finding(name, "undecided", "N=2 is slower for a transport that does not take turns too (negative "
+                       f"control: {control[0].evidence[0].text}), so the backend's N=2 dip is not its own: no backend "
+                       "mechanism is named; see the host findings for what slows N=2 for every transport")
     verdicts = [f for f in findings if f.rule.startswith("suspect_")]
     shown = [f for f in verdicts if f.status == "fired"]
     ruled_out = [f for f in verdicts if f.status == "clear"]

@@ -42,29 +42,15 @@ def n2_busbw_dip(run: RunData) -> list[Finding]:
     name = "n2_busbw_dip"
     thresholds = used(N2_DIP_RATIO, N2_DIP_STRONG)
     findings: list[Finding] = []
-    # N>=3 runs where the CPU, not the link, set the pace would drag the reference down and hide a dip:
-    # they are left out of it while link-bound N>=3 runs remain (cpu_bound names them).
-    cpu_limited = cpu_limited_world_sizes(run)
-    for (label, op), per_n in sorted(by_series(run.records).items()):
-        if op in PAIRWISE_OPS or 2 not in per_n or not any(n >= 3 for n in per_n):
-            continue
-        per_n, axis = match_axis(per_n)
-        reference = [n for n in per_n if n >= 3 and n not in cpu_limited] or [n for n in per_n if n >= 3]
-        left_out = sorted(n for n in per_n if n >= 3 and n not in reference)
+    for dip in series_dips(run):
+        label, op, per_n, axis, reference, left_out, ratios = (dip.label, dip.op, dip.per_n, dip.axis, dip.reference,
+                                                               dip.left_out, dip.ratios)
         note = (f"; N={','.join(map(str, left_out))} left out of the reference: CPU-bound there (cpu_bound)"
                 if left_out else "")
-        ratios: dict[int, DipRatio] = {}
-        for size, row2 in sorted(per_n[2].items()):
-            others = [per_n[n][size] for n in reference if size in per_n[n]]
-            if others and row2.busbw_Bps > 0 and row2.times_s:
-                ratios[size] = dip_ratio(row2, others)
-        if not ratios:
-            continue
         sizes = sorted(ratios)
         source = run.source_of(per_n[2][sizes[-1]])
-        table = ", ".join(f"{axis}{human_bytes(s)}: {ratios[s].ratio.text()}" for s in sizes)
+        table = dip.table()
         dipping = [s for s in sizes if ratios[s].status == "dip"]
-        largest = ratios[sizes[-1]]
         if not dipping:
             # The interleaved trial is the surer of the two: where it shows this backend's N=2 below the link at
             # two sizes, a survey that finds no dip against N>=3 (separate launches, one N after the other)
@@ -77,9 +63,7 @@ def n2_busbw_dip(run: RunData) -> list[Finding]:
                                         "interleaved N=2 trial shows it below the link: " + ", ".join(
                                             f"D={human_bytes(v)} {against_link[v].text()}" for v in sorted(contradicted))
                                         + f"{note}", thresholds=thresholds))
-            elif largest.status == "no_dip" or (largest.ratio.point > N2_DIP_RATIO.value
-                                                and all(ratios[s].status != "unsure" or ratios[s].ratio.point
-                                                        > N2_DIP_RATIO.value for s in sizes)):
+            elif dip.status == "no_dip":
                 findings.append(Finding(name, "clear", f"{label} {op}: busbw at N=2 is not below N>=3 (N=2 / N>=3 mean "
                                         f"busbw, ratio by size: {table}; 95% intervals){note}",
                                         thresholds=thresholds))
@@ -137,6 +121,61 @@ def n2_busbw_dip(run: RunData) -> list[Finding]:
         return undecided(name, "no series has both N=2 and N>=3 rows at the same sizes: cannot compare "
                          "(sweep --nproc 2,3,4)", N2_DIP_RATIO, N2_DIP_STRONG)
     return findings
+
+
+@dataclass(frozen=True)
+class SeriesDip:
+    """One series' N=2 against its N>=3 rows, size by size (the figures n2_busbw_dip and negative_control read)."""
+
+    label: str
+    op: str
+    per_n: dict[int, dict[int, Record]]     # N -> size (or volume D) -> row
+    axis: str                               # "" (per-rank size) or "D=" (per-device volume)
+    reference: list[int]                    # the N>=3 the N=2 rows are held against
+    left_out: list[int]                     # N>=3 left out of the reference: CPU-bound there
+    ratios: dict[int, DipRatio]             # size -> N=2 / reference ratio
+
+    @property
+    def status(self) -> str:
+        """"dip" (some size dips), "no_dip" (the largest size does not, nor any size that is unsure below the
+        threshold), else "unsure": the survey's own reading, before any trial."""
+        sizes = sorted(self.ratios)
+        if any(self.ratios[s].status == "dip" for s in sizes):
+            return "dip"
+        largest = self.ratios[sizes[-1]]
+        if largest.status == "no_dip" or (largest.ratio.point > N2_DIP_RATIO.value and all(
+                self.ratios[s].status != "unsure" or self.ratios[s].ratio.point > N2_DIP_RATIO.value for s in sizes)):
+            return "no_dip"
+        return "unsure"
+
+    def table(self) -> str:
+        return ", ".join(f"{self.axis}{human_bytes(s)}: {self.ratios[s].ratio.text()}" for s in sorted(self.ratios))
+
+
+def series_dips(run: RunData) -> list[SeriesDip]:
+    """Every collective series with N=2 and N>=3 rows at the same sizes (or the same D), with its ratios. N>=3
+    runs where the CPU, not the link, set the pace would drag the reference down and hide a dip: they are left
+    out of it while link-bound N>=3 runs remain (cpu_bound names them)."""
+    return run.remember("series_dips", lambda: _series_dips(run))
+
+
+def _series_dips(run: RunData) -> list[SeriesDip]:
+    cpu_limited = cpu_limited_world_sizes(run)
+    out = []
+    for (label, op), per_series in sorted(by_series(run.records).items()):
+        if op in PAIRWISE_OPS or 2 not in per_series or not any(n >= 3 for n in per_series):
+            continue
+        per_n, axis = match_axis(per_series)
+        reference = [n for n in per_n if n >= 3 and n not in cpu_limited] or [n for n in per_n if n >= 3]
+        left_out = sorted(n for n in per_n if n >= 3 and n not in reference)
+        ratios: dict[int, DipRatio] = {}
+        for size, row2 in sorted(per_n[2].items()):
+            others = [per_n[n][size] for n in reference if size in per_n[n]]
+            if others and row2.busbw_Bps > 0 and row2.times_s:
+                ratios[size] = dip_ratio(row2, others)
+        if ratios:
+            out.append(SeriesDip(label, op, per_n, axis, reference, left_out, ratios))
+    return out
 
 
 @dataclass(frozen=True)

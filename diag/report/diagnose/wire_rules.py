@@ -48,7 +48,7 @@ def low_duplex_overlap(run: RunData) -> list[Finding]:
     ok: list[str] = []
     unreliable = False
     for c in sorted(captures, key=lambda c: (c.world_size or 0, c.tag)):
-        source = f"analysis/{c.tag}.json"
+        source = c.source("analysis")
         op = capture_op(c)
         # (kind, bytes each way, overlap, what it is) for every connection and every host the capture sees
         carriers = [("connection", tuple(conn.payload_bytes), conn.duplex_overlap,
@@ -122,11 +122,11 @@ def turn_taking(run: RunData) -> list[Finding]:
             Evidence(f"{c.label}: connection {conn.a} <-> {conn.b} moves both directions at once "
                      f"{overlap:.0%} of its active time", {"world_size": 2, "duplex_overlap": overlap,
                                                            "transport": c.transport},
-                     f"analysis/{c.tag}.json", "duplex_overlap.png"),
+                     c.source("analysis"), "duplex_overlap.png"),
             Evidence(f"{best_raw.label}: raw TCP, one connection {raw_conn.a} <-> {raw_conn.b} "
                      f"carrying both directions, overlaps them {raw_overlap:.0%} of its active time",
                      {"world_size": 2, "duplex_overlap": raw_overlap, "transport": best_raw.transport},
-                     f"analysis/{best_raw.tag}.json", "duplex_overlap.png"),
+                     best_raw.source("analysis"), "duplex_overlap.png"),
         )
         if overlap < DUPLEX_OVERLAP_LOW.value and raw_overlap - overlap >= TURN_TAKING_GAP.value:
             strength = strength_of(raw_overlap - overlap - TURN_TAKING_GAP.value, 0.3, 0.15)
@@ -167,7 +167,7 @@ def window_limited(run: RunData) -> list[Finding]:
                                          f"in {data_packets} data packets{drop_note(c)}",
                                          {"zero_windows": zero, "window_full": full, "data_packets": data_packets,
                                           "world_size": c.world_size},
-                                         f"analysis/{c.tag}.json", "window.png"))
+                                         c.source("analysis"), "window.png"))
     for series in tcp:
         busy = series.delta("busy_s")
         if not busy:
@@ -210,7 +210,7 @@ def retransmissions(run: RunData) -> list[Finding]:
                                          f"({resent / packets:.2%}){drop_note(c)}",
                                          {"retransmissions": resent, "packets": packets, "rate": resent / packets,
                                           "world_size": c.world_size},
-                                         f"analysis/{c.tag}.json"))
+                                         c.source("analysis")))
     for series in tcp:
         total = series.delta("total_retrans")
         if total is None:
@@ -299,7 +299,7 @@ def idle_gaps(run: RunData) -> list[Finding]:
                     {"count": gaps.count, "total_s": total, "max_s": longest, "fraction": fraction,
                      "world_size": c.world_size, "turn_share": turn_share, "cwnd_collapses": collapses,
                      "inside_iterations_s": inside_s, "timed_s": timed_s, "timed_share": inside_share},
-                    f"analysis/{c.tag}.json", "conn_throughput.png"))
+                    c.source("analysis"), "conn_throughput.png"))
     turn_note = (f"; not counted: {len(turns)} direction(s) whose gaps are the other direction's turns on a "
                  f"connection that takes turns (turn_taking), with no cwnd collapse in TCP_INFO, so no idle "
                  f"restart: " + "; ".join(turns[:4])) if turns else ""
@@ -351,5 +351,5 @@ def capture_drops(run: RunData) -> list[Finding]:
     return [Finding(name, "fired", f"{len(bad)} captures lost packets in the kernel: findings from them "
                     f"(duplex overlap, windows, retransmissions, gaps) are unreliable", "strong",
                     tuple(Evidence(f"{c.label}: kernel dropped {c.kernel_dropped} packets",
-                                   {"kernel_dropped": c.kernel_dropped}, f"captures/{c.tag}.capture.json")
+                                   {"kernel_dropped": c.kernel_dropped}, c.source("captures"))
                           for c in bad))]

@@ -1,0 +1,68 @@
+"""The negative control: a transport that does not take turns (raw TCP with one connection per direction,
+both directions at once; the diag_tcp backend) must show no N=2 dip. Where it does, whatever slows N=2 slows
+every transport (a host, a link, the CPU), and no backend's N=2 mechanism may be named from the run
+(diag.report.diagnose.mechanism reads this finding)."""
+
+from __future__ import annotations
+
+from diag.records import Record
+from diag.report.diagnose.base import strength_of, undecided
+from diag.report.diagnose.findings import Evidence, Finding
+from diag.report.diagnose.records_rules import SeriesDip, series_dips
+from diag.report.rundir import RunData
+from diag.report.series import knob
+from diag.report.thresholds import N2_DIP_RATIO, used
+from diag.units import human_bytes, human_rate
+
+# The values of the knobs that decide whether a transport takes turns, at which it does not (None: not given,
+# the default): any other value (--conn shared, --io alternate, --handshake notify, --emulate gloo) makes the
+# series an experiment, not the control.
+CONTROL_KNOBS: dict[str, tuple[object, ...]] = {"conn": (None, "split"), "io": (None, "duplex"),
+                                                "handshake": (None, "none"), "emulate": (None, "")}
+# Backends whose rows are the control when no turn knob is set: diag's own raw TCP, and the same under torch.
+CONTROL_BACKENDS = ("raw", "diag_tcp")
+NAME = "negative_control"
+
+
+def is_control(row: Record) -> bool:
+    """A row of a transport that sends and receives at once on its own connections."""
+    if row.backend not in CONTROL_BACKENDS:
+        return False
+    return all(knob(row, k) in values for k, values in CONTROL_KNOBS.items())
+
+
+def _row(dip: SeriesDip) -> Record:
+    return next(iter(dip.per_n[2].values()))
+
+
+def negative_control(run: RunData) -> list[Finding]:
+    """N=2 against N>=3 for the control series (series_dips, as n2_busbw_dip reads them): clear when none dips
+    (the run says N=2 is not slower there), fired when one does (a slowdown that is not the backend's)."""
+    thresholds = used(N2_DIP_RATIO)
+    controls = [d for d in series_dips(run) if is_control(_row(d))]
+    if not controls:
+        return undecided(NAME, "no raw-TCP (one connection per direction, both directions at once) or diag_tcp "
+                         "series with N=2 and N>=3 rows at the same sizes: the negative control did not run",
+                         N2_DIP_RATIO)
+    tables = "; ".join(f"{d.label} {d.op} (N=2 / N>=3 mean busbw by size: {d.table()})" for d in controls)
+    dipping = [d for d in controls if d.status == "dip"]
+    if dipping:
+        evidence = []
+        for d in dipping:
+            for size, ratio in sorted(d.ratios.items()):
+                if ratio.status == "dip":
+                    evidence.append(Evidence(
+                        f"{d.label} {d.op} at {d.axis}{human_bytes(size)}: N=2 mean busbw {human_rate(ratio.n2_Bps)} "
+                        f"vs N>=3 {human_rate(ratio.reference_Bps)} (ratio {ratio.ratio.text()})",
+                        {"series": d.label, "op": d.op, "size_bytes": size, "ratio": ratio.ratio.point,
+                         "world_size": 2, "control": True}, run.source_of(d.per_n[2][size]), "busbw_vs_size.png"))
+        worst = min(e.values["ratio"] for e in evidence)
+        return [Finding(NAME, "fired", f"N=2 is slower for a transport that does not take turns too: {tables}: "
+                        "what slows N=2 here slows every transport (a host, a link or the CPU: see the host "
+                        "findings), so no backend's N=2 mechanism is named from this run",
+                        strength_of(N2_DIP_RATIO.value - worst, 0.2, 0.1), tuple(evidence), thresholds)]
+    if all(d.status == "no_dip" for d in controls):
+        return [Finding(NAME, "clear", f"N=2 is not slower with a transport that does not take turns: {tables}",
+                        thresholds=thresholds)]
+    return [Finding(NAME, "undecided", f"whether N=2 is slower without turn-taking cannot be told from these "
+                    f"samples: {tables}", thresholds=thresholds)]
