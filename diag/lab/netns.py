@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -82,6 +83,15 @@ def ip_batch(netns: str | None, lines: Sequence[str]) -> None:
 
 def tc_batch(netns: str, lines: Sequence[str]) -> None:
     run(["tc", "-n", netns, "-batch", "-"], input_text="\n".join(lines) + "\n")
+
+
+def link_mtu(netns: str, iface: str) -> int | None:
+    """The MTU of iface inside netns (None where it cannot be read)."""
+    proc = run(["ip", "-n", netns, "-j", "link", "show", "dev", iface], check=False)
+    try:
+        return int(json.loads(proc.stdout)[0]["mtu"])
+    except (ValueError, LookupError, TypeError):
+        return None
 
 
 def list_netns() -> list[str]:
