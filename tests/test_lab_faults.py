@@ -306,3 +306,10 @@ def test_tbf_limit_read_back_from_tc_json() -> None:
     assert by_latency.limit_bytes == pytest.approx(65536, abs=20)    # the 64 KiB default queue at 100mbit
     assert by_limit.limit_bytes == 4096
     assert by_latency.to_json()["limit_bytes"] == by_latency.limit_bytes
+
+
+def test_a_pairs_goodput_bound_is_its_slower_link_at_the_smaller_mtu() -> None:
+    lab = plan_lab(LabConfig(hosts=3, rate="100mbit").with_faults(["h2:rate=40mbit,mtu=9000", "h1:mtu=9000"]))
+    assert lab.expected_goodput_between("h0", "h1") == pytest.approx(lab.expected_goodput_Bps)   # MSS of 1500
+    assert lab.expected_goodput_between("h0", "h2") == pytest.approx(40e6 / 8 * 1448 / 1538)
+    assert lab.expected_goodput_between("h2", "h1") == pytest.approx(40e6 / 8 * 8948 / 9038)    # both jumbo

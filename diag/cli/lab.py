@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--fault", metavar="HOST:KEY=VALUE[,...]", action="append", default=[],
                     help="give one host its own settings (repeatable): rate=100mbit|25%%, rx-queue=BYTES, "
                          "tx-queue=BYTES, mtu=N, \"tcp_rmem=MIN DEF MAX\" (or MIN/DEF/MAX), tcp_wmem=..., "
-                         "cc=reno|cubic|bbr, slow_start_after_idle=0|1, cpu=0.3 (CPUs of time); e.g. "
+                         "cc=ALGORITHM (e.g. reno), slow_start_after_idle=0|1, cpu=0.3 (CPUs of time); e.g. "
                          "h2:rate=100mbit,mtu=9000 (docs/lab.md, \"Per-host faults\")")
     up.add_argument("--scenario", metavar="FILE|NAME", default=None,
                     help="faults from a scenario file (.json, or .toml on Python 3.11+) or a built-in scenario "

@@ -138,7 +138,7 @@ def qdisc_text(qdiscs: list[dict[str, Any]]) -> str:
 def format_measurement(lab: Any, measured: dict[str, Any]) -> str:
     from diag.units import human_bits
 
-    expected = lab.expected_goodput_Bps
+    expected = lab.expected_goodput_between(measured["a"], measured["b"])   # a host's fault may lower it
     single = measured["single_stream_Bps"]
     forward, backward = measured["bidir_Bps"]
     return "\n".join([

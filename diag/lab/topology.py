@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
@@ -110,6 +110,13 @@ class Lab:
     def host_shape(self, host: LabHost | int | str) -> HostShape:
         """The host's own link: the lab's rate, MTU and queues, or its fault's."""
         return self.config.host_shape(self.host(host).index)
+
+    def expected_goodput_between(self, a: LabHost | int | str, b: LabHost | int | str) -> float:
+        """One TCP stream's payload rate from a to b: the slower of the two links, at the smaller MTU (the
+        MSS both SYNs agree on); the lab's expected_goodput_Bps where neither host has a fault."""
+        slower = min((self.host_shape(a), self.host_shape(b)), key=lambda shape: shape.rate_bps)
+        mtu = min(self.host_shape(a).mtu, self.host_shape(b).mtu)
+        return replace(self.config, rate=slower.rate_bps, mtu=mtu, faults=()).expected_goodput_Bps
 
     def to_json(self) -> dict[str, Any]:
         """The "lab" object of run.json: everything a report needs to describe the network.
