@@ -16,7 +16,6 @@ namespace, which everything started through ``Lab.exec_prefix`` joins; diag/lab/
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import sys
@@ -442,35 +441,10 @@ def _build(lab: Lab) -> None:
                                          for host in lab.hosts])
     for fault in config.faults:
         host = lab.host(fault.index)
-        values = fault.sysctls()
-        if values:
-            ns_tools.call_in_netns(host.netns, functools.partial(write_sysctls, values))
+        if fault.sysctls():
+            ns_tools.write_sysctls(host.netns, fault.sysctls())
         if fault.cpu is not None and host.cpu_cgroup is not None:
             cgroups.create(host.cpu_cgroup, fault.cpu)
-
-
-def write_sysctls(values: dict[str, str]) -> None:
-    """Write net.* sysctls of the calling thread's network namespace (/proc/sys/net is per namespace)."""
-    for name, value in values.items():
-        path = "/proc/sys/" + name.replace(".", "/")
-        try:
-            with open(path, "w", encoding="ascii") as handle:
-                handle.write(value)
-        except OSError as exc:
-            raise DiagError(f"cannot set {name} = {value!r} in a lab host ({exc.strerror}); "
-                            "check the value, or drop that fault") from None
-
-
-def read_sysctls(names: list[str]) -> dict[str, str]:
-    """net.* sysctls of the calling thread's network namespace, whitespace normalized ("4096 16384 65536")."""
-    values = {}
-    for name in names:
-        try:
-            with open("/proc/sys/" + name.replace(".", "/"), encoding="ascii") as handle:
-                values[name] = " ".join(handle.read().split())
-        except OSError:
-            values[name] = "?"
-    return values
 
 
 def _run_in_netns(netns: str, argv: list[str]) -> None:
@@ -511,7 +485,7 @@ def _verify_fault(lab: Lab, host: LabHost) -> None:
                 raise DiagError(f"{where}: the MTU of {iface} in {netns} is {got}, not {fault.mtu}")
     asked = fault.sysctls()
     if asked:
-        got_values = ns_tools.call_in_netns(host.netns, lambda: read_sysctls(list(asked)))
+        got_values = ns_tools.read_sysctls(host.netns, list(asked))
         for name, value in asked.items():
             if got_values[name] != value:
                 raise DiagError(f"{where}: {name} reads {got_values[name]!r} in {host.netns}, not {value!r}")
@@ -523,7 +497,7 @@ def _verify_fault(lab: Lab, host: LabHost) -> None:
 
 def host_settings(lab: Lab, host: LabHost) -> dict[str, Any]:
     """What a host really has now: its link's MTU, its TCP sysctls and its cgroup's quota (lab status)."""
-    sysctls = ns_tools.call_in_netns(host.netns, lambda: read_sysctls(list(SYSCTLS.values())))
+    sysctls = ns_tools.read_sysctls(host.netns, list(SYSCTLS.values()))
     settings: dict[str, Any] = {"mtu": ns_tools.link_mtu(host.netns, host.iface), "sysctls": sysctls,
                                 "cpu_cgroup": host.cpu_cgroup}
     if host.cpu_cgroup:
