@@ -53,9 +53,14 @@ class HostLaunch:
     netns: str | None = None                            # lab host namespace; None = this namespace
     iface: str | None = None                            # the host's link (captures, GLOO_SOCKET_IFNAME)
     env: dict[str, str] = field(default_factory=dict)   # e.g. GLOO_SOCKET_IFNAME
+    # How a command starts on this host, when the host says so (a lab host's Lab.exec_prefix: it may join the
+    # host's CPU cgroup before entering its namespace); else derived from netns.
+    exec_prefix: tuple[str, ...] = ()
 
     @property
     def prefix(self) -> tuple[str, ...]:
+        if self.exec_prefix:
+            return self.exec_prefix
         return ("ip", "netns", "exec", self.netns) if self.netns else ()
 
 

@@ -65,7 +65,8 @@ def run_worlds(spec: SweepSpec, job: Job, out: Path, run_dir: Path, world_sizes:
     for n in sizes:
         if lab is not None:
             hosts = [HostLaunch(h.name, 1, h.address, netns=h.netns, iface=h.iface,
-                                env={"GLOO_SOCKET_IFNAME": h.iface}) for h in lab.hosts[:n]]
+                                env={"GLOO_SOCKET_IFNAME": h.iface}, exec_prefix=tuple(lab.exec_prefix(h)))
+                     for h in lab.hosts[:n]]
         else:
             env = {"GLOO_SOCKET_IFNAME": iface} if iface else {}
             hosts = [HostLaunch("local", n, master_addr, iface=iface, env=env)]

@@ -4,6 +4,7 @@ pandas, a run directory into pandas, and the package's type hints shipped (py.ty
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,10 @@ def test_to_pandas_without_pandas_is_one_clear_line(tmp_path: Path) -> None:
     assert done.stdout.strip() == "to_pandas() needs pandas, which is not installed: pip install pandas", done.stderr
 
 
-def test_package_ships_its_type_hints() -> None:
+def test_package_ships_its_type_hints_and_scenarios() -> None:
     assert (REPO / "diag" / "py.typed").is_file()
-    assert 'diag = ["py.typed"]' in (REPO / "pyproject.toml").read_text()
+    shipped = re.search(r"^diag = \[(.*)\]$", (REPO / "pyproject.toml").read_text(), re.MULTILINE)
+    assert shipped is not None
+    assert '"py.typed"' in shipped.group(1)
+    # the lab's built-in fault scenarios are data files, installed only where package-data names them
+    assert '"lab/scenarios/*.json"' in shipped.group(1) and list((REPO / "diag/lab/scenarios").glob("*.json"))

@@ -76,9 +76,11 @@ def test_expected_goodput_counts_ethernet_ip_tcp_overhead() -> None:
 
 def test_tbf_line_carries_rate_burst_limit_and_wire_overhead() -> None:
     config = LabConfig(rate="200mbit", queue_limit_bytes=30_000)
-    line = tbf_line("eth0", config)
+    line = tbf_line("eth0", config.host_shape(0))
     assert line == ("qdisc replace dev eth0 root handle 1: tbf rate 200000000bit burst 12304 limit 30000 "
                     "overhead 24")
+    host_side = tbf_line("eth0", config.host_shape(0), host_side=True)
+    assert "limit 1538000 " in host_side          # the NIC's 1000 frames, not the switch port's queue
 
 
 def test_netem_line_only_when_asked() -> None:

@@ -62,3 +62,26 @@ def test_lab_sweep_without_a_lab_says_how_to_make_one(need_root, tmp_path):
     proc = _sweep("--lab", "nolab123", "--nproc", "2", "--sizes", "1K", "--out", str(tmp_path / "x.jsonl"))
     assert proc.returncode != 0 and "diag lab up" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _cfs_periods(cgroup: str) -> int:
+    """CFS periods in which the cgroup's tasks ran under its quota (cpu.stat nr_periods, v1 and v2)."""
+    with open(os.path.join(cgroup, "cpu.stat"), encoding="ascii") as stat:
+        return int(dict(line.split() for line in stat if line.strip())["nr_periods"])
+
+
+@pytest.mark.slow
+def test_lab_sweep_ranks_on_a_cpu_starved_host_run_under_its_quota(need_root, tmp_path):
+    """The launchers start through Lab.exec_prefix, so torchrun and the rank on h1 join h1's cgroup."""
+    config = LabConfig(name=f"sq{os.getpid() % 100000}", hosts=2, rate="100mbit").with_faults(["h1:cpu=0.5"])
+    with lab_session(config) as lab:
+        cgroup = lab.hosts[1].cpu_cgroup
+        assert cgroup is not None
+        idle = _cfs_periods(cgroup)     # a few from setting the quota; nothing has run there yet
+        out = tmp_path / "starved.jsonl"
+        proc = _sweep("--lab", lab.name, "--backend", "gloo", "--op", "all_gather", "--nproc", "2", "--sizes",
+                      "256K", "--iters", "2", "--warmup", "1", "--quiet", "--out", str(out))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert load_records(out).records[0].nwrong == 0
+        # 10 ms periods: torchrun and a rank starting and running for seconds fill hundreds of them
+        assert _cfs_periods(cgroup) - idle >= 50, "the sweep's processes on h1 did not run in its cgroup"

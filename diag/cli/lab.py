@@ -2,13 +2,16 @@
 
 examples:
   diag lab up --hosts 2 --rate 1gbit [--queue-limit BYTES] [--delay 100us] [--loss 0.1%] [--mtu 1500]
+  diag lab up --hosts 3 --rate 200mbit --fault h2:rate=100mbit --fault "h1:rx-queue=16K,cc=reno"
+  diag lab up --hosts 3 --rate 200mbit --scenario slow-nic      (or --scenario FILE.toml / FILE.json)
   diag lab status [--measure] [--ring 2,3,4]
   diag lab exec h0 -- ip addr
   diag lab down            (also cleans up after a crashed or killed `up`)
 
 Each host is a namespace with eth0 = 10.77.0.(i+1)/24; tbf on the host's eth0 shapes what it sends and
 tbf on its switch port shapes what it receives, so every host has a full-duplex NIC of --rate.
-See docs/lab.md for what the rate means in TCP goodput and which tbf burst is used.
+One host can differ (--fault): its rate, queues, MTU, TCP sysctls or CPU share (docs/lab.md, "Per-host
+faults"). See docs/lab.md for what the rate means in TCP goodput and which tbf burst is used.
 """
 
 from __future__ import annotations
@@ -37,6 +40,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--mtu", type=int, default=1500, help="IP MTU of every link (default 1500)")
     up.add_argument("--offloads", action="store_true",
                     help="keep TSO/GSO/GRO on (default off, so the wire carries MTU-sized frames)")
+    up.add_argument("--fault", metavar="HOST:KEY=VALUE[,...]", action="append", default=[],
+                    help="give one host its own settings (repeatable): rate=100mbit|25%%, rx-queue=BYTES, "
+                         "tx-queue=BYTES, mtu=N, \"tcp_rmem=MIN DEF MAX\" (or MIN/DEF/MAX), tcp_wmem=..., "
+                         "cc=ALGORITHM (e.g. reno), slow_start_after_idle=0|1, cpu=0.3 (CPUs of time); e.g. "
+                         "h2:rate=100mbit,mtu=9000 (docs/lab.md, \"Per-host faults\")")
+    up.add_argument("--scenario", metavar="FILE|NAME", default=None,
+                    help="faults from a scenario file (.json, or .toml on Python 3.11+) or a built-in scenario "
+                         "(slow-nic, shallow-buffer, small-windows, jumbo-host, slow-cpu); --fault keys override "
+                         "its keys")
     up.add_argument("--json", action="store_true", help="print the lab as JSON")
 
     down = actions.add_parser("down", help="remove a lab: namespaces, links, qdiscs, state")
@@ -91,7 +103,7 @@ def _up(args: argparse.Namespace) -> int:
         loss=args.loss,
         mtu=args.mtu,
         offloads=args.offloads,
-    )
+    ).with_faults(args.fault, args.scenario)
     lab = bring_up(config)
     if args.json:
         print(json.dumps(lab.to_json(), indent=1))
@@ -170,5 +182,6 @@ def _exec(args: argparse.Namespace) -> int:
     if shutil.which(argv[0]) is None and "/" not in argv[0]:
         raise DiagError(f"command {argv[0]!r} was not found")
     sys.stdout.flush()
-    os.execvp("ip", [*lab.exec_prefix(host), *argv])
+    prefix = lab.exec_prefix(host)     # ip netns exec, after joining the host's CPU cgroup where it has one
+    os.execvp(prefix[0], [*prefix, *argv])
     return 127  # not reached: execvp replaces this process

@@ -6,14 +6,24 @@ Pure code: no root, no subprocesses, so every rule here is tested without namesp
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from diag.errors import DiagError
+from diag.lab.faults import (
+    HostFault,
+    ScenarioLabel,
+    load_scenario,
+    merge_faults,
+    override_faults,
+    parse_fault,
+)
 from diag.units import parse_rate_bps
 
 MAX_HOSTS = 64                  # every host is a namespace + veth pair; 64 already outruns 2-core sweeps
 MIN_MTU, MAX_MTU = 576, 9000    # IPv4 minimum datagram .. jumbo frames
+RATE_RANGE_BPS = (1e5, 100e9)   # 100kbit .. 100gbit: what tbf shapes faithfully
 # A lab name: 1..MAX_NAME_LEN of a-z, 0-9, _ (starting with a letter or digit). Short, so its namespace and
 # interface names stay unambiguous. Always checked with fullmatch: "$" in a pattern also matches before a
 # final newline, and "zzq\n" would split an `ip -batch` line. The namespace rule below reuses this pattern,
@@ -70,6 +80,8 @@ class LabConfig:
     mtu: int = 1500
     burst_bytes: int | None = None      # None: see burst_for()
     offloads: bool = False              # False: TSO/GSO/GRO off, so the wire carries MTU-sized frames
+    faults: tuple[HostFault, ...] = ()  # per-host differences (diag/lab/faults.py), one per host, host order
+    scenario: ScenarioLabel | None = None   # the scenario file the faults came from, if any
 
     def validated(self) -> LabConfig:
         """Check every field; raise DiagError with one line that says what to fix."""
@@ -79,7 +91,7 @@ class LabConfig:
         if not 2 <= self.hosts <= MAX_HOSTS:
             raise DiagError(f"--hosts must be between 2 and {MAX_HOSTS}, got {self.hosts}")
         rate_bps = self.rate_bps
-        if rate_bps < 1e5 or rate_bps > 100e9:
+        if not RATE_RANGE_BPS[0] <= rate_bps <= RATE_RANGE_BPS[1]:
             raise DiagError(f"--rate {self.rate!r} is outside 100kbit..100gbit")
         if not MIN_MTU <= int(self.mtu) <= MAX_MTU:
             raise DiagError(f"--mtu must be between {MIN_MTU} and {MAX_MTU}, got {self.mtu}")
@@ -91,7 +103,71 @@ class LabConfig:
             parse_delay_s(self.delay)
         if self.loss is not None:
             parse_loss_pct(self.loss)
+        self._validate_faults()
         return self
+
+    def _validate_faults(self) -> None:
+        """The rules a fault needs the lab for: its host exists, its rate/MTU are in range, its queues hold
+        two of its frames and its frames fit an explicit --burst."""
+        seen: set[str] = set()
+        for fault in self.faults:
+            where = f"fault {fault.host}"
+            if fault.host in seen:
+                raise DiagError(f"{where}: the host has two fault entries; merge them into one")
+            seen.add(fault.host)
+            if fault.index >= self.hosts:
+                raise DiagError(f"{where}: the lab has hosts h0..h{self.hosts - 1} (--hosts {self.hosts}); "
+                                f"add hosts or fault one of those")
+            if not fault.asked():
+                raise DiagError(f"{where}: says nothing; give at least one KEY=VALUE")
+            shape = self.host_shape(fault.index)
+            if not RATE_RANGE_BPS[0] <= shape.rate_bps <= RATE_RANGE_BPS[1]:
+                raise DiagError(f"{where}: rate {fault.rate} makes {shape.rate_bps:.0f} bit/s, outside "
+                                "100kbit..100gbit")
+            if not MIN_MTU <= shape.mtu <= MAX_MTU:
+                raise DiagError(f"{where}: mtu must be between {MIN_MTU} and {MAX_MTU}, got {shape.mtu}")
+            for key, queue in (("rx-queue", fault.rx_queue_bytes), ("tx-queue", fault.tx_queue_bytes)):
+                if queue is not None and queue < 2 * shape.frame_bytes:
+                    raise DiagError(f"{where}: {key} {queue} is below two of its frames ({2 * shape.frame_bytes} "
+                                    "bytes)")
+            if self.burst_bytes is not None and self.burst_bytes < shape.frame_bytes:
+                raise DiagError(f"{where}: --burst {self.burst_bytes} is below one of its frames "
+                                f"({shape.frame_bytes} bytes at mtu {shape.mtu})")
+
+    def with_faults(self, fault_args: Sequence[str] = (), scenario: str | None = None,
+                    flag: str = "--fault", scenario_flag: str = "--scenario") -> LabConfig:
+        """This config with the faults of a scenario (a file or a built-in name) and of repeated
+        ``HOST:KEY=VALUE[,KEY=VALUE]`` arguments, validated. A key an argument sets overrides the scenario's;
+        a key given twice among the arguments is an error. What ``diag lab up --fault/--scenario`` and
+        ``diag reproduce --lab-fault`` call (flag and scenario_flag name the caller's options in errors)."""
+        label, base = self.scenario, self.faults
+        if scenario is not None:
+            loaded = load_scenario(scenario, scenario_flag)
+            label, base = loaded.label, override_faults(self.faults, loaded.faults)
+        given = merge_faults((parse_fault(text, flag) for text in fault_args), flag)
+        return replace(self, faults=override_faults(base, given), scenario=label).validated()
+
+    def fault_for(self, index: int) -> HostFault | None:
+        return next((fault for fault in self.faults if fault.index == index), None)
+
+    def host_shape(self, index: int) -> HostShape:
+        """Host `index`'s link as built: the lab's numbers, with its fault's rate, MTU and queues."""
+        fault = self.fault_for(index)
+        own = self
+        if fault is not None:
+            rate: str | float = self.rate
+            if isinstance(fault.rate, str) and fault.rate.strip().endswith("%"):
+                rate = self.rate_bps * float(fault.rate.strip()[:-1]) / 100
+            elif fault.rate is not None:
+                rate = fault.rate
+            own = replace(self, rate=rate, mtu=fault.mtu if fault.mtu is not None else self.mtu,
+                          queue_limit_bytes=(fault.rx_queue_bytes if fault.rx_queue_bytes is not None
+                                             else self.queue_limit_bytes), faults=())
+        tx_queue = fault.tx_queue_bytes if fault is not None and fault.tx_queue_bytes is not None else None
+        return HostShape(rate_bps=own.rate_bps, mtu=int(own.mtu), frame_bytes=own.frame_bytes,
+                         burst_bytes=own.effective_burst_bytes, rx_queue_bytes=own.effective_queue_limit_bytes,
+                         tx_queue_bytes=tx_queue if tx_queue is not None else own.host_tx_queue_bytes,
+                         expected_goodput_Bps=own.expected_goodput_Bps)
 
     @property
     def rate_bps(self) -> float:
@@ -133,15 +209,37 @@ class LabConfig:
     def shape_key(self) -> tuple[Any, ...]:
         """What the built lab depends on: "1gbit" and 1e9 are the same lab."""
         return (self.name, self.hosts, self.rate_bps, self.effective_queue_limit_bytes, self.delay, self.loss,
-                int(self.mtu), self.effective_burst_bytes, self.offloads)
+                int(self.mtu), self.effective_burst_bytes, self.offloads,
+                tuple(fault.shape_key() for fault in self.faults))
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        plain = asdict(replace(self, faults=(), scenario=None))
+        return {**plain, "faults": [fault.to_json() for fault in self.faults],
+                "scenario": self.scenario.to_json() if self.scenario is not None else None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LabConfig:
         known = {key: data[key] for key in cls.__dataclass_fields__ if key in data}
+        known["faults"] = tuple(HostFault.from_json(fault) for fault in known.get("faults") or ())
+        label = known.get("scenario")
+        known["scenario"] = ScenarioLabel(**label) if isinstance(label, dict) else None
         return cls(**known)
+
+
+@dataclass(frozen=True)
+class HostShape:
+    """One host's link as built (both tbfs, the MTU), from the lab's settings and the host's fault."""
+
+    rate_bps: float
+    mtu: int
+    frame_bytes: int
+    burst_bytes: int
+    rx_queue_bytes: int             # its switch port's tbf limit: what it receives
+    tx_queue_bytes: int             # its own eth0 tbf limit: what it sends
+    expected_goodput_Bps: float     # one TCP stream's payload rate at this rate and MTU
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def burst_for(rate_bps: float, frame_bytes: int) -> int:

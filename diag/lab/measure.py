@@ -80,6 +80,18 @@ def measure_link(lab: Lab, a: int = 0, b: int = 1, seconds: float = 2.0, tool: s
                            seconds=seconds)
 
 
+def measure_flows(lab: Lab, pairs: list[tuple[LabHost | int | str, LabHost | int | str]],
+                  seconds: float = 2.0) -> list[float]:
+    """Goodput of one TCP connection per (sender, receiver) pair, all at once (e.g. incast: two senders into
+    one host), with diag's own sockets; in the order of pairs."""
+    if not 0.2 <= seconds <= 60:
+        raise DiagError(f"measurement time {seconds} s is outside 0.2..60 s")
+    resolved = [(lab.host(sender), lab.host(receiver)) for sender, receiver in pairs]
+    if not resolved or any(sender == receiver for sender, receiver in resolved):
+        raise DiagError("measure between pairs of two different hosts, e.g. (h0, h1)")
+    return _run_streams(resolved, seconds)
+
+
 @dataclass(frozen=True)
 class EdgeFlow:
     """One ring edge's goodput, measured at the receiver."""

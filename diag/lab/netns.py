@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -82,6 +83,49 @@ def ip_batch(netns: str | None, lines: Sequence[str]) -> None:
 
 def tc_batch(netns: str, lines: Sequence[str]) -> None:
     run(["tc", "-n", netns, "-batch", "-"], input_text="\n".join(lines) + "\n")
+
+
+def link_mtu(netns: str, iface: str) -> int | None:
+    """The MTU of iface inside netns (None where it cannot be read)."""
+    proc = run(["ip", "-n", netns, "-j", "link", "show", "dev", iface], check=False)
+    try:
+        return int(json.loads(proc.stdout)[0]["mtu"])
+    except (ValueError, LookupError, TypeError):
+        return None
+
+
+def write_sysctls(netns: str, values: dict[str, str]) -> None:
+    """Write net.* sysctls inside netns: /proc/sys/net shows the namespace of the thread that opens it, so a
+    thread that joined netns writes them (no process to fork)."""
+    def write() -> None:
+        for name, value in values.items():
+            try:
+                with open(_sysctl_path(name), "w", encoding="ascii") as handle:
+                    handle.write(value)
+            except OSError as exc:
+                raise DiagError(f"cannot set {name} = {value!r} in {netns} ({exc.strerror}); check the value, "
+                                "or drop that fault") from None
+
+    call_in_netns(netns, write)
+
+
+def read_sysctls(netns: str, names: list[str]) -> dict[str, str]:
+    """net.* sysctls inside netns, whitespace normalized ("4096 16384 65536"); "?" where unreadable."""
+    def read() -> dict[str, str]:
+        values = {}
+        for name in names:
+            try:
+                with open(_sysctl_path(name), encoding="ascii") as handle:
+                    values[name] = " ".join(handle.read().split())
+            except OSError:
+                values[name] = "?"
+        return values
+
+    return call_in_netns(netns, read)
+
+
+def _sysctl_path(name: str) -> str:
+    return "/proc/sys/" + name.replace(".", "/")
 
 
 def list_netns() -> list[str]:

@@ -13,24 +13,31 @@ from typing import Any
 
 from diag.errors import DiagError
 from diag.lab import netns as ns_tools
-from diag.lab.config import ETH_WIRE_OVERHEAD_BYTES, LabConfig, parse_delay_s, parse_loss_pct
+from diag.lab.config import ETH_WIRE_OVERHEAD_BYTES, HostShape, LabConfig, parse_delay_s, parse_loss_pct
 
 TBF_HANDLE = "1:"
 NETEM_HANDLE = "10:"
 NETEM_PROBE_IFACE = "diagprobe0"
 
 
-def tbf_line(iface: str, config: LabConfig, host_side: bool = False) -> str:
-    """One 'tc -batch' line: the rate limiter on iface's egress (host TX: a NIC's queue; switch port: the
-    switch's buffer, where --queue-limit applies)."""
-    limit = config.host_tx_queue_bytes if host_side else config.effective_queue_limit_bytes
-    return (f"qdisc replace dev {iface} root handle {TBF_HANDLE} tbf rate {int(config.rate_bps)}bit "
-            f"burst {config.effective_burst_bytes} limit {limit} "
+def tbf_line(iface: str, shape: HostShape, host_side: bool = False) -> str:
+    """One 'tc -batch' line: the rate limiter on iface's egress of one host's link (host TX: its NIC's
+    queue; switch port: the switch's buffer toward it, where --queue-limit and rx-queue apply)."""
+    limit = shape.tx_queue_bytes if host_side else shape.rx_queue_bytes
+    return (f"qdisc replace dev {iface} root handle {TBF_HANDLE} tbf rate {int(shape.rate_bps)}bit "
+            f"burst {shape.burst_bytes} limit {limit} "
             f"overhead {ETH_WIRE_OVERHEAD_BYTES}")
 
 
-def netem_line(iface: str, config: LabConfig) -> str | None:
-    """netem under the host-TX tbf: --delay is the one-way delay between two hosts, --loss per path."""
+def limit_tolerance_bytes(limit_bytes: int, rate_bps: float) -> float:
+    """How far a tbf limit read back may lie from the one asked: tc reports it as a latency in whole
+    microseconds (and rounds the burst to its clock ticks), so ~2 us of the rate plus a little."""
+    return 0.01 * limit_bytes + 2e-6 * rate_bps / 8 + 256
+
+
+def netem_line(iface: str, config: LabConfig, shape: HostShape | None = None) -> str | None:
+    """netem under the host-TX tbf: --delay is the one-way delay between two hosts, --loss per path.
+    shape: the host's own link (its rate and queue size netem's packet limit), else the lab's."""
     if config.delay is None and config.loss is None:
         return None
     parts = [f"qdisc add dev {iface} parent {TBF_HANDLE}1 handle {NETEM_HANDLE} netem"]
@@ -40,8 +47,11 @@ def netem_line(iface: str, config: LabConfig) -> str | None:
     if config.loss is not None:
         parts.append(f"loss {parse_loss_pct(config.loss)}%")
     # netem counts packets: hold a full queue plus everything in flight during the delay.
-    in_flight = config.rate_bps / 8 * delay_s + config.effective_queue_limit_bytes
-    parts.append(f"limit {max(1000, int(in_flight / config.frame_bytes) * 2)}")
+    rate_bps = shape.rate_bps if shape else config.rate_bps
+    queue = shape.rx_queue_bytes if shape else config.effective_queue_limit_bytes
+    frame = shape.frame_bytes if shape else config.frame_bytes
+    in_flight = rate_bps / 8 * delay_s + queue
+    parts.append(f"limit {max(1000, int(in_flight / frame) * 2)}")
     return " ".join(parts)
 
 
@@ -90,8 +100,22 @@ class QdiscInfo:
     drops: int | None
     backlog_bytes: int | None
 
+    @property
+    def limit_bytes(self) -> int | None:
+        """tbf's queue limit. tc prints it as "limit" only when the queue's latency would be negative (limit
+        below the burst); otherwise as "lat", the time a full queue takes to drain: limit = lat x rate +
+        burst (tc's tbf_print, in reverse; lat in microseconds)."""
+        if self.kind != "tbf":
+            return None
+        if isinstance(self.options.get("limit"), int):
+            return int(self.options["limit"])
+        lat_us, burst = self.options.get("lat"), self.burst_bytes
+        if not isinstance(lat_us, (int, float)) or self.rate_bps is None or burst is None:
+            return None
+        return round(lat_us * 1e-6 * self.rate_bps / 8 + burst)
+
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "limit_bytes": self.limit_bytes}
 
 
 def read_qdiscs(netns: str, iface: str) -> list[QdiscInfo]:

@@ -11,11 +11,16 @@ from diag.lab.topology import Lab
 
 
 def lab_names_present() -> list[str]:
-    """Labs with namespaces on this machine or state files (also those of a crashed `up`)."""
+    """Labs with namespaces, cpu cgroups or state files on this machine (also those of a crashed `up`)."""
+    import os
+
+    from diag.lab.cgroups import find_cpu_controller, lab_cgroups
     from diag.lab.netns import list_netns
     from diag.lab.state import known_lab_names
 
     found = {name for ns in list_netns() if (name := lab_name_of(ns)) is not None}
+    leftover = lab_cgroups(find_cpu_controller(), lambda cgroup: lab_name_of(cgroup) is not None)
+    found |= {name for path in leftover if (name := lab_name_of(os.path.basename(path))) is not None}
     return sorted(found | set(known_lab_names()))
 
 
@@ -24,8 +29,10 @@ def status_report(lab: Lab, measure: bool = False, tool: str = "auto", between: 
     """The lab, the qdiscs on every link, (measure) TCP goodput between two hosts with each tool, and (ring
     sizes) iperf3 in the ring's flow pattern at each of those host counts."""
     from diag.lab.measure import iperf3_available, measure_link, measure_ring_pattern
+    from diag.lab.topology import host_settings
 
-    report: dict[str, Any] = {"lab": lab.to_json(), "links": links(lab), "measurements": [], "ring_pattern": []}
+    report: dict[str, Any] = {"lab": lab.to_json(), "links": links(lab), "measurements": [], "ring_pattern": [],
+                              "hosts": {host.name: host_settings(lab, host) for host in lab.hosts}}
     if measure:
         tools = {"auto": ["socket", *(["iperf3"] if iperf3_available() else [])],
                  "socket": ["socket"], "iperf3": ["iperf3"]}[tool]
@@ -39,7 +46,7 @@ def status_report(lab: Lab, measure: bool = False, tool: str = "auto", between: 
 
 
 def format_status(lab: Lab, report: dict[str, Any], tool: str = "auto") -> str:
-    lines = [format_lab(lab, report["links"])]
+    lines = [format_lab(lab, report["links"], report.get("hosts"))]
     lines += [format_measurement(lab, measured) for measured in report["measurements"]]
     lines += [format_ring_pattern(lab, pattern) for pattern in report.get("ring_pattern", [])]
     if report["measurements"] and "iperf3" not in [m["tool"] for m in report["measurements"]] and tool == "auto":
@@ -60,7 +67,10 @@ def links(lab: Any) -> list[dict[str, Any]]:
     return links
 
 
-def format_lab(lab: Any, links: list[dict[str, Any]] | None = None) -> str:
+def format_lab(lab: Any, links: list[dict[str, Any]] | None = None,
+               settings: dict[str, dict[str, Any]] | None = None) -> str:
+    """The lab in a few lines: one per host, with its qdiscs (links) and, for a host with a fault, what it
+    was asked to do differently and what it has now (settings: topology.host_settings per host name)."""
     from diag.units import human_bits, human_bytes, human_rate
 
     config = lab.config
@@ -79,9 +89,30 @@ def format_lab(lab: Any, links: list[dict[str, Any]] | None = None) -> str:
         if link is not None:
             line += f"   tx: {qdisc_text(link['tx'])}   rx: {qdisc_text(link['rx'])}"
         lines.append(line)
+        fault = config.fault_for(host.index)
+        if fault is not None:
+            lines.append(f"       fault: {fault.describe()}" + fault_readback(settings.get(host.name) if settings
+                                                                              else None))
+    if config.scenario is not None:
+        lines.append(f"  scenario {config.scenario.name}: imitates {config.scenario.imitates}")
     lines.append(f"  run a command on a host: diag lab exec{name_flag(lab.name)} h0 -- CMD ; "
                  f"remove: diag lab down{name_flag(lab.name)}")
     return "\n".join(lines)
+
+
+def fault_readback(settings: dict[str, Any] | None) -> str:
+    """'  (now: mtu 9000, net.ipv4.tcp_congestion_control reno, cpu 0.3 x 1 process, throttled 2.1 s)'."""
+    if not settings:
+        return ""
+    parts = [f"mtu {settings['mtu']}"]
+    parts += [f"{name.rsplit('.', 1)[1]} {value}" for name, value in settings["sysctls"].items()]
+    if settings.get("cpu_cgroup"):
+        cpus = settings.get("cpus")
+        parts.append(f"cpu {cpus:g}" if cpus else "cpu unlimited")
+        parts.append(f"{settings.get('cgroup_pids', 0)} processes in {settings['cpu_cgroup']}")
+        if settings.get("throttled_s") is not None:
+            parts.append(f"throttled {settings['throttled_s']:.1f} s")
+    return "  (now: " + ", ".join(parts) + ")"
 
 
 def qdisc_text(qdiscs: list[dict[str, Any]]) -> str:
@@ -94,6 +125,8 @@ def qdisc_text(qdiscs: list[dict[str, Any]]) -> str:
         text = q["kind"]
         if q.get("rate_bps"):
             text += f" {human_bits(q['rate_bps'])} burst {q.get('burst_bytes')}"
+            if q.get("limit_bytes"):
+                text += f" limit {q['limit_bytes']}"
         if q.get("kind") == "netem":
             text += " " + " ".join(f"{k}={v}" for k, v in q["options"].items() if k in ("delay", "loss", "limit"))
         if q.get("drops"):
@@ -105,7 +138,7 @@ def qdisc_text(qdiscs: list[dict[str, Any]]) -> str:
 def format_measurement(lab: Any, measured: dict[str, Any]) -> str:
     from diag.units import human_bits
 
-    expected = lab.expected_goodput_Bps
+    expected = lab.expected_goodput_between(measured["a"], measured["b"])   # a host's fault may lower it
     single = measured["single_stream_Bps"]
     forward, backward = measured["bidir_Bps"]
     return "\n".join([

@@ -7,6 +7,10 @@ Layout (nothing is created in the caller's namespace, so labs never clash with t
 
 Each veth pair is created directly with one end in the switch namespace and the other in the host's,
 so deleting the switch namespace alone destroys every link (and its qdiscs) of the lab.
+
+A host may differ from the rest (LabConfig.faults, diag/lab/faults.py): its own rate and queues (its two
+tbfs), MTU (its eth0 and its switch port), TCP sysctls (its namespace) and CPU quota (a cgroup named as its
+namespace, which everything started through ``Lab.exec_prefix`` joins; diag/lab/cgroups.py).
 """
 
 from __future__ import annotations
@@ -18,15 +22,16 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
 from diag.errors import DiagError
+from diag.lab import cgroups, shaping, state
 from diag.lab import netns as ns_tools
-from diag.lab import shaping, state
 from diag.lab.config import (
     SUBNET_BITS,
+    HostShape,
     LabConfig,
     check_lab_name,
     host_address,
@@ -34,6 +39,7 @@ from diag.lab.config import (
     owns_netns,
     switch_netns,
 )
+from diag.lab.faults import KEY_NAMES, SYSCTLS
 
 HOST_IFACE = "eth0"
 BRIDGE = "br0"
@@ -50,9 +56,14 @@ class LabHost:
     index: int = 0
     switch_port: str = ""   # the veth end in the switch namespace ("h0")
     prefix_len: int = SUBNET_BITS
+    cpu_cgroup: str | None = None   # the cgroup whatever runs on this host joins (a cpu= fault), else None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LabHost:
+        return cls(**{key: data[key] for key in cls.__dataclass_fields__ if key in data})
 
 
 @dataclass(frozen=True)
@@ -69,8 +80,11 @@ class Lab:
     created_ns: int = 0
 
     def exec_prefix(self, host: LabHost | int | str) -> list[str]:
-        """argv prefix that runs a command on host: ["ip", "netns", "exec", netns]."""
-        return ["ip", "netns", "exec", self.host(host).netns]
+        """argv prefix that runs a command on host: ["ip", "netns", "exec", netns]; on a host with a cpu=
+        fault, a shell that first joins the host's cgroup comes before it (diag/lab/cgroups.py)."""
+        chosen = self.host(host)
+        join = cgroups.join_prefix(chosen.cpu_cgroup) if chosen.cpu_cgroup else []
+        return [*join, "ip", "netns", "exec", chosen.netns]
 
     def host(self, which: LabHost | int | str) -> LabHost:
         """A host by LabHost, index, name ("h1"), bare number ("1") or address."""
@@ -92,8 +106,22 @@ class Lab:
     def expected_goodput_Bps(self) -> float:
         return self.config.expected_goodput_Bps
 
+    def host_shape(self, host: LabHost | int | str) -> HostShape:
+        """The host's own link: the lab's rate, MTU and queues, or its fault's."""
+        return self.config.host_shape(self.host(host).index)
+
+    def expected_goodput_between(self, a: LabHost | int | str, b: LabHost | int | str) -> float:
+        """One TCP stream's payload rate from a to b: the slower of the two links, at the smaller MTU (the
+        MSS both SYNs agree on); the lab's expected_goodput_Bps where neither host has a fault."""
+        slower = min((self.host_shape(a), self.host_shape(b)), key=lambda shape: shape.rate_bps)
+        mtu = min(self.host_shape(a).mtu, self.host_shape(b).mtu)
+        return replace(self.config, rate=slower.rate_bps, mtu=mtu, faults=()).expected_goodput_Bps
+
     def to_json(self) -> dict[str, Any]:
-        """The "lab" object of run.json: everything a report needs to describe the network."""
+        """The "lab" object of run.json: everything a report needs to describe the network.
+
+        Each host carries its "fault" (what it was asked to do differently, in the --fault keys; None for a
+        host like the rest) and its "link" (rate, MTU, burst and queues as built)."""
         return {
             "name": self.name,
             "rate_bps": self.rate_bps,
@@ -106,17 +134,27 @@ class Lab:
             "offloads": self.config.offloads,
             "expected_goodput_Bps": self.expected_goodput_Bps,
             "switch_netns": self.switch_netns,
-            "hosts": [host.to_json() for host in self.hosts],
+            "hosts": [{**host.to_json(), "fault": self._fault_json(host),
+                       "link": self.config.host_shape(host.index).to_json()} for host in self.hosts],
+            "faulty_hosts": [fault.host for fault in self.config.faults],
+            "scenario": self.config.scenario.to_json() if self.config.scenario is not None else None,
             "created_ns": self.created_ns,
             "config": self.config.to_json(),
         }
+
+    def _fault_json(self, host: LabHost) -> dict[str, Any] | None:
+        fault = self.config.fault_for(host.index)
+        if fault is None:
+            return None
+        return {KEY_NAMES[name]: list(value) if isinstance(value, tuple) else value
+                for name, value in fault.asked().items()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Lab:
         return cls(
             name=data["name"],
             rate_bps=float(data["rate_bps"]),
-            hosts=[LabHost(**host) for host in data["hosts"]],
+            hosts=[LabHost.from_json(host) for host in data["hosts"]],
             config=LabConfig.from_json(data["config"]),
             switch_netns=data["switch_netns"],
             burst_bytes=int(data["burst_bytes"]),
@@ -125,11 +163,20 @@ class Lab:
         )
 
 
-def plan_lab(config: LabConfig) -> Lab:
-    """The lab config describes, before anything exists (pure)."""
+def plan_lab(config: LabConfig, cpu_controller: cgroups.CpuController | None = None) -> Lab:
+    """The lab config describes, before anything exists (pure). A host with a cpu= fault gets its cgroup
+    under cpu_controller (which bring_up finds; required then)."""
+    def cgroup_of(index: int) -> str | None:
+        fault = config.fault_for(index)
+        if fault is None or fault.cpu is None:
+            return None
+        if cpu_controller is None:
+            raise DiagError(f"fault {fault.host}: cpu= needs a cgroup cpu controller")
+        return cgroups.cgroup_path(cpu_controller, host_netns(config.name, index))
+
     hosts = [
         LabHost(name=f"h{i}", netns=host_netns(config.name, i), address=host_address(i), iface=HOST_IFACE,
-                index=i, switch_port=f"h{i}")
+                index=i, switch_port=f"h{i}", cpu_cgroup=cgroup_of(i))
         for i in range(config.hosts)
     ]
     return Lab(name=config.name, rate_bps=config.rate_bps, hosts=hosts, config=config,
@@ -146,6 +193,9 @@ def bring_up(config: LabConfig) -> Lab:
     config = config.validated()
     ns_tools.require_tools("ip", "tc", *([] if config.offloads else ["ethtool"]))
     ns_tools.require_privilege("diag lab up")
+    cpu_hosts = [fault.host for fault in config.faults if fault.cpu is not None]
+    controller = cgroups.require_cpu_controller(cpu_hosts) if cpu_hosts else None
+    _check_faults_fit_machine(config)
     with state.lab_lock(config.name):
         existing = _load_complete(config.name)
         if existing is not None:
@@ -157,7 +207,7 @@ def bring_up(config: LabConfig) -> Lab:
             )
         if state.read_state(config.name) is not None or _present_netns(config.name):
             _remove_lab(config.name)     # leftovers of a crashed/killed up
-        lab = plan_lab(config)
+        lab = plan_lab(config, controller)
         # Written before the first namespace exists: a SIGKILL from here on still leaves `down` a map.
         state.write_state(config.name, {"status": "creating", "pid": os.getpid(), "lab": lab.to_json()})
         try:
@@ -182,7 +232,8 @@ def remove_lab(name: str) -> list[str]:
     """tear_down, returning the namespaces it deleted."""
     _check_name(name)
     ns_tools.require_tools("ip")
-    if not _present_netns(name) and state.read_state(name) is None and state.state_path(name) is None:
+    if (not _present_netns(name) and not _present_cgroups(name) and state.read_state(name) is None
+            and state.state_path(name) is None):
         return []
     ns_tools.require_privilege("diag lab down")
     with state.lab_lock(name), _signals_deferred():
@@ -226,6 +277,7 @@ def describe(config: LabConfig) -> str:
         parts.append(f"delay {config.delay}")
     if config.loss:
         parts.append(f"loss {config.loss}")
+    parts += [f"fault {fault.host}:{fault.describe()}" for fault in config.faults]
     return ", ".join(parts)
 
 
@@ -237,6 +289,42 @@ def _check_name(name: str) -> None:
 
 def _present_netns(name: str) -> list[str]:
     return [ns for ns in ns_tools.list_netns() if owns_netns(name, ns)]
+
+
+def _present_cgroups(name: str) -> list[str]:
+    """This lab's cpu cgroups that exist now (named as its host namespaces)."""
+    return cgroups.lab_cgroups(cgroups.find_cpu_controller(), lambda cgroup: owns_netns(name, cgroup))
+
+
+def _check_faults_fit_machine(config: LabConfig) -> None:
+    """What only this machine can say: the congestion control exists, the CPU share is below its CPUs."""
+    available = _congestion_control("available")
+    # A namespace other than the machine's own may only pick an algorithm the machine allows for everyone
+    # (the kernel answers EPERM otherwise): the allowed list is a machine setting, so diag does not change it.
+    allowed = _congestion_control("allowed")
+    for fault in config.faults:
+        cc = fault.congestion_control
+        if cc is not None and available is not None and cc not in available:
+            raise DiagError(f"fault {fault.host}: cc={cc} is not available in this kernel (available: "
+                            f"{' '.join(available)}); try: modprobe tcp_{cc}, or pick one of those")
+        if cc is not None and allowed is not None and cc not in allowed:
+            raise DiagError(f"fault {fault.host}: cc={cc} is available but not allowed outside the machine's own "
+                            f"namespace (net.ipv4.tcp_allowed_congestion_control = {' '.join(allowed)}); allow it "
+                            f"as root: sysctl -w net.ipv4.tcp_allowed_congestion_control=\"{' '.join(allowed)} {cc}\", "
+                            "or pick one of those")
+        cpus = os.cpu_count() or 1
+        if fault.cpu is not None and fault.cpu >= cpus:
+            raise DiagError(f"fault {fault.host}: cpu={fault.cpu:g} is not below this machine's {cpus} CPUs, so "
+                            "it would starve nothing; give a share such as 0.3")
+
+
+def _congestion_control(which: str) -> list[str] | None:
+    """The kernel's "available" or "allowed" TCP congestion control algorithms (None: unreadable)."""
+    try:
+        with open(f"/proc/sys/net/ipv4/tcp_{which}_congestion_control", encoding="ascii") as handle:
+            return handle.read().split()
+    except OSError:
+        return None
 
 
 def _load_complete(name: str) -> Lab | None:
@@ -278,6 +366,9 @@ def _remove_lab(name: str) -> list[str]:
         print(f"diag lab: warning: the state of lab {name} names namespaces that are not its own "
               f"({', '.join(foreign[:3])}); they were left alone", file=sys.stderr)
     recorded = saved.get("netns_ids") if isinstance(saved.get("netns_ids"), dict) else {}
+    listed_cgroups: list[str] = []
+    with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):
+        listed_cgroups = [str(host["cpu_cgroup"]) for host in saved["lab"]["hosts"] if host.get("cpu_cgroup")]
     # The switch first: its deletion destroys every veth pair, so hosts lose their links at once.
     candidates = sorted({ns for ns in listed if owns_netns(name, ns)} | set(_present_netns(name)),
                         key=lambda ns: (not ns.endswith("-sw"), ns))
@@ -291,6 +382,16 @@ def _remove_lab(name: str) -> list[str]:
             continue
         ns_tools.delete_netns(netns)
         removed.append(netns)
+    # After the namespaces (and so the processes in them) are gone: only a cgroup named by the lab rule under
+    # the cpu controller's mount is ever removed, whatever the state file lists.
+    controller = cgroups.find_cpu_controller()
+    for cgroup in sorted(set(listed_cgroups) | set(_present_cgroups(name))):
+        if controller is None or os.path.dirname(cgroup) != controller.root or not owns_netns(
+                name, os.path.basename(cgroup)):
+            print(f"diag lab: warning: the state of lab {name} names cgroup {cgroup}, which is not its own; "
+                  "left alone", file=sys.stderr)
+            continue
+        cgroups.remove(cgroup)
     state.remove_state(name)
     return removed
 
@@ -301,9 +402,12 @@ def _build(lab: Lab) -> None:
     ns_tools.ip_batch(None, [f"netns add {netns}" for netns in all_netns])
     shaping.require_netem(config, lab.switch_netns)
 
-    mtu = int(config.mtu)
     switch_lines = [f"link add {BRIDGE} type bridge", f"link set {BRIDGE} addrgenmode none"]
     for host in lab.hosts:
+        # Each host's link (both veth ends) has its host's MTU. The bridge forwards a frame only if it fits
+        # the egress port's MTU and drops it silently otherwise, as a switch does: TCP is unaffected (each
+        # side's SYN announces its MSS), larger datagrams into a smaller-MTU host vanish (docs/lab.md).
+        mtu = lab.host_shape(host).mtu
         # addrgenmode none: no IPv6 link-local address, so no DAD/router solicitations on the wire.
         switch_lines += [
             f"link add {host.switch_port} mtu {mtu} type veth peer name {host.iface} mtu {mtu} netns {host.netns}",
@@ -327,12 +431,20 @@ def _build(lab: Lab) -> None:
             _run_in_netns(netns, shaping.offload_argv(iface))
 
     for host in lab.hosts:
-        lines = [shaping.tbf_line(host.iface, config, host_side=True)]
-        netem = shaping.netem_line(host.iface, config)
+        shape = lab.host_shape(host)
+        lines = [shaping.tbf_line(host.iface, shape, host_side=True)]
+        netem = shaping.netem_line(host.iface, config, shape)
         if netem:
             lines.append(netem)
         ns_tools.tc_batch(host.netns, lines)
-    ns_tools.tc_batch(lab.switch_netns, [shaping.tbf_line(host.switch_port, config) for host in lab.hosts])
+    ns_tools.tc_batch(lab.switch_netns, [shaping.tbf_line(host.switch_port, lab.host_shape(host))
+                                         for host in lab.hosts])
+    for fault in config.faults:
+        host = lab.host(fault.index)
+        if fault.sysctls():
+            ns_tools.write_sysctls(host.netns, fault.sysctls())
+        if fault.cpu is not None and host.cpu_cgroup is not None:
+            cgroups.create(host.cpu_cgroup, fault.cpu)
 
 
 def _run_in_netns(netns: str, argv: list[str]) -> None:
@@ -341,13 +453,57 @@ def _run_in_netns(netns: str, argv: list[str]) -> None:
 
 
 def _verify_shaping(lab: Lab) -> None:
-    """Never hand out an unshaped link: read every tbf back and compare its rate."""
-    links = [(h.netns, h.iface) for h in lab.hosts] + [(lab.switch_netns, h.switch_port) for h in lab.hosts]
-    for netns, iface in links:
-        tbfs = [q for q in shaping.read_qdiscs(netns, iface) if q.kind == "tbf" and q.parent == "root"]
-        if not tbfs or tbfs[0].rate_bps is None or abs(tbfs[0].rate_bps - lab.rate_bps) > 0.01 * lab.rate_bps:
-            got = f"{tbfs[0].rate_bps:.0f} bit/s" if tbfs and tbfs[0].rate_bps else "no tbf"
-            raise DiagError(f"shaping of {iface} in {netns} did not take ({got}, asked {lab.rate_bps:.0f} bit/s)")
+    """Never hand out an unshaped link: read every tbf back and compare its rate with its host's own rate;
+    then every fault: queue limits, MTUs, sysctls and CPU quotas, read back from where they live."""
+    for host in lab.hosts:
+        shape = lab.host_shape(host)
+        for netns, iface, limit in ((host.netns, host.iface, shape.tx_queue_bytes),
+                                    (lab.switch_netns, host.switch_port, shape.rx_queue_bytes)):
+            tbfs = [q for q in shaping.read_qdiscs(netns, iface) if q.kind == "tbf" and q.parent == "root"]
+            rate = tbfs[0].rate_bps if tbfs else None
+            if rate is None or abs(rate - shape.rate_bps) > 0.01 * shape.rate_bps:
+                got = f"{rate:.0f} bit/s" if rate else "no tbf"
+                raise DiagError(f"shaping of {iface} in {netns} did not take ({got}, asked {shape.rate_bps:.0f} "
+                                "bit/s)")
+            if lab.config.fault_for(host.index) is not None:
+                got_limit = tbfs[0].limit_bytes
+                if got_limit is None or abs(got_limit - limit) > shaping.limit_tolerance_bytes(limit, rate):
+                    raise DiagError(f"the queue of {iface} in {netns} did not take ({got_limit} bytes, asked "
+                                    f"{limit})")
+    for fault in lab.config.faults:
+        _verify_fault(lab, lab.host(fault.index))
+
+
+def _verify_fault(lab: Lab, host: LabHost) -> None:
+    fault = lab.config.fault_for(host.index)
+    assert fault is not None
+    where = f"fault {host.name}"
+    if fault.mtu is not None:
+        for netns, iface in ((host.netns, host.iface), (lab.switch_netns, host.switch_port)):
+            got = ns_tools.link_mtu(netns, iface)
+            if got != fault.mtu:
+                raise DiagError(f"{where}: the MTU of {iface} in {netns} is {got}, not {fault.mtu}")
+    asked = fault.sysctls()
+    if asked:
+        got_values = ns_tools.read_sysctls(host.netns, list(asked))
+        for name, value in asked.items():
+            if got_values[name] != value:
+                raise DiagError(f"{where}: {name} reads {got_values[name]!r} in {host.netns}, not {value!r}")
+    if fault.cpu is not None:
+        got_cpus = cgroups.read_cpus(host.cpu_cgroup) if host.cpu_cgroup else None
+        if got_cpus is None or abs(got_cpus - fault.cpu) > 0.01 * fault.cpu + 1e-3:
+            raise DiagError(f"{where}: the CPU quota of {host.cpu_cgroup} reads {got_cpus}, not {fault.cpu:g}")
+
+
+def host_settings(lab: Lab, host: LabHost) -> dict[str, Any]:
+    """What a host really has now: its link's MTU, its TCP sysctls and its cgroup's quota (lab status)."""
+    sysctls = ns_tools.read_sysctls(host.netns, list(SYSCTLS.values()))
+    settings: dict[str, Any] = {"mtu": ns_tools.link_mtu(host.netns, host.iface), "sysctls": sysctls,
+                                "cpu_cgroup": host.cpu_cgroup}
+    if host.cpu_cgroup:
+        settings.update(cpus=cgroups.read_cpus(host.cpu_cgroup), cgroup_pids=len(cgroups.member_pids(host.cpu_cgroup)),
+                        throttled_s=cgroups.throttled_s(host.cpu_cgroup))
+    return settings
 
 
 @contextlib.contextmanager
