@@ -29,18 +29,26 @@ from diag.units import human_bits, parse_rate_bps
 
 def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | None, keep_going: bool,
                   volumes: list[int] | None = None, iface: str | None = None, keep_pcaps: bool = False,
-                  lab_config: object = None) -> int:
-    """In place under a launcher; else the lab (root) or loopback, launched here."""
+                  lab_faults: tuple[str, ...] = (), lab_scenario: str | None = None) -> int:
+    """In place under a launcher; else the lab (root) or loopback, launched here. ``lab_faults`` and
+    ``lab_scenario``: per-host faults of the lab (docs/lab.md, "Per-host faults")."""
     options = JobOptions(quick=quick, out=str(out) if out else "", max_n=max_n,
                          volumes=tuple(volumes) if volumes else None, iface=iface, keep_pcaps=keep_pcaps,
                          keep_going=keep_going, argv=tuple(sys.argv[1:]))
     if os.environ.get("RANK") is not None:
+        if lab_faults or lab_scenario:
+            raise DiagError("--lab-fault and --lab-scenario shape diag's own lab; in place the hosts are yours")
         from diag.inplace.job import run_in_place
 
         return run_in_place(options)
     plan = resolve_plan(quick, max_n, volumes)
     rate = rate or plan.rate
     parse_rate_bps(rate)
+    from diag.lab import LabConfig
+
+    # Checked before anything is built: a bad fault is one line, not a half-made lab.
+    config = LabConfig(name=f"repro{os.getpid() % 100000}", hosts=max(plan.world_sizes), rate=rate).with_faults(
+        lab_faults, lab_scenario, flag="--lab-fault", scenario_flag="--lab-scenario")
     run_dir = out or Path("runs") / f"reproduce-{time.strftime('%Y%m%d-%H%M%S')}"
     if (run_dir / "records").exists() and any((run_dir / "records").iterdir()):
         raise DiagError(f"{run_dir} already holds records: choose a new --out directory")
@@ -49,17 +57,19 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
     hosts = max(plan.world_sizes)
     say = make_say(time.monotonic(), 0)
     if os.geteuid() == 0 and shutil.which("ip") and shutil.which("tc"):
-        from diag.lab import LabConfig, lab_session
+        from diag.lab import lab_session
 
-        config = lab_config or LabConfig(name=f"repro{os.getpid() % 100000}", hosts=hosts, rate=rate)
         with lab_session(config) as lab:
-            say(f"[lab] {len(lab.hosts)} hosts, {human_bits(lab.rate_bps)} full duplex each; one torchrun per "
-                "host, in its namespace")
-            launches = [_host(h.name, 1, h.address, h.netns, h.iface) for h in lab.hosts]
+            faults = "; ".join(f"{f.host}: {f.describe()}" for f in config.faults)
+            say(f"[lab] {len(lab.hosts)} hosts, {human_bits(lab.rate_bps)} full duplex each"
+                + (f" (faults: {faults})" if faults else "") + "; one torchrun per host, in its namespace")
+            launches = [_host(h.name, 1, h.address, h.netns, h.iface, tuple(lab.exec_prefix(h))) for h in lab.hosts]
             code = _launch(JobOptions(**{**options.__dict__, "mode": "lab", "lab": lab_meta(lab),
                                          "iface": lab.hosts[0].iface}), launches, run_dir)
         say("[lab] torn down")
         return code
+    if config.faults:
+        raise DiagError("--lab-fault and --lab-scenario need the lab: run as root (CAP_NET_ADMIN) with iproute2")
     say("diag reproduce: no root (CAP_NET_ADMIN) or no iproute2: the job runs on unshaped loopback. There the "
         "CPU, not a NIC, is the bottleneck and the N=2 anomaly may not show; run as root for the lab.")
     return _launch(JobOptions(**{**options.__dict__, "mode": "loopback", "iface": "lo"}),
@@ -76,12 +86,15 @@ def lab_meta(lab: object) -> dict:
     return meta
 
 
-def _host(name: str, nproc: int, address: str, netns: str | None, iface: str) -> object:
+def _host(name: str, nproc: int, address: str, netns: str | None, iface: str,
+          exec_prefix: tuple[str, ...] = ()) -> object:
+    """``exec_prefix``: how the lab starts a command on the host (its namespace, and its CPU cgroup where a
+    cpu fault starves it)."""
     from diag.launch import HostLaunch
 
     # OMP_NUM_THREADS: torchrun sets it to 1 anyway for several ranks a host, and says so at length;
     # TORCH_CPP_LOG_LEVEL: c10d warns on every connection that the lab's addresses have no host names.
-    return HostLaunch(name, nproc, address, netns=netns, iface=iface,
+    return HostLaunch(name, nproc, address, netns=netns, iface=iface, exec_prefix=exec_prefix,
                       env={"GLOO_SOCKET_IFNAME": iface, "DIAG_NODE_NAME": name, "OMP_NUM_THREADS": "1",
                            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")})
 

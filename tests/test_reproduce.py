@@ -19,10 +19,13 @@ def _namespaces() -> set[str]:
 def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
     before = _namespaces()
     run_dir = tmp_path / "repro"
-    proc = subprocess.run(
-        [sys.executable, "-m", "diag", "reproduce", "--quick", "--max-n", "3", "--volumes", "512K",
-         "--rate", "100mbit", "--out", str(run_dir)],
-        capture_output=True, text=True, timeout=900)
+    with subprocess.Popen(
+            [sys.executable, "-m", "diag", "reproduce", "--quick", "--max-n", "3", "--volumes", "512K",
+             "--rate", "100mbit", "--out", str(run_dir)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as running:
+        proc_pid = running.pid
+        stdout, stderr = running.communicate(timeout=900)
+    proc = subprocess.CompletedProcess(running.args, running.returncode, stdout, stderr)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "findings (" in proc.stdout
     # the terminal summary opens with the verdict card; every step line carries the plan-level bar and ETA
@@ -30,8 +33,8 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
     steps = [line for line in proc.stderr.splitlines() if "] " in line and line.split("] ", 1)[0].split("[")[-1][:1].isdigit()]
     assert steps and all(" elapsed, eta " in line for line in steps if "failed" not in line)
     assert "[--------------------]   0%" in steps[0]
-    # no namespace of ours is left behind
-    assert not {ns for ns in _namespaces() - before if ns.startswith("diag-repro")}
+    # no namespace of ours is left behind (the lab is named after the diag process: other runs may be up)
+    assert not {ns for ns in _namespaces() - before if ns.startswith(f"diag-repro{proc_pid % 100000}-")}
 
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["lab"]["hosts"] == 3 and meta["link"]["single_stream_Bps"] > 0 and not meta["failures"]
@@ -70,12 +73,16 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
     assert all(row["nwrong"] == 0 and row["p_value"] is not None
                for workaround in advice["workarounds"] for row in workaround["rows"])
 
-    captures = sorted((run_dir / "captures").glob("*.pcap"))
-    analyses = sorted((run_dir / "analysis").glob("*.json"))
-    assert captures and len(analyses) == len(captures)
+    # every node captured its own NIC for the steps it took part in and analysed its captures there
+    assert meta["mode"] == "lab" and [n["name"] for n in meta["topology"]["nodes"]] == ["h0", "h1", "h2"]
+    for node in ("h0", "h1", "h2"):
+        captures = sorted((run_dir / "nodes" / node / "captures").glob("*.pcap"))
+        analyses = sorted((run_dir / "nodes" / node / "analysis").glob("*.json"))
+        assert captures and len(analyses) == len(captures), node
+        assert list((run_dir / "nodes" / node / "observe").glob("*.jsonl"))
+    assert len(list((run_dir / "nodes" / "h2" / "captures").glob("*.pcap"))) < len(captures)   # N=3 only
     analysis = json.loads(analyses[0].read_text())
     assert analysis["connections"] and analysis["phases"]
-    assert list((run_dir / "observe").glob("*.jsonl"))
 
     report = run_dir / "report"
     assert (report / "report.html").stat().st_size > 10_000

@@ -14,6 +14,8 @@ examples:
   diag reproduce --quick                       # the lab: N = 2, 3, 4, a few minutes
   diag reproduce --out runs/r1 --rate 1gbit     # N = 2..8 on a 1 Gbit/s lab
   diag reproduce --quick --volumes 4M,16M,32M   # larger volumes D
+  diag reproduce --quick --lab-fault h2:rate=50mbit   # one host stuck at a lower rate
+  diag reproduce --quick --lab-scenario shallow-buffer  # a built-in fault scenario (docs/lab.md)
   # on each of 4 nodes (rank 0's host at 10.0.0.1), the same command:
   torchrun --nnodes 4 --nproc-per-node 1 --node-rank $NODE_RANK --rdzv-backend static \\
            --master-addr 10.0.0.1 --master-port 29500 -m diag reproduce --quick --iface eth0 --out /shared/r1
@@ -45,6 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-pcaps", action="store_true",
                         help="in place without a shared --out: send the nodes' pcaps to rank 0 too (default: "
                              "they stay on their node; their analyses are sent)")
+    parser.add_argument("--lab-fault", action="append", default=[], metavar="HOST:KEY=VALUE[,KEY=VALUE]",
+                        help="the lab: one host's own fault, repeatable, as diag lab up --fault (rate, rx-queue, "
+                             "tx-queue, mtu, tcp_rmem, tcp_wmem, cc, slow_start_after_idle, cpu), e.g. "
+                             "h2:rate=50mbit (docs/lab.md)")
+    parser.add_argument("--lab-scenario", metavar="FILE|NAME",
+                        help="the lab: a scenario of per-host faults, a file or a built-in name (slow-nic, "
+                             "shallow-buffer, small-windows, jumbo-host, slow-cpu)")
     parser.add_argument("--stop-on-error", action="store_true",
                         help="stop at the first failed step (default: note it and go on)")
 
@@ -66,4 +75,5 @@ def run(args: argparse.Namespace) -> int:
 
         validate.output_dir(args.out, "--out")
     return run_reproduce(args.quick, args.out, args.rate, args.max_n, keep_going=not args.stop_on_error,
-                         volumes=volumes, iface=args.iface, keep_pcaps=args.keep_pcaps)
+                         volumes=volumes, iface=args.iface, keep_pcaps=args.keep_pcaps,
+                         lab_faults=tuple(args.lab_fault), lab_scenario=args.lab_scenario)
