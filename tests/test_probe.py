@@ -29,6 +29,7 @@ from diag.lab.shaping import tbf_line
 from diag.lifeline import CHILD_CWD, child_env, python_command
 from diag.probe import LinkMatrix, MatrixEdge, ProbeNode, circle_rounds, measure_flows
 from diag.probe.flows import ToolChoice, choose_tool
+from tests.common import free_port
 
 __all__ = ["lab_names"]  # the fixture, re-exported so pytest finds it
 
@@ -193,6 +194,66 @@ def test_bad_arguments_are_one_line_before_any_work() -> None:
     for expected, kwargs in cases.items():
         outcomes = _run_ranks(2, lambda coord, kwargs=kwargs: measure_flows(coord, nodes, **kwargs))
         assert all(isinstance(o, DiagError) and expected in str(o) for o in outcomes), (expected, outcomes)
+
+
+# ---- GroupCoordinator over torch.distributed (two ranks on loopback) ------------------------------------
+
+_COORDINATOR_RANK = """
+import json, time
+import torch.distributed as dist
+from diag.errors import DiagError
+from diag.probe import GroupCoordinator, ProbeNode
+from diag.probe.flows import choose_tool
+
+dist.init_process_group("gloo")
+coord = GroupCoordinator()
+report = {"rank": coord.rank, "world_size": coord.world_size}
+coord.barrier()
+report["gathered"] = coord.all_gather_object({"from": coord.rank})
+report["broadcast"] = coord.broadcast_object(f"rank {coord.rank} says hi", src=1)
+short = GroupCoordinator.gloo(timeout_s=1.0)
+if coord.rank == 1:
+    time.sleep(4)          # a peer stuck outside the probe, longer than the group's timeout
+started = time.monotonic()
+try:
+    choose_tool(short, [ProbeNode("a", "127.0.0.1", 0), ProbeNode("b", "127.0.0.1", 1)], "auto")
+    report["error"] = None
+except DiagError as exc:
+    report["error"] = str(exc)
+report["waited_s"] = time.monotonic() - started
+print(json.dumps(report), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_group_coordinator_over_gloo_and_a_peer_stuck_past_its_timeout() -> None:
+    """barrier, all_gather_object and broadcast_object over the default group; then, on a gloo group of its
+    own with a 1 s timeout, rank 1 stays away for 4 s: rank 0's probe call fails after about the timeout,
+    not the peer's delay, with one line naming the step and the nodes."""
+    pytest.importorskip("torch")
+    port = str(free_port())
+    procs = [subprocess.Popen(python_command("-c", _COORDINATOR_RANK), cwd=CHILD_CWD, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=child_env({**os.environ, "RANK": str(rank), "WORLD_SIZE": "2",
+                                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}))
+             for rank in range(2)]
+    try:
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _err in outputs]
+    for rank, report in enumerate(reports):
+        assert report["rank"] == rank and report["world_size"] == 2
+        assert report["gathered"] == [{"from": 0}, {"from": 1}]
+        assert report["broadcast"] == "rank 1 says hi"
+    error = reports[0]["error"]
+    assert error is not None and error.startswith(
+        "probe choosing the tool (a, b): a peer did not answer in time or left the job ("), error
+    assert "\n" not in error
+    assert reports[0]["waited_s"] < 3.5, reports[0]
 
 
 # ---- for real: one rank per lab host, gloo by env:// ---------------------------------------------------

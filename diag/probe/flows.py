@@ -247,8 +247,8 @@ def _one_line(exc: BaseException, nodes: Sequence[ProbeNode] = ()) -> str:
     if not lines:
         return type(exc).__name__
     text = _SOURCE_POSITION.sub("", lines[0]).split(". ")[0][:200]
-    names = {node.address: node.name for node in nodes}
-    named = [names[address] for address in _ADDRESS.findall(text) if address in names]
+    named = [node.name for address in _ADDRESS.findall(text)
+             for node in nodes if [other.address for other in nodes].count(address) == 1 and node.address == address]
     return f"{type(exc).__name__}: {text}" + (f" ({', '.join(named)})" if named else "")
 
 
