@@ -21,11 +21,10 @@ import pytest
 from lab_helpers import lab_names, requires_root, unique_lab_name
 
 from diag import goodput
+from diag.bench.probe_matrix import ProbeLaunch, ack_sharing_ceiling_Bps, edge_shares, launch_probe, slow_down
 from diag.errors import DiagError
 from diag.goodput import GRACE_S
 from diag.lab import Lab, LabConfig, bring_up
-from diag.lab.config import ETH_HEADER_BYTES, ETH_WIRE_OVERHEAD_BYTES, TCP_IP_HEADER_BYTES
-from diag.lab.shaping import tbf_line
 from diag.lifeline import CHILD_CWD, child_env, python_command
 from diag.probe import LinkMatrix, MatrixEdge, ProbeNode, circle_rounds, measure_flows
 from diag.probe.flows import ToolChoice, choose_tool
@@ -42,16 +41,6 @@ HOSTS = 4
 BURST_BYTES = 50_000
 PHASE_SECONDS = 1
 TOLERANCE = 0.05                        # every edge within 5% of what the lab lets through
-_ports = itertools.count(29400)
-
-
-def ack_sharing_ceiling_Bps(config: LabConfig) -> float:
-    """Goodput each way with both directions busy (docs/lab.md): the data of one direction shares its link
-    with the other direction's ACKs, one 90-byte wire ACK (headers + the Ethernet overhead) per two
-    segments: 1448 / (1538 + 45) of the rate at MTU 1500."""
-    ack_wire_bytes = TCP_IP_HEADER_BYTES + ETH_HEADER_BYTES + ETH_WIRE_OVERHEAD_BYTES
-    payload = config.mtu - TCP_IP_HEADER_BYTES
-    return config.rate_bps / 8 * payload / (config.frame_bytes + ack_wire_bytes / 2)
 
 
 # ---- the schedule and the document (no root, no torch) ----------------------------------------------------
@@ -258,75 +247,16 @@ def test_group_coordinator_over_gloo_and_a_peer_stuck_past_its_timeout() -> None
 
 # ---- for real: one rank per lab host, gloo by env:// ---------------------------------------------------
 
-@dataclass
-class ProbeRun:
-    document: dict[str, Any]
-    returncodes: list[int]
-    stderr: list[str]
-    wall_s: float
-
-    @property
-    def steps(self) -> dict[str, dict[str, Any]]:
-        return {step["step"]: step for step in self.document["steps"]}
-
-
 def run_probe(lab: Lab, steps: list[str], tmp: Path, *, path_of: dict[str, str] | None = None,
-              tool: str = "auto", timeout_s: float = 240) -> ProbeRun:
-    """One `python -m diag.probe.driver` per lab host inside its namespace, ranks in host order; waits for
-    all, kills what is left on any exit. ``path_of``: a PATH for some hosts (no iperf3, a fake one)."""
-    port = str(next(_ports))
-    out = tmp / f"probe-{port}.json"
-    ip = shutil.which("ip") or "ip"   # absolute: a host's PATH may be a bare directory
-    procs: list[subprocess.Popen[str]] = []
-    logs = [tmp / f"rank{rank}-{port}.err" for rank in range(len(lab.hosts))]
-    started = time.monotonic()
-    try:
-        for rank, host in enumerate(lab.hosts):
-            env = child_env({**os.environ, **lab.host_env(host), "RANK": str(rank),
-                             "WORLD_SIZE": str(len(lab.hosts)), "MASTER_PORT": port, "DIAG_NODE_NAME": host.name})
-            if path_of and host.name in path_of:
-                env["PATH"] = path_of[host.name]
-            with open(logs[rank], "w", encoding="utf-8") as log:
-                procs.append(subprocess.Popen(
-                    [ip, "netns", "exec", host.netns,
-                     *python_command("-m", "diag.probe.driver", "--address", host.address, "--out", str(out),
-                                     "--seconds", str(PHASE_SECONDS), "--tool", tool, "--timeout", "60", *steps)],
-                    env=env, cwd=CHILD_CWD, stdout=subprocess.DEVNULL, stderr=log, text=True))
-        deadline = time.monotonic() + timeout_s
-        returncodes = [proc.wait(max(1.0, deadline - time.monotonic())) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-    wall_s = time.monotonic() - started
-    stderr = [log.read_text(encoding="utf-8") for log in logs]
-    assert out.exists(), f"rank 0 wrote nothing: {stderr}"
-    return ProbeRun(json.loads(out.read_text(encoding="utf-8")), returncodes, stderr, wall_s)
+              tool: str = "auto") -> ProbeLaunch:
+    return launch_probe(lab, steps, tmp, seconds=PHASE_SECONDS, tool=tool, path_of=path_of, timeout_s=240)
 
 
-def slow_down(lab: Lab, host_index: int, rate: str) -> LabConfig:
-    """Lower one host's NIC both ways: `tc qdisc change` of the tbf on its eth0 (TX) and on its switch port
-    (RX), as a slow or misconfigured host would be. Returns the config of that host's new rate."""
-    slow = LabConfig(name=lab.name, hosts=len(lab.hosts), rate=rate, burst_bytes=BURST_BYTES)
-    host = lab.hosts[host_index]
-    for netns, iface, host_side in ((host.netns, host.iface, True), (lab.switch_netns, host.switch_port, False)):
-        line = tbf_line(iface, slow, host_side=host_side).replace("qdisc replace", "qdisc change", 1)
-        subprocess.run(["tc", "-n", netns, *line.split()], check=True, capture_output=True, timeout=20)
-    return slow
-
-
-def edges_out_of_band(matrix: dict[str, Any], config_of: Callable[[str], LabConfig]) -> list[str]:
-    """Edges whose goodput is not within TOLERANCE of what their slower host lets through: alone against
-    the one-way goodput bound, both ways against the ACK-sharing ceiling."""
-    wrong = []
-    for edge in matrix["edges"]:
-        config = min(config_of(edge["src"]), config_of(edge["dst"]), key=lambda c: c.rate_bps)
-        for key, bound in (("alone_Bps", config.expected_goodput_Bps), ("bidir_Bps", ack_sharing_ceiling_Bps(config))):
-            share = edge[key] / bound
-            if abs(share - 1) > TOLERANCE:
-                wrong.append(f"{edge['src']}->{edge['dst']} {key} {share:.3f} of {bound / 1e6:.2f} MB/s")
-    return wrong
+def edges_out_of_band(matrix: dict[str, Any], config_of: dict[str, LabConfig]) -> list[str]:
+    """Edges not within TOLERANCE of what their slower host lets through: alone against the one-way goodput
+    bound, both ways against the ACK-sharing ceiling."""
+    return [f"{edge} alone {alone:.3f} both ways {both:.3f}" for edge, alone, both in edge_shares(matrix, config_of)
+            if abs(alone - 1) > TOLERANCE or abs(both - 1) > TOLERANCE]
 
 
 def best_of_two(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
@@ -350,7 +280,7 @@ def probe_lab(lab_names: list[str]) -> Iterator[Lab]:
 TOOLS = {"iperf3": "iperf3", "socket": "diag-socket"}     # step suffix -> the label the matrix records
 
 
-def check_matrix_run(lab: Lab, run: ProbeRun, tmp: Path, config_of: Callable[[str], LabConfig]) -> None:
+def check_matrix_run(lab: Lab, run: ProbeLaunch, tmp: Path, config_of: dict[str, LabConfig]) -> None:
     """Both tools' matrices of one launch: the schedule and every edge in band (a matrix with an edge out of
     band is measured once more in a launch of its own and judged on the best of the two, see best_of_two)."""
     assert run.returncodes == [0] * len(lab.hosts) and run.document["error"] is None, run.stderr
@@ -380,7 +310,7 @@ def test_matrix_reads_every_edge_with_both_tools_and_a_slowed_host(probe_lab: La
     lab = probe_lab
     healthy = lab.config
     run = run_probe(lab, ["matrix@iperf3", "ring@iperf3", "matrix@socket"], tmp_path)
-    check_matrix_run(lab, run, tmp_path, lambda _name: healthy)
+    check_matrix_run(lab, run, tmp_path, {host.name: healthy for host in lab.hosts})
     # The ring h0 -> h1 -> h2 -> h3 -> h0: every host sends one flow and receives one, so each direction of
     # each link carries one flow's data and another's ACKs: the ACK-sharing ceiling, loosely (one launch).
     ring = run.steps["ring@iperf3"]["ring_pattern"]
@@ -390,8 +320,8 @@ def test_matrix_reads_every_edge_with_both_tools_and_a_slowed_host(probe_lab: La
     for flow in ring["flows"]:
         assert 0.85 <= flow["goodput_Bps"] / ack_sharing_ceiling_Bps(healthy) <= 1.05, ring
 
-    slow = slow_down(lab, 2, SLOW_RATE)
-    config_of = {host.name: (slow if host.name == "h2" else healthy) for host in lab.hosts}.__getitem__
+    slow = slow_down(lab, "h2", SLOW_RATE)
+    config_of = {host.name: (slow if host.name == "h2" else healthy) for host in lab.hosts}
     run = run_probe(lab, ["matrix@iperf3", "matrix@socket"], tmp_path)
     check_matrix_run(lab, run, tmp_path, config_of)
 
