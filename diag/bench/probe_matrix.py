@@ -5,7 +5,7 @@ hand inside its namespace (`ip netns exec`), gloo by env://, ``python -m diag.pr
                                       [--seconds 1] [--tools iperf3,socket] [--slow h2:50mbit]
 
 Brings up a lab (always torn down), measures the link matrix with each tool in one launch and prints every
-edge as a share of what the lab lets through (alone: the one-way goodput bound; both ways: the ACK-sharing
+edge in MB/s and as a share of what its slower host lets through (alone: the one-way goodput bound; both ways: the ACK-sharing
 ceiling, docs/lab.md), and the matrix's wall time against the time its phases measure. ``--slow HOST:RATE``
 lowers one host's NIC first (tc qdisc change on both its tbfs). The tests start the probe with
 :func:`launch_probe` too (tests/test_probe.py).
@@ -150,8 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{elapsed - previous:.1f} s = {(elapsed - previous) / (phases * args.seconds):.2f}x its "
                   f"phases' time; notes {matrix['notes']}")
             previous = elapsed
-            for edge, alone, both in edge_shares(matrix, config_of):
-                print(f"  {edge:10} alone {alone:6.3f}   both ways {both:6.3f}")
+            for (edge, alone, both), figures in zip(edge_shares(matrix, config_of), matrix["edges"], strict=True):
+                print(f"  {edge:10} alone {figures['alone_Bps'] / 1e6:6.2f} MB/s = {alone:5.3f}   both ways "
+                      f"{figures['bidir_Bps'] / 1e6:6.2f} MB/s = {both:5.3f}")
         print(f"launch (torch start, node discovery, both matrices): {launch.wall_s:.1f} s")
     return 0
 
