@@ -26,6 +26,7 @@ import re
 import socket
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -252,8 +253,9 @@ def _one_line(exc: BaseException, nodes: Sequence[ProbeNode] = ()) -> str:
     return f"{type(exc).__name__}: {text}" + (f" ({', '.join(named)})" if named else "")
 
 
-class _Side:
-    """What one rank does for the flows of its node (nothing when it leads no node)."""
+class _Side(ABC):
+    """What one rank does for the flows of its node (nothing when it leads no node), one method per
+    exchange; each returns {flow index: value | _Failed} for the flows it took part in."""
 
     def __init__(self, me: ProbeNode | None, nodes: dict[str, ProbeNode], flows: Sequence[Flow], seconds: int) -> None:
         self.me, self.nodes, self.seconds = me, nodes, seconds
@@ -263,17 +265,17 @@ class _Side:
         self.sending = [index for index, flow in enumerate(flows) if me and flow.src == me.name]
         self.flows = flows
 
-    def open(self) -> dict[int, Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def open(self) -> dict[int, Any]: ...
 
-    def connect(self, ports: dict[int, Any]) -> dict[int, Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def connect(self, ports: dict[int, Any]) -> dict[int, Any]: ...
 
-    def run(self, ports: dict[int, Any]) -> dict[int, Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def run(self, ports: dict[int, Any]) -> dict[int, Any]: ...
 
-    def close(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def close(self) -> None: ...
 
 
 class _SocketSide(_Side):
