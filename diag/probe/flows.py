@@ -248,8 +248,9 @@ def _one_line(exc: BaseException, nodes: Sequence[ProbeNode] = ()) -> str:
     if not lines:
         return type(exc).__name__
     text = _SOURCE_POSITION.sub("", lines[0]).split(". ")[0][:200]
-    named = [node.name for address in _ADDRESS.findall(text)
-             for node in nodes if [other.address for other in nodes].count(address) == 1 and node.address == address]
+    addresses = [node.address for node in nodes]
+    owner = {node.address: node.name for node in nodes if addresses.count(node.address) == 1}
+    named = [owner[address] for address in _ADDRESS.findall(text) if address in owner]
     return f"{type(exc).__name__}: {text}" + (f" ({', '.join(named)})" if named else "")
 
 
