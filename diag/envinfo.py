@@ -1,7 +1,9 @@
-"""The environment fingerprint stored in every run's ``start`` event (as flent does).
+"""The environment fingerprint stored in every run's ``start`` event (as flent does), and each node's own
+fingerprint in an in-place run (``RUN/nodes/<node>/fingerprint.json``, docs/inplace.md).
 
 Everything that changes TCP's behaviour on a host goes in: kernel, sysctls, interface MTU/offloads/qdisc,
-and the GLOO_*/NCCL_* variables. Reading never fails: a value that cannot be read is recorded as null.
+and the GLOO_*/NCCL_* variables. Reading never fails: a value that cannot be read is recorded as null
+(and :func:`node_fingerprint` lists what it could not read).
 """
 
 from __future__ import annotations
@@ -102,3 +104,183 @@ def fingerprint(interface: str | None = None) -> dict[str, Any]:
     except OSError:
         env["netns"] = None
     return env
+
+
+# ---- one node of an in-place job --------------------------------------------------------------------------
+
+NODE_FINGERPRINT_SCHEMA = 1     # 1: the first layout (docs/inplace.md, "Node fingerprint")
+CAP_NET_RAW = 13                # linux/capability.h: what a packet capture needs besides root
+PROC_CPUINFO = "/proc/cpuinfo"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+NETNS_LINK = "/proc/self/ns/net"
+CPU_MODEL_KEYS = ("model name", "Model", "Hardware", "cpu model", "Processor")   # x86, ARM boards, others
+
+
+class _Readings:
+    """Runs readers; a reader that raises or gives None leaves null and its key in ``unread``."""
+
+    def __init__(self) -> None:
+        self.unread: list[str] = []
+
+    def take(self, key: str, reader: Any) -> Any:
+        try:
+            value = reader()
+        except Exception:   # a fingerprint never fails: whatever went wrong, the value is unknown
+            value = None
+        if value is None:
+            self.unread.append(key)
+        return value
+
+    def check(self, key: str, value: Any) -> Any:
+        """A value read elsewhere: null means unread."""
+        return self.take(key, lambda: value)
+
+
+def node_fingerprint(iface: str | None = None) -> dict[str, Any]:
+    """This node as it matters for TCP collectives, for comparing nodes of one job: kernel, sysctls,
+    congestion control, the job's interface (MTU, offloads, qdisc) and its NIC (driver, speed, duplex),
+    CPU, torch/gloo/diag versions, the network namespace and boot id (what tells two nodes apart), and
+    whether this process may capture. Never raises; ``unread`` lists every value left null.
+
+    ``iface`` defaults as :func:`fingerprint` picks it ($GLOO_SOCKET_IFNAME, else the route to
+    $MASTER_ADDR). torch is not imported here: its version comes from the package metadata, and gloo's
+    availability is read only where torch is already loaded (in a rank it always is).
+    """
+    readings = _Readings()
+    take = readings.take
+    name = iface or os.environ.get("GLOO_SOCKET_IFNAME") or interface_for(os.environ.get("MASTER_ADDR"))
+    name = name.split(",")[0] if name else None
+    sysctls = {key: take(f"sysctl.{key}", lambda key=key: read_sysctl(key)) for key in SYSCTLS}
+    available = take("congestion_control.available",
+                     lambda: read_sysctl("net.ipv4.tcp_available_congestion_control"))
+    interface = _node_interface(name, readings) if name else readings.check("interface", None)
+    return {
+        "schema": NODE_FINGERPRINT_SCHEMA,
+        "hostname": take("hostname", socket.gethostname),
+        "kernel": {"release": platform.release(), "version": take("kernel.version", platform.version)},
+        "machine": platform.machine(),
+        "sysctl": sysctls,
+        "congestion_control": {"current": sysctls["net.ipv4.tcp_congestion_control"],
+                               "available": available.split() if available else None},
+        "interface": interface,
+        "cpu": {"model": take("cpu.model", _cpu_model), "count": os.cpu_count(),
+                "usable": take("cpu.usable", lambda: len(os.sched_getaffinity(0)))},
+        "versions": {"python": sys.version.split()[0], "torch": take("versions.torch", _torch_version),
+                     "gloo_available": take("versions.gloo_available", _gloo_available),
+                     "diag": _diag_version()},
+        "netns": take("netns", lambda: os.readlink(NETNS_LINK)),
+        "boot_id": take("boot_id", lambda: Path(BOOT_ID).read_text().strip()),
+        "capture": _capture_ability(),
+        "unread": readings.unread,
+    }
+
+
+def _node_interface(name: str, readings: _Readings) -> dict[str, Any]:
+    """interface_info's MTU, queue, offloads and qdisc, plus the NIC: ethtool first, sysfs where it fails."""
+    info = interface_info(name)
+    info.pop("speed", None)         # reported under "nic", with its unit
+    for key in ("mtu", "tx_queue_len", "offloads", "qdisc"):
+        info[key] = readings.check(f"interface.{key}", info.get(key))
+    link = _ethtool_fields(["ethtool", name])
+    duplex = (link.get("Duplex") or _sysfs_text(name, "duplex") or "").lower()
+    info["nic"] = {
+        "driver": readings.check("nic.driver", _ethtool_fields(["ethtool", "-i", name]).get("driver")
+                                 or _sysfs_driver(name)),
+        "speed_mbps": readings.check("nic.speed_mbps", _parse_speed_mbps(link.get("Speed"))
+                                     or _sysfs_int(name, "speed")),
+        # ethtool says "Unknown! (255)" and sysfs "unknown" where the link is down or the driver does not know
+        "duplex": readings.check("nic.duplex", duplex if duplex in ("full", "half") else None),
+    }
+    return info
+
+
+def _ethtool_fields(argv: list[str]) -> dict[str, str]:
+    out = _run(argv) or ""
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in out.splitlines())
+            if value.strip()}
+
+
+def _parse_speed_mbps(text: str | None) -> int | None:
+    """ethtool's "10000Mb/s" -> 10000; "Unknown!" -> None."""
+    if not text or not text.endswith("Mb/s") or not text[:-4].isdigit():
+        return None
+    return int(text[:-4])
+
+
+def _sysfs_text(name: str, key: str) -> str | None:
+    try:
+        return (Path("/sys/class/net") / name / key).read_text().strip() or None
+    except OSError:     # EINVAL for a link that is down or has no speed (veth, Wi-Fi)
+        return None
+
+
+def _sysfs_int(name: str, key: str) -> int | None:
+    text = _sysfs_text(name, key)
+    # The kernel reports -1 (SPEED_UNKNOWN) where the driver does not know the speed.
+    return int(text) if text and text.lstrip("-").isdigit() and int(text) > 0 else None
+
+
+def _sysfs_driver(name: str) -> str | None:
+    try:
+        return os.path.basename(os.readlink(Path("/sys/class/net") / name / "device" / "driver"))
+    except OSError:     # virtual interfaces have no device
+        return None
+
+
+def _cpu_model() -> str | None:
+    with open(PROC_CPUINFO, encoding="utf-8", errors="replace") as cpuinfo:
+        fields = [line.partition(":") for line in cpuinfo]
+    for wanted in CPU_MODEL_KEYS:
+        for key, _, value in fields:
+            if key.strip() == wanted and value.strip():
+                return value.strip()
+    return platform.processor() or None
+
+
+def _torch_version() -> str | None:
+    from importlib import metadata
+
+    return metadata.version("torch")
+
+
+def _gloo_available() -> bool | None:
+    torch = sys.modules.get("torch")
+    return bool(torch.distributed.is_gloo_available()) if torch is not None else None
+
+
+def _diag_version() -> str:
+    import diag
+
+    return diag.__version__
+
+
+def _capture_ability() -> dict[str, Any]:
+    """Whether this process may capture packets: tcpdump on PATH, and CAP_NET_RAW, in this process's
+    effective set (root has it, unless a container or setpriv took it away) or given to tcpdump itself
+    as a file capability (setcap cap_net_raw+ep)."""
+    cap_net_raw = _has_effective_capability(CAP_NET_RAW)
+    tcpdump = shutil.which("tcpdump")
+    file_cap = _file_grants_capability(tcpdump, CAP_NET_RAW) if tcpdump else False
+    return {"may_capture": bool(tcpdump) and (bool(cap_net_raw) or file_cap), "root": os.geteuid() == 0,
+            "cap_net_raw": cap_net_raw, "tcpdump": tcpdump, "tcpdump_cap_net_raw": file_cap}
+
+
+def _file_grants_capability(path: str, bit: int) -> bool:
+    """The file's permitted capabilities (security.capability: struct vfs_cap_data, a u32 magic, then
+    the permitted set's low 32 bits) include ``bit``."""
+    try:
+        raw = os.getxattr(path, "security.capability")
+    except (OSError, AttributeError):
+        return False
+    return len(raw) >= 8 and bit < 32 and bool(int.from_bytes(raw[4:8], "little") >> bit & 1)
+
+
+def _has_effective_capability(bit: int) -> bool | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> bit & 1)
+    except (OSError, ValueError):
+        pass
+    return None

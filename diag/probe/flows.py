@@ -1,0 +1,414 @@
+"""A set of flows between the job's nodes, run at once by the nodes' own leader ranks; the goodput of each,
+measured at its receiver after the warm-up (diag/goodput.py).
+
+Every rank of the job calls :func:`measure_flows` with the same arguments; only each node's leader rank
+opens sockets or starts iperf3, the others take part in the coordination calls. One run is three exchanges
+through the coordinator, each a single all_gather of what every leader did:
+
+1. open: each receiver opens a listener (diag's streams) or a one-off iperf3 server on a free port of its
+   address, and says which port (or what failed);
+2. connect: each sender connects (diag's streams) and each receiver accepts; for iperf3 it is only the
+   start line, every server listening;
+3. run: the flows run for ``seconds`` at once; each receiver says its goodput, each side what failed.
+
+Every local step is bounded (GRACE_S beyond ``seconds``), so every leader reaches the next exchange even
+when its tool or its peer is stuck, and every rank then raises the same one line naming the node and the
+pair. A peer that never reaches an exchange (dead, or stuck outside the probe) is bounded by the
+coordinator's own timeout, named by the phase and its pairs. Listeners, sockets and iperf3 processes are
+closed and reaped on every path, and iperf3 dies with its rank (diag.lifeline) even if the rank is killed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import socket
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from diag import goodput
+from diag.errors import DiagError
+from diag.lifeline import CHILD_CWD, child_env, python_command
+from diag.probe.coordinator import Coordinator
+
+TOOLS = ("auto", "iperf3", "socket")
+TOOL_LABELS = {"iperf3": "iperf3", "socket": "diag-socket"}   # as run.json's link.*.tool records them
+MIN_SECONDS, MAX_SECONDS = 1, 60
+SERVER_START_ATTEMPTS = 3       # a free port can be taken between our check and iperf3's bind
+POLL_S = 0.02
+
+
+@dataclass(frozen=True)
+class ProbeNode:
+    """A host of the job: its name, its address on the job's interface, and the rank that acts for it."""
+
+    name: str
+    address: str
+    leader_rank: int
+
+
+@dataclass(frozen=True)
+class Flow:
+    """One TCP flow, named by its nodes."""
+
+    src: str
+    dst: str
+
+    def __str__(self) -> str:
+        return f"{self.src} -> {self.dst}"
+
+
+@dataclass(frozen=True)
+class FlowResult:
+    """A flow's goodput (TCP payload bytes/s) at its receiver, after the warm-up."""
+
+    src: str
+    dst: str
+    goodput_Bps: float
+    tool: str            # "iperf3" or "diag-socket"
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"src": self.src, "dst": self.dst, "goodput_Bps": self.goodput_Bps, "tool": self.tool,
+                "seconds": self.seconds}
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """The tool every leader uses, and the nodes that lack iperf3 (why the choice fell back)."""
+
+    tool: str                         # "iperf3" or "socket"
+    without_iperf3: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return TOOL_LABELS[self.tool]
+
+    @property
+    def note(self) -> str | None:
+        if self.tool == "socket" and self.without_iperf3:
+            return (f"iperf3 is missing on {', '.join(self.without_iperf3)}: measured with diag's own single "
+                    "TCP stream per flow")
+        return None
+
+
+def measure_flows(coord: Coordinator, nodes: Sequence[ProbeNode], flows: Sequence[Flow | tuple[str, str]],
+                  seconds: float = 2.0, tool: str = "auto") -> list[FlowResult]:
+    """Run ``flows`` at once for ``seconds``; their goodputs, in order. Every rank calls it alike.
+
+    ``tool``: "iperf3", "socket" (diag's own single stream per flow), or "auto": iperf3 where every node
+    has it, else the sockets (decided with one all_gather).
+    """
+    check_nodes(nodes, coord.world_size)
+    wanted = check_flows(nodes, flows)
+    whole = check_seconds(seconds)
+    choice = choose_tool(coord, nodes, tool)
+    return run_flows(coord, nodes, wanted, whole, choice.tool, "flows")
+
+
+def check_nodes(nodes: Sequence[ProbeNode], world_size: int) -> None:
+    names = [node.name for node in nodes]
+    leaders = [node.leader_rank for node in nodes]
+    if len(set(names)) != len(names) or not all(names):
+        raise DiagError(f"probe nodes need distinct, non-empty names, got {names}")
+    if len(set(leaders)) != len(leaders) or not all(0 <= rank < world_size for rank in leaders):
+        raise DiagError(f"probe nodes need distinct leader ranks in 0..{world_size - 1}, got {leaders}")
+    for node in nodes:
+        try:
+            ipaddress.ip_address(node.address)
+        except ValueError:
+            raise DiagError(f"probe node {node.name}: {node.address!r} is not an IP address") from None
+
+
+def check_flows(nodes: Sequence[ProbeNode], flows: Sequence[Flow | tuple[str, str]]) -> list[Flow]:
+    known = {node.name for node in nodes}
+    checked = [flow if isinstance(flow, Flow) else Flow(*flow) for flow in flows]
+    for flow in checked:
+        if flow.src not in known or flow.dst not in known or flow.src == flow.dst:
+            raise DiagError(f"probe flow {flow} must join two different nodes of {sorted(known)}")
+    if not checked:
+        raise DiagError("the probe needs at least one flow")
+    return checked
+
+
+def check_seconds(seconds: float) -> int:
+    """Whole seconds (iperf3's -t takes no fractions; both tools run the same time)."""
+    if not (isinstance(seconds, (int, float)) and float(seconds).is_integer() and MIN_SECONDS <= seconds <= MAX_SECONDS):
+        raise DiagError(f"probe time must be a whole number of seconds in {MIN_SECONDS}..{MAX_SECONDS}, got {seconds!r}")
+    return int(seconds)
+
+
+def choose_tool(coord: Coordinator, nodes: Sequence[ProbeNode], tool: str) -> ToolChoice:
+    """One all_gather of "has iperf3" from every rank; the leaders' answers decide. Every rank calls it."""
+    if tool not in TOOLS:
+        raise DiagError(f"unknown probe tool {tool!r}: use {', '.join(TOOLS)}")
+    has_iperf3 = _collective(coord.all_gather_object, goodput.iperf3_available(), "choosing the tool", nodes)
+    without = tuple(node.name for node in nodes if not has_iperf3[node.leader_rank])
+    if tool == "socket":
+        return ToolChoice("socket")
+    if tool == "iperf3" and without:
+        raise DiagError(f"iperf3 is not installed on {', '.join(without)}; install it there (apt-get install "
+                        "iperf3) or use diag's own streams (tool socket, or auto)")
+    return ToolChoice("socket" if without else "iperf3", without)
+
+
+def run_flows(coord: Coordinator, nodes: Sequence[ProbeNode], flows: Sequence[Flow], seconds: int, tool: str,
+              context: str) -> list[FlowResult]:
+    """The three exchanges (see the module's docstring) with checked arguments and a chosen tool.
+
+    ``context`` names the measurement in errors ("matrix round 2, phase both").
+    """
+    by_name = {node.name: node for node in nodes}
+    me = next((node for node in nodes if node.leader_rank == coord.rank), None)
+    side: _Side = _SocketSide(me, by_name, flows, seconds) if tool == "socket" else \
+        _Iperf3Side(me, by_name, flows, seconds)
+    exchange = _Exchange(coord, nodes, flows, context, me)
+    try:
+        ports = exchange.step("opening listeners", side.open)
+        exchange.step("connecting", lambda: side.connect(ports))
+        rates = exchange.step("measuring", lambda: side.run(ports))
+    finally:
+        side.close()
+    missing = [str(flow) for index, flow in enumerate(flows) if not isinstance(rates.get(index), float)]
+    if missing:   # a leader that reported nothing for its flow: never expected, but never a silent zero
+        raise DiagError(f"probe {context}: no goodput reported for {', '.join(missing)}")
+    return [FlowResult(flow.src, flow.dst, rates[index], TOOL_LABELS[tool], float(seconds))
+            for index, flow in enumerate(flows)]
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """What went wrong with one flow, on one node (travels through the coordinator)."""
+
+    node: str
+    message: str
+
+
+class _Exchange:
+    """Runs one local step on this rank, then one all_gather of every leader's {flow index: value | _Failed};
+    raises on every rank alike when any flow failed."""
+
+    def __init__(self, coord: Coordinator, nodes: Sequence[ProbeNode], flows: Sequence[Flow], context: str,
+                 me: ProbeNode | None) -> None:
+        self.coord, self.nodes, self.flows, self.context, self.me = coord, nodes, flows, context, me
+
+    def step(self, what: str, local: Callable[[], dict[int, Any]]) -> dict[int, Any]:
+        try:
+            mine = local()
+        except Exception as exc:  # this rank must still reach the all_gather, else all wait
+            node = self.me.name if self.me else f"rank {self.coord.rank}"
+            mine = {index: _Failed(node, _one_line(exc, self.nodes)) for index, flow in enumerate(self.flows)
+                    if self.me and self.me.name in (flow.src, flow.dst)}
+        gathered = _collective(self.coord.all_gather_object, mine, f"{self.context}, {what}", self.nodes,
+                               flows=self.flows)
+        merged: dict[int, Any] = {}
+        failures: dict[int, list[_Failed]] = {}
+        for reports in gathered:
+            for index, value in reports.items():
+                if isinstance(value, _Failed):
+                    failures.setdefault(index, []).append(value)
+                else:
+                    merged.setdefault(index, value)
+        if failures:
+            first = min(failures)
+            said = "; ".join(f"{failure.node}: {failure.message}" for failure in failures[first])
+            more = f" (and {len(failures) - 1} more flow(s))" if len(failures) > 1 else ""
+            raise DiagError(f"probe {self.context}, {what}, {self.flows[first]}: {said}{more}")
+        return merged
+
+
+def _collective(call: Callable[[Any], list[Any]], obj: Any, what: str, nodes: Sequence[ProbeNode], *,
+                flows: Sequence[Flow] = ()) -> list[Any]:
+    """A coordinator call whose failure (a dead peer, the group's timeout) becomes one line naming the
+    flows under way (else the nodes): the peer torch names is only the nearest one that gave up."""
+    try:
+        return call(obj)
+    except DiagError:
+        raise
+    except Exception as exc:  # torch raises RuntimeError subclasses, sockets OSError
+        who = ", ".join(map(str, flows)) or ", ".join(node.name for node in nodes)
+        raise DiagError(f"probe {what} ({who}): a peer did not answer in time or left the job "
+                        f"({_one_line(exc, nodes)})") from exc
+
+
+# torch's errors open with the C++ source position ("[/path/pair.cc:553] Connection closed by peer ...")
+_SOURCE_POSITION = re.compile(r"^\[[^\]]*:\d+\]\s*")
+_ADDRESS = re.compile(r"\[([0-9a-fA-F.:]+)\]")
+
+
+def _one_line(exc: BaseException, nodes: Sequence[ProbeNode] = ()) -> str:
+    """The exception's first sentence, without torch's source position, with the node of any address
+    it names ("Connection closed by peer [10.77.0.4]:32930" -> "... (h3)")."""
+    lines = str(exc).strip().splitlines()
+    if not lines:
+        return type(exc).__name__
+    text = _SOURCE_POSITION.sub("", lines[0]).split(". ")[0][:200]
+    addresses = [node.address for node in nodes]
+    owner = {node.address: node.name for node in nodes if addresses.count(node.address) == 1}
+    named = [owner[address] for address in _ADDRESS.findall(text) if address in owner]
+    return f"{type(exc).__name__}: {text}" + (f" ({', '.join(named)})" if named else "")
+
+
+class _Side(ABC):
+    """What one rank does for the flows of its node (nothing when it leads no node), one method per
+    exchange; each returns {flow index: value | _Failed} for the flows it took part in."""
+
+    def __init__(self, me: ProbeNode | None, nodes: dict[str, ProbeNode], flows: Sequence[Flow], seconds: int) -> None:
+        self.me, self.nodes, self.seconds = me, nodes, seconds
+        self.node_name = me.name if me else ""
+        self.address = me.address if me else ""      # used only where this rank leads a node of the flows
+        self.receiving = [index for index, flow in enumerate(flows) if me and flow.dst == me.name]
+        self.sending = [index for index, flow in enumerate(flows) if me and flow.src == me.name]
+        self.flows = flows
+
+    @abstractmethod
+    def open(self) -> dict[int, Any]: ...
+
+    @abstractmethod
+    def connect(self, ports: dict[int, Any]) -> dict[int, Any]: ...
+
+    @abstractmethod
+    def run(self, ports: dict[int, Any]) -> dict[int, Any]: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class _SocketSide(_Side):
+    """diag's own single TCP stream per flow (goodput from the kernel's tcpi_bytes_received slope)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.listeners: dict[int, socket.socket] = {}
+        self.outgoing: dict[int, socket.socket] = {}
+        self.incoming: dict[int, socket.socket] = {}
+
+    def open(self) -> dict[int, Any]:
+        for index in self.receiving:
+            listener = socket.socket(_family(self.address), socket.SOCK_STREAM)
+            self.listeners[index] = listener
+            goodput.big_buffers(listener)   # inherited by the accepted socket, before the handshake
+            listener.bind((self.address, 0))
+            listener.listen()
+            listener.settimeout(goodput.GRACE_S)
+        return {index: listener.getsockname()[1] for index, listener in self.listeners.items()}
+
+    def connect(self, ports: dict[int, Any]) -> dict[int, Any]:
+        for index in self.sending:
+            peer = self.nodes[self.flows[index].dst]
+            client = socket.socket(_family(peer.address), socket.SOCK_STREAM)
+            self.outgoing[index] = client
+            goodput.big_buffers(client)
+            client.settimeout(goodput.GRACE_S)
+            client.bind((self.address, 0))   # the node's address on the job's interface, as its traffic leaves
+            client.connect((peer.address, ports[index]))
+        for index in self.receiving:
+            self.incoming[index] = self._accept(index)
+        return {index: True for index in (*self.sending, *self.receiving)}
+
+    def _accept(self, index: int) -> socket.socket:
+        """The flow's connection: from its sender's address (anything else that connects is turned away)."""
+        sender = self.nodes[self.flows[index].src].address
+        deadline = time.monotonic() + goodput.GRACE_S
+        while time.monotonic() < deadline:
+            conn, peer = self.listeners[index].accept()
+            if ipaddress.ip_address(peer[0]) == ipaddress.ip_address(sender):
+                return conn
+            conn.close()
+        raise TimeoutError(f"no connection from {sender} in {goodput.GRACE_S:.0f} s")
+
+    def run(self, ports: dict[int, Any]) -> dict[int, Any]:
+        if not self.sending and not self.receiving:
+            return {}
+        receiving = sorted(self.incoming)
+        rates = goodput.run_streams([self.outgoing[index] for index in sorted(self.outgoing)],
+                                    [self.incoming[index] for index in receiving], self.seconds)
+        return dict(zip(receiving, map(float, rates), strict=True))
+
+    def close(self) -> None:
+        for sock in (*self.listeners.values(), *self.outgoing.values(), *self.incoming.values()):
+            sock.close()
+
+
+class _Iperf3Side(_Side):
+    """A one-off iperf3 server per received flow, a client per sent flow; receiver-side intervals."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.servers: dict[int, subprocess.Popen[str]] = {}
+        self.clients: dict[int, subprocess.Popen[str]] = {}
+
+    def open(self) -> dict[int, Any]:
+        ports = {}
+        for index in self.receiving:
+            self.servers[index], ports[index] = self._start_server(self.address)
+        return ports
+
+    def _start_server(self, address: str) -> tuple[subprocess.Popen[str], int]:
+        said = "no output"
+        for _attempt in range(SERVER_START_ATTEMPTS):
+            port = _free_port(address)
+            proc = _spawn(goodput.iperf3_server_argv(address, port))
+            deadline = time.monotonic() + goodput.GRACE_S
+            while time.monotonic() < deadline and proc.poll() is None:
+                if goodput.listening_on(port):
+                    return proc, port
+                time.sleep(POLL_S)
+            if proc.poll() is None:
+                goodput.reap([proc])
+                raise TimeoutError(f"iperf3 server on {address}:{port} did not listen in {goodput.GRACE_S:.0f} s")
+            said = goodput.iperf3_error(*proc.communicate())
+        raise RuntimeError(f"iperf3 server on {address} did not start: {said}")
+
+    def connect(self, ports: dict[int, Any]) -> dict[int, Any]:
+        return {}   # every server listens: this exchange is the start line
+
+    def run(self, ports: dict[int, Any]) -> dict[int, Any]:
+        for index in self.sending:
+            peer = self.nodes[self.flows[index].dst]
+            self.clients[index] = _spawn(goodput.iperf3_client_argv(peer.address, ports[index], self.seconds))
+        limit_s = self.seconds + 2 * goodput.GRACE_S
+        deadline = time.monotonic() + limit_s
+        node = self.node_name
+        results: dict[int, Any] = {}
+        for index, proc in self.clients.items():
+            output = goodput.finish(proc, deadline)
+            if output is None:
+                results[index] = _Failed(node, f"iperf3 client did not finish in {limit_s:.0f} s (killed)")
+            elif proc.returncode != 0:
+                results[index] = _Failed(node, f"iperf3 client failed: {goodput.iperf3_error(*output)}")
+        warmup_s = goodput.iperf3_warmup_s(self.seconds)
+        for index, proc in self.servers.items():
+            output = goodput.finish(proc, deadline)
+            if output is None:
+                results[index] = _Failed(node, f"iperf3 server had no finished test in {limit_s:.0f} s (killed)")
+                continue
+            rate = goodput.iperf3_receiver_rate(output[0], warmup_s)
+            results[index] = rate if rate is not None else \
+                _Failed(node, f"iperf3 server failed: {goodput.iperf3_error(*output)}")
+        return results
+
+    def close(self) -> None:
+        goodput.reap([*self.clients.values(), *self.servers.values()])
+
+
+def _family(address: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+
+
+def _free_port(address: str) -> int:
+    with socket.socket(_family(address), socket.SOCK_STREAM) as probe:
+        probe.bind((address, 0))
+        return int(probe.getsockname()[1])
+
+
+def _spawn(argv: list[str]) -> subprocess.Popen[str]:
+    """A tool that dies with this rank (diag.lifeline: the parent-death signal), even if the rank is killed."""
+    return subprocess.Popen([*python_command("-m", "diag.lifeline", str(os.getpid()), "--"), *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHILD_CWD,
+                            env=child_env())

@@ -1,0 +1,116 @@
+"""The pairwise link matrix: every ordered pair of nodes, each direction alone and both at once, in rounds
+of disjoint pairs (run.json ``link.matrix``, docs/inplace.md).
+
+A round pairs every node with at most one other (the circle method: K nodes take K-1 rounds, odd K takes
+K rounds with one node resting in each), so the pairs of a round share no host and run at once: on a
+switched network they do not meet, and K=8 takes 7 rounds instead of 56 runs one by one. Each round runs
+three phases, every pair of the round at once in each: a -> b, then b -> a (each alone on its pair), then
+both directions together, each its own connection (as iperf3 --bidir).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from diag.errors import DiagError
+from diag.probe.coordinator import Coordinator
+from diag.probe.flows import Flow, ProbeNode, check_nodes, check_seconds, choose_tool, run_flows
+
+PHASES = ("a->b", "b->a", "both")
+
+Pair = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class MatrixEdge:
+    """src -> dst: alone (its reverse idle) and while dst -> src runs too."""
+
+    src: str
+    dst: str
+    alone_Bps: float
+    bidir_Bps: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"src": self.src, "dst": self.dst, "alone_Bps": self.alone_Bps, "bidir_Bps": self.bidir_Bps}
+
+
+@dataclass(frozen=True)
+class LinkMatrix:
+    """Goodput between every ordered pair of nodes; ``rounds`` is the schedule that measured it."""
+
+    tool: str                                   # "iperf3" or "diag-socket"
+    seconds: float                              # per phase
+    nodes: tuple[str, ...]
+    rounds: tuple[tuple[Pair, ...], ...]
+    edges: tuple[MatrixEdge, ...]               # every ordered pair, src in node order, then dst
+    notes: tuple[str, ...] = ()
+
+    def edge(self, src: str, dst: str) -> MatrixEdge:
+        for edge in self.edges:
+            if (edge.src, edge.dst) == (src, dst):
+                return edge
+        raise KeyError(f"no edge {src} -> {dst} in the matrix of {', '.join(self.nodes)}")
+
+    def to_json(self) -> dict[str, Any]:
+        """run.json's ``link.matrix`` (docs/inplace.md)."""
+        return {"tool": self.tool, "seconds": self.seconds, "nodes": list(self.nodes),
+                "rounds": [[list(pair) for pair in pairs] for pairs in self.rounds],
+                "edges": [edge.to_json() for edge in self.edges], "notes": list(self.notes)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LinkMatrix:
+        return cls(tool=str(data["tool"]), seconds=float(data["seconds"]), nodes=tuple(data["nodes"]),
+                   rounds=tuple(tuple((str(a), str(b)) for a, b in pairs) for pairs in data["rounds"]),
+                   edges=tuple(MatrixEdge(str(edge["src"]), str(edge["dst"]), float(edge["alone_Bps"]),
+                                          float(edge["bidir_Bps"])) for edge in data["edges"]),
+                   notes=tuple(data.get("notes", ())))
+
+
+def circle_rounds(names: Sequence[str]) -> list[list[Pair]]:
+    """Rounds of disjoint pairs that meet every pair exactly once (the circle method of round-robin
+    tournaments): the first name stays, the others rotate one seat per round; with an odd count an empty
+    seat is added and whoever faces it rests that round."""
+    seats: list[str | None] = list(names) + ([None] if len(names) % 2 else [])
+    count = len(seats)
+    rounds = []
+    for _round in range(count - 1):
+        pairs = [(seats[i], seats[count - 1 - i]) for i in range(count // 2)]
+        rounds.append([(a, b) for a, b in pairs if a is not None and b is not None])
+        seats = [seats[0], seats[-1], *seats[1:-1]]
+    return rounds
+
+
+def phase_flows(pairs: Sequence[Pair], phase: str) -> list[Flow]:
+    if phase == "a->b":
+        return [Flow(a, b) for a, b in pairs]
+    if phase == "b->a":
+        return [Flow(b, a) for a, b in pairs]
+    return [flow for a, b in pairs for flow in (Flow(a, b), Flow(b, a))]
+
+
+def measure_matrix(coord: Coordinator, nodes: Sequence[ProbeNode], seconds: float = 2.0,
+                   tool: str = "auto") -> LinkMatrix:
+    """Every ordered pair's goodput alone and both ways at once, ``seconds`` per phase. Every rank calls
+    it alike; the tool is chosen once for the whole matrix (see measure_flows)."""
+    check_nodes(nodes, coord.world_size)
+    if len(nodes) < 2:
+        raise DiagError(f"a link matrix needs two or more nodes, the job has {len(nodes)}")
+    whole = check_seconds(seconds)
+    choice = choose_tool(coord, nodes, tool)
+    names = [node.name for node in nodes]
+    rounds = circle_rounds(names)
+    alone: dict[Pair, float] = {}
+    both: dict[Pair, float] = {}
+    for number, pairs in enumerate(rounds, 1):
+        label = ", ".join(f"{a}<->{b}" for a, b in pairs)
+        for phase in PHASES:
+            context = f"matrix round {number}/{len(rounds)} ({label}), phase {phase}"
+            for result in run_flows(coord, nodes, phase_flows(pairs, phase), whole, choice.tool, context):
+                (both if phase == "both" else alone)[(result.src, result.dst)] = result.goodput_Bps
+    edges = tuple(MatrixEdge(src, dst, alone[(src, dst)], both[(src, dst)])
+                  for src in names for dst in names if src != dst)
+    return LinkMatrix(tool=choice.label, seconds=float(whole), nodes=tuple(names),
+                      rounds=tuple(tuple(pairs) for pairs in rounds), edges=edges,
+                      notes=(choice.note,) if choice.note else ())
