@@ -421,7 +421,9 @@ def run_in_place(options: JobOptions) -> int:
         dist.init_process_group("gloo", timeout=timedelta(seconds=WORLD_TIMEOUT_S))
     except (RuntimeError, ValueError) as exc:
         raise DiagError(f"the job's process group did not form: {str(exc).splitlines()[0]}") from None
-    world = World(rank, world_size)
+    from diag.probe import GroupCoordinator
+
+    world = World(GroupCoordinator())
     job: InPlaceJob | None = None
     try:
         topology = build_topology(world.all_gather(identify(rank, iface), "meeting the other ranks"), iface)

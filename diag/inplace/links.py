@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from diag.errors import DiagError
+from diag.goodput import RING_PATTERN_CPU_LIMIT
 
 # A single TCP stream below this fraction of the shaped goodput means the CPU, not the link, limits the lab.
 CPU_BOUND_LINK_FRACTION = 0.85
@@ -21,7 +22,6 @@ def measure_links(job: Any) -> None:
     """Every rank calls it; rank 0 writes run.json ``link``. A probe that fails is a note, not the run's end:
     the steps measure the link again in their own way (raw TCP at every N)."""
     from diag.probe import GroupCoordinator, ProbeNode, measure_matrix, measure_ring_pattern
-    from diag.report.rundir import RING_PATTERN_CPU_LIMIT
 
     topology = job.topology
     nodes = [ProbeNode(n.name, n.address or "127.0.0.1", n.leader) for n in topology.nodes]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,17 +20,15 @@ from diag.inplace.topology import Node
 CAPTURE_SNAPLEN = 128        # headers and the TCP options; payload is never needed
 CAPTURE_FILTER = "tcp"
 OBSERVE_INTERVAL_S = 0.2
-CAP_NET_RAW = 13
 
 
-def capture_ability() -> tuple[bool, str]:
-    """(may capture, why not): tcpdump on PATH, run as root with CAP_NET_RAW (tcpdump drops root itself
-    once the interface is open)."""
-    from diag.lab.netns import has_capability
-
-    if shutil.which("tcpdump") is None:
+def capture_ability(fingerprint: dict[str, Any]) -> tuple[bool, str]:
+    """(may capture, why not), from the node's fingerprint: tcpdump on PATH, run as root with CAP_NET_RAW
+    (diag starts tcpdump as root, and tcpdump drops root itself once the interface is open)."""
+    ability = fingerprint.get("capture") or {}
+    if not ability.get("tcpdump"):
         return False, "tcpdump is not on PATH (install it: apt-get install tcpdump)"
-    if os.geteuid() != 0 or not has_capability(CAP_NET_RAW):
+    if not (ability.get("root") and ability.get("cap_net_raw")):
         return False, "no root with CAP_NET_RAW to capture (run as root)"
     return True, ""
 
@@ -45,16 +42,25 @@ class NodeWork:
     iface: str | None
     notes: list[str] = field(default_factory=list)
     can_capture: bool = False
+    fingerprint: dict[str, Any] = field(default_factory=dict)
     analysis_seconds: float = 0.0
     _capture: Any = None
     _observers: Any = None
     _tag: str = ""
 
     def __post_init__(self) -> None:
+        from diag.envinfo import node_fingerprint
+        from diag.observe.cgroup import cpu_allowance
+
         safefs.private_dir(self.directory)
         for sub in ("captures", "analysis", "observe", "tcpinfo"):
             safefs.private_dir(self.directory / sub)
-        self.can_capture, why = capture_ability()
+        self.fingerprint = node_fingerprint(self.iface)
+        # A CFS quota caps what the node's ranks may use below its CPU count (a container, a small node's
+        # share, the lab's cpu fault): the report holds their CPU against it.
+        allowance = cpu_allowance(os.getpid())
+        self.fingerprint["cpu"]["cpu_quota_cores"] = allowance.quota_cores if allowance else None
+        self.can_capture, why = capture_ability(self.fingerprint)
         if self.can_capture and not self.iface:
             self.can_capture, why = False, "no interface known for the job's traffic (pass --iface)"
         if not self.can_capture:
@@ -64,10 +70,8 @@ class NodeWork:
         self.notes.append(f"{self.node.name}: {text}")
 
     def write_fingerprint(self, topology_json: dict[str, Any]) -> dict[str, Any]:
-        from diag.envinfo import fingerprint
-
-        document = {"node": self.node.to_json(), "iface": self.iface, **fingerprint(self.iface),
-                    "capture": {"tcpdump": self.can_capture}, "world_size": topology_json.get("world_size")}
+        document = {"node": self.node.to_json(), "iface": self.iface, **self.fingerprint,
+                    "world_size": topology_json.get("world_size")}
         safefs.write_file(self.directory / "fingerprint.json", json.dumps(document, indent=1, default=str))
         return document
 

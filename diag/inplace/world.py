@@ -16,6 +16,7 @@ from typing import Any
 
 from diag.errors import EXIT_FAILED, DiagError
 from diag.inplace.topology import Topology
+from diag.probe.coordinator import GroupCoordinator, first_sentence
 
 # Idle ranks wait in the job's group while a subgroup runs a step: no step comes near this; a node that
 # dies is seen at once (its connections close), one that hangs within STEP_WAIT_S of the step's end.
@@ -35,9 +36,13 @@ class NodeLost(DiagError):
 
 
 class World:
-    def __init__(self, rank: int, world_size: int) -> None:
-        self.rank = rank
-        self.world_size = world_size
+    """The job's default group, through the probe's GroupCoordinator (one place for torch's object calls),
+    with the monitored barrier and failures that name the node."""
+
+    def __init__(self, coordinator: GroupCoordinator) -> None:
+        self.coordinator = coordinator
+        self.rank = coordinator.rank
+        self.world_size = coordinator.world_size
         self.topology: Topology | None = None
 
     # --- messages ------------------------------------------------------------------------------------
@@ -50,24 +55,16 @@ class World:
             raise self.lost(exc, what) from None
 
     def all_gather(self, value: Any, what: str = "exchanging results") -> list[Any]:
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.world_size
         try:
-            dist.all_gather_object(out, value)
+            return self.coordinator.all_gather_object(value)
         except RuntimeError as exc:
             raise self.lost(exc, what) from None
-        return out
 
     def broadcast(self, value: Any, what: str = "sharing the plan", src: int = 0) -> Any:
-        import torch.distributed as dist
-
-        box = [value]
         try:
-            dist.broadcast_object_list(box, src=src)
+            return self.coordinator.broadcast_object(value, src)
         except RuntimeError as exc:
             raise self.lost(exc, what) from None
-        return box[0]
 
     def gather(self, value: Any, what: str = "collecting results", dst: int = 0) -> list[Any] | None:
         import torch.distributed as dist
@@ -81,12 +78,9 @@ class World:
 
     # --- failures ------------------------------------------------------------------------------------
     def lost(self, exc: BaseException, what: str) -> NodeLost:
-        """One line: which node, during what, and gloo's own first line."""
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if text.startswith("[") and "] " in text:   # gloo's source location
-            text = text.split("] ", 1)[1]
-        text = text.split(". This is typically caused")[0]
-        return NodeLost(f"{what}: {self.suspect(str(exc))} ({text}); the steps finished before it are kept")
+        """One line: which node, during what, and gloo's own first sentence."""
+        return NodeLost(f"{what}: {self.suspect(str(exc))} ({first_sentence(exc)}); the steps finished before "
+                        "it are kept")
 
     def suspect(self, message: str) -> str:
         topology = self.topology

@@ -7,6 +7,7 @@ coordinator carries ports, availability and results (a few hundred bytes per cal
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -80,3 +81,16 @@ class GroupCoordinator:
         global_src = src if self._group is None else self._dist.get_global_rank(self._group, src)
         self._dist.broadcast_object_list(box, src=global_src, group=self._group)
         return box[0]
+
+
+# torch's errors open with the C++ source position ("[/path/pair.cc:553] Connection closed by peer ...")
+_SOURCE_POSITION = re.compile(r"^\[[^\]]*:\d+\]\s*")
+
+
+def first_sentence(exc: BaseException) -> str:
+    """The exception's first sentence, without torch's source position (its advice, "This is typically
+    caused by ...", never helps here: diag names the node itself)."""
+    lines = str(exc).strip().splitlines()
+    if not lines:
+        return type(exc).__name__
+    return _SOURCE_POSITION.sub("", lines[0]).split(". ")[0][:200]

@@ -34,7 +34,7 @@ from typing import Any
 from diag import goodput
 from diag.errors import DiagError
 from diag.lifeline import CHILD_CWD, child_env, python_command
-from diag.probe.coordinator import Coordinator
+from diag.probe.coordinator import Coordinator, first_sentence
 
 TOOLS = ("auto", "iperf3", "socket")
 TOOL_LABELS = {"iperf3": "iperf3", "socket": "diag-socket"}   # as run.json's link.*.tool records them
@@ -236,18 +236,13 @@ def _collective(call: Callable[[Any], list[Any]], obj: Any, what: str, nodes: Se
                         f"({_one_line(exc, nodes)})") from exc
 
 
-# torch's errors open with the C++ source position ("[/path/pair.cc:553] Connection closed by peer ...")
-_SOURCE_POSITION = re.compile(r"^\[[^\]]*:\d+\]\s*")
 _ADDRESS = re.compile(r"\[([0-9a-fA-F.:]+)\]")
 
 
 def _one_line(exc: BaseException, nodes: Sequence[ProbeNode] = ()) -> str:
     """The exception's first sentence, without torch's source position, with the node of any address
     it names ("Connection closed by peer [10.77.0.4]:32930" -> "... (h3)")."""
-    lines = str(exc).strip().splitlines()
-    if not lines:
-        return type(exc).__name__
-    text = _SOURCE_POSITION.sub("", lines[0]).split(". ")[0][:200]
+    text = first_sentence(exc)
     addresses = [node.address for node in nodes]
     owner = {node.address: node.name for node in nodes if addresses.count(node.address) == 1}
     named = [owner[address] for address in _ADDRESS.findall(text) if address in owner]

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from diag.capture.schema import Analysis, Connection, Host, Phase
 from diag.errors import DiagError
+from diag.goodput import RING_PATTERN_CPU_LIMIT
 from diag.records import Record, RecordFile, load_records, transport_label
 from diag.report.topology import LinkMatrix, NodeLookup, Topology
 from diag.typedjson import from_json
@@ -25,11 +26,6 @@ from diag.typedjson import from_json
 T = TypeVar("T")
 # A capture's tag, when its analysis carries no phases, may still name the world size (".._n2_..").
 _TAG_WORLD_RE = re.compile(r"(?:^|[_\-.])n(\d+)(?:[_\-.]|$)", re.IGNORECASE)
-# The iperf3 ring pattern at N below this share of the single-stream link: N flows at once are more than this
-# machine's CPU drives at the link rate, so the pattern, not the link, is the reference at that N. The same
-# share as diagnose's CPU_LINK_REACHED, so the report's link-reference table and cpu_bound name the same N;
-# above it the pattern is within iperf3's run-to-run noise of the single stream on a loaded machine.
-RING_PATTERN_CPU_LIMIT = 0.85
 
 
 @dataclass(frozen=True)
