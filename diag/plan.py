@@ -62,6 +62,7 @@ class Plan:
     iters: int
     steps: tuple[Step, ...] = ()
     trial_budget_s: float = 90.0        # all trials together; each stops sooner once its verdicts are decided
+    backend: str = "gloo"               # the backend under test (see under_test)
 
     def world_sizes_of(self, step: Step) -> tuple[int, ...]:
         return self.world_sizes if step.at == "every_n" else (2,)
@@ -147,15 +148,50 @@ FULL = Plan(world_sizes=(2, 3, 4, 5, 6, 7, 8), volumes=tuple(parse_size(s) for s
             trial_budget_s=200.0, steps=(*SWEEPS, *TRIALS, *KNOBS_FULL))
 
 
+BACKENDS_UNDER_TEST = ("gloo", "diag_tcp")
+P2P_OPS = ("exchange", "send_recv", "ping_pong", "all_gather_p2p")
+
+
+def under_test(plan: Plan, backend: str) -> Plan:
+    """The plan with ``backend`` where the steps, trial arms and comparisons name gloo: the same experiments
+    around another backend. diag_tcp (diag's raw transport behind torch's API) takes no turns on a
+    connection: with it the run is the negative control of the seed anomaly, and a lab fault is the only
+    slowdown left to name."""
+    if backend not in BACKENDS_UNDER_TEST:
+        raise DiagError(f"--backend {backend!r}: the main job tests {' or '.join(BACKENDS_UNDER_TEST)}")
+    if backend == plan.backend:
+        return plan
+
+    def name(text: str) -> str:
+        return backend + text[len(plan.backend):] if text.startswith(plan.backend) else text
+
+    def trial(spec: TrialSpec) -> TrialSpec:
+        # diag_tcp finishes a point-to-point call before it returns: two ranks that both post a receive first
+        # would wait for each other, so its exchange arms (and their comparisons) are left out.
+        kept = [a for a in spec.arms if a.backend != plan.backend or backend != "diag_tcp" or a.op not in P2P_OPS]
+        arms = tuple(replace(a, name=name(a.name), backend=backend if a.backend == plan.backend else a.backend)
+                     for a in kept)
+        names = {a.name for a in arms}
+        comparisons = tuple(renamed for c in spec.comparisons
+                            if set((renamed := replace(c, on=name(c.on), off=name(c.off),
+                                                       reference=name(c.reference) if c.reference else c.reference)
+                                    ).arm_names) <= names)
+        return replace(spec, arms=arms, comparisons=comparisons)
+
+    steps = tuple(replace(step, name=name(step.name), backend=backend if step.backend == plan.backend else step.backend,
+                          trial=trial(step.trial) if step.trial else None) for step in plan.steps)
+    return replace(plan, steps=steps, backend=backend)
+
+
 def per_rank_size(volume: int, world_size: int, element: int = 4) -> int:
     """S = D / (N-1), rounded down to whole elements."""
     return max(element, volume // (world_size - 1) // element * element)
 
 
-def resolve_plan(quick: bool, max_n: int | None, volumes: list[int] | None) -> Plan:
-    """The quick or full plan with the user's --max-n and --volumes applied (the experiments then run at
-    the largest volume)."""
-    plan = QUICK if quick else FULL
+def resolve_plan(quick: bool, max_n: int | None, volumes: list[int] | None, backend: str = "gloo") -> Plan:
+    """The quick or full plan with the user's --max-n, --volumes (the experiments then run at the largest
+    volume) and --backend applied."""
+    plan = under_test(QUICK if quick else FULL, backend)
     if volumes:
         largest = tuple(sorted(set(volumes))[-2:])
         plan = replace(plan, volumes=tuple(volumes), exchange_sizes=(max(volumes),), knob_volumes=largest)
@@ -167,12 +203,12 @@ def resolve_plan(quick: bool, max_n: int | None, volumes: list[int] | None) -> P
 
 
 def step_spec(plan: Plan, step: Step, world_size: int) -> SweepSpec:
-    """The sweep one step runs at one world size (a trial's: the launch's base spec, gloo)."""
+    """The sweep one step runs at one world size (a trial's: the launch's base spec, the backend under test)."""
     if step.trial is not None:
         trial = step_trial(plan, step)
         # Every arm sets its own block's iterations; the launch's iters are what the trial is expected to run
         # (its arms at least min_rounds times), so progress bars weigh it for what it is.
-        return SweepSpec(backend="gloo", ops=(step.op,), sizes=trial.sizes, warmup=trial.warmup,
+        return SweepSpec(backend=plan.backend, ops=(step.op,), sizes=trial.sizes, warmup=trial.warmup,
                          iters=trial.block_iters * len(trial.arms) * trial.min_rounds, timeout_s=STEP_TIMEOUT_S)
     iters = max(plan.iters, step.min_iters)
     spec = SweepSpec(backend=step.backend, ops=(step.op,), sizes=plan.sizes_of(step, world_size),

@@ -36,7 +36,7 @@ class TrialArm:
     """One arm: a transport with its knobs, running one op."""
 
     name: str
-    backend: str = "raw"                   # "gloo" (the launch's process group) | "raw"
+    backend: str = "raw"                   # "raw", or the launch's own backend (gloo, diag_tcp): its process group
     op: str = "all_gather"
     algo: str = "ring"
     order: str = "recv-first"              # exchange / p2p post order
@@ -212,7 +212,8 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
               heartbeat: Callable[[], None] | None = None, say: Callable[[str], None] | None = None,
               token: bytes | None = None, group: Any = None) -> dict[str, Any]:
     """Every rank runs this; rank 0 emits the block records and returns the trial's summary for the end event.
-    ``gloo`` is the launch's TorchTransport (its group carries the stop votes); ``token``: the raw arms' run
+    ``gloo`` is the launch's TorchTransport (the arms of its backend run on it; its group, or the subgroup's
+    control group, carries the stop votes); ``token``: the raw arms' run
     token from the job file (None: rank 0 publishes one in the store, as for any raw launch); ``group``: the
     subgroup of an in-place job the trial runs on (diag.transports.group.GroupContext), None: the whole
     launch."""
@@ -225,13 +226,13 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
     spec = TrialSpec.from_json(trial_json)
     rank, world = gloo.rank, gloo.world_size
     # torch's collectives name their root by its global rank, also on a subgroup
-    pg = group.process_group if group is not None else None
+    pg = group.control if group is not None else None
     leader = group.global_rank(0) if group is not None else 0
     tell = say or (lambda text: print(text, file=sys.stderr, flush=True))
     transports: dict[str, Any] = {}
     try:
         for arm in spec.arms:   # the same order on every rank: raw meshes rendezvous by creation order
-            transports[arm.name] = gloo if arm.backend == "gloo" else create_transport(
+            transports[arm.name] = gloo if arm.backend != "raw" else create_transport(
                 arm_spec(base, arm, spec.sizes[0], 1, 0), rank, world, base.timeout_s,
                 store=group.store if group is not None else None, token=token)
         meter = _CpuMeter()

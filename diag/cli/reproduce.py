@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                   "at most the job's ranks)")
     parser.add_argument("--volumes", help="per-device volumes D to run at every N, e.g. 1M,4M,16M "
                                           "(default 1M,4M,16M)")
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "diag_tcp"],
+                        help="the backend under test (default gloo); diag_tcp takes no turns on a connection: "
+                             "the negative control of the N=2 anomaly, where a lab fault is the only slowdown")
     parser.add_argument("--iface", help="in place: the network interface of the job's traffic (sets "
                                         "GLOO_SOCKET_IFNAME; default: GLOO_SOCKET_IFNAME, else the route to "
                                         "MASTER_ADDR)")
@@ -76,4 +79,4 @@ def run(args: argparse.Namespace) -> int:
         validate.output_dir(args.out, "--out")
     return run_reproduce(args.quick, args.out, args.rate, args.max_n, keep_going=not args.stop_on_error,
                          volumes=volumes, iface=args.iface, keep_pcaps=args.keep_pcaps,
-                         lab_faults=tuple(args.lab_fault), lab_scenario=args.lab_scenario)
+                         lab_faults=tuple(args.lab_fault), lab_scenario=args.lab_scenario, backend=args.backend)

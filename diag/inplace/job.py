@@ -61,6 +61,7 @@ class JobOptions:
     iface: str | None = None
     keep_pcaps: bool = False
     keep_going: bool = True
+    backend: str = "gloo"                 # the backend under test (diag.plan.under_test)
     mode: str = "in-place"
     lab: dict[str, Any] | None = None     # the lab's description for run.json (lab mode)
     token: str | None = None              # the raw transport's run token; None: rank 0 publishes one
@@ -144,7 +145,8 @@ class InPlaceJob:
         self.root = Path(options.out or f"runs/reproduce-{time.strftime('%Y%m%d-%H%M%S')}")
         self.shared = False
         self.node_work: NodeWork | None = None
-        self.groups: dict[int, GroupContext | None] = {}
+        self.groups: dict[int, GroupContext | None] = {}          # gloo, per N
+        self.backend_groups: dict[int, GroupContext | None] = {}  # the backend under test where not gloo
         self.failures: list[dict[str, str]] = []
         self.started = time.monotonic()
         from diag.worker import StateFile
@@ -208,16 +210,33 @@ class InPlaceJob:
                         "machine)"])
 
     def make_groups(self) -> None:
-        """One subgroup per N, made by every rank (torch's rule), used by its members for every step at N."""
+        """One subgroup per N, made by every rank (torch's rule), used by its members for every step at N; where
+        the backend under test is not gloo, one of that backend too (its control messages go over gloo's)."""
         import torch.distributed as dist
 
         store = dist.distributed_c10d._get_default_store()
+        if self.plan.backend == "diag_tcp":
+            self._register_diag_tcp()
         for n in self.plan.world_sizes:
             members = self.topology.members(n)
-            group = dist.new_group(ranks=list(members), backend="gloo", timeout=timedelta(seconds=STEP_TIMEOUT_S))
-            self.groups[n] = GroupContext(members, members.index(self.rank), group,
-                                          dist.PrefixStore(f"diag_group/n{n}", store), f"n{n}") \
-                if self.rank in members else None
+            timeout = timedelta(seconds=STEP_TIMEOUT_S)
+            group = dist.new_group(ranks=list(members), backend="gloo", timeout=timeout)
+            tested = (dist.new_group(ranks=list(members), backend=self.plan.backend, timeout=timeout)
+                      if self.plan.backend != "gloo" else None)
+            if self.rank not in members:
+                self.groups[n] = self.backend_groups[n] = None
+                continue
+            prefix = dist.PrefixStore(f"diag_group/n{n}", store)
+            self.groups[n] = GroupContext(members, members.index(self.rank), group, prefix, f"n{n}")
+            self.backend_groups[n] = replace(self.groups[n], process_group=tested, control_group=group,
+                                             label=f"n{n}-{self.plan.backend}") if tested is not None else None
+
+    def _register_diag_tcp(self) -> None:
+        from diag.transports.raw.backend import ENV_TOKEN, register
+
+        register()
+        if self.options.token:
+            os.environ[ENV_TOKEN] = self.options.token
 
     # --- the steps -------------------------------------------------------------------------------------
     def actions(self) -> list[Action]:
@@ -232,8 +251,9 @@ class InPlaceJob:
                 from diag.runner import transport_tag
 
                 tag = f"{step.name}--{transport_tag(spec)}-{'-'.join(spec.ops)}-n{n}"
+                tested = self.plan.backend != "gloo" and (step.trial is not None or step.backend == self.plan.backend)
                 out.append(Action(step_title(step, n), step, n, spec, meta, f"records/{step.name}.jsonl", tag,
-                                  capture=step.trial is None))
+                                  capture=step.trial is None, group_backend=self.plan.backend if tested else "gloo"))
         return out
 
     def run_action(self, action: Action, index: int, total: int, progress: Any) -> None:
@@ -249,7 +269,12 @@ class InPlaceJob:
         error = None
         try:
             self.world.barrier(f"starting {action.title}")   # every capture listens before the first packet
-            group = self.groups.get(action.world_size) if action.group_backend == "gloo" else self._tcp_group(members)
+            if action.group_backend == "gloo":
+                group = self.groups.get(action.world_size)
+            elif action.step is not None:
+                group = self.backend_groups.get(action.world_size)
+            else:
+                group = self._tcp_group(members)
             if self.rank in members:
                 error = self._run_on(action, group)
             self.world.barrier(f"during {action.title} (N={action.world_size})")
@@ -298,18 +323,17 @@ class InPlaceJob:
         """A subgroup on the diag_tcp backend (advise: the unchanged script's workaround), made by every rank."""
         import torch.distributed as dist
 
-        from diag.transports.raw.backend import ENV_TOKEN, register
-
-        register()
-        if self.options.token:
-            os.environ[ENV_TOKEN] = self.options.token
+        self._register_diag_tcp()
         group = dist.new_group(ranks=list(members), backend="diag_tcp", timeout=timedelta(seconds=STEP_TIMEOUT_S))
         return GroupContext(members, members.index(self.rank), group, None, "diag_tcp") if self.rank in members else None
 
     def advise_actions(self) -> list[Action]:
-        """Plain gloo all_gather and each workaround at N=2 (diag.advise), one action each."""
+        """Plain gloo all_gather and each workaround at N=2 (diag.advise), one action each; none where the
+        backend under test is not gloo (the workarounds are gloo's)."""
         from diag.advise import advise_specs
 
+        if self.plan.backend != "gloo":
+            return []
         size = per_rank_size(max(self.plan.knob_volumes), 2)
         from diag.runner import transport_tag
 
@@ -323,7 +347,7 @@ class InPlaceJob:
         """Every node analyses its captures; the nodes' files reach the run directory; advise.json."""
         self.world.barrier("after the last step")
         self.state.update(status="analyzing")
-        if self.rank == 0:
+        if self.rank == 0 and self.plan.backend == "gloo":
             self._write_advise()
         records = self._records_for_analysis()
         if self.node_work is not None and records:
@@ -429,7 +453,8 @@ def run_in_place(options: JobOptions) -> int:
         topology = build_topology(world.all_gather(identify(rank, iface), "meeting the other ranks"), iface)
         world.topology = topology
         max_n = min(options.max_n or world_size, world_size)
-        plan = resolve_plan(options.quick, max_n, list(options.volumes) if options.volumes else None)
+        plan = resolve_plan(options.quick, max_n, list(options.volumes) if options.volumes else None,
+                            options.backend)
         plan = replace(plan, world_sizes=tuple(n for n in plan.world_sizes if n <= world_size))
         say(f"diag reproduce ({options.mode}): {world_size} ranks on {len(topology.nodes)} node(s) "
             f"({', '.join(n.name for n in topology.nodes)}); N = {', '.join(map(str, plan.world_sizes))}; "
@@ -445,7 +470,8 @@ def run_in_place(options: JobOptions) -> int:
         actions = job.actions() + job.advise_actions()
         # One plan-level bar, weighted by bytes x iterations (sizes double: counting steps would mislead).
         *weights, advise = reproduce_weights(plan, step_spec, per_rank_size(max(plan.knob_volumes), 2))
-        weights += [advise / (len(actions) - len(weights))] * (len(actions) - len(weights))
+        left = len(actions) - len(weights)   # advise's actions share its weight (none: another backend)
+        weights += [advise / left] * left if left else []
         progress = Progress("reproduce", sum(weights), live=False) if rank == 0 else None
         for index, (action, weight) in enumerate(zip(actions, weights, strict=True), 1):
             job.run_action(action, index, len(actions), progress)
@@ -453,6 +479,8 @@ def run_in_place(options: JobOptions) -> int:
                 progress.advance(weight)
         job.finish()
         code = job.report() if rank == 0 else 0
+        if options.mode != "in-place":
+            code = 0   # diag's own launch reads the failed steps from run.json (torchrun would add a traceback)
         job.state.update(status="done")
         world.barrier("at the end", timeout_s=600.0)
         return code

@@ -17,13 +17,20 @@ class GroupContext:
     """``ranks``: the members' global ranks, indexed by group rank; ``rank``: this process's group rank;
     ``process_group``: torch's group for the members (None: the default group, i.e. the whole job);
     ``store``: a store namespace only this group's raw meshes use (their rendezvous keys never meet another
-    group's)."""
+    group's); ``control_group``: a gloo group of the same members for the small messages beside the
+    measurement (a trial's stop votes, its CPU samples), where ``process_group`` is a backend that lacks
+    gather (diag_tcp); None: ``process_group`` itself."""
 
     ranks: tuple[int, ...]
     rank: int
     process_group: Any = None
     store: Any = None
     label: str = ""
+    control_group: Any = None
+
+    @property
+    def control(self) -> Any:
+        return self.control_group if self.control_group is not None else self.process_group
 
     @property
     def world_size(self) -> int:

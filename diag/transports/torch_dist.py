@@ -142,6 +142,10 @@ class TorchTransport:
         dist.recv(tensor, self._peer(src), group=self.group)
 
     def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, order: str) -> None:
+        if self.backend == "diag_tcp":
+            # its isend/irecv finish before they return: both ranks would wait in their first call
+            raise UnsupportedOperation("diag_tcp runs point-to-point calls one at a time, so an exchange cannot "
+                                       "overlap its send and receive; use all_gather on diag_tcp")
         other = self._peer(peer)
         if order == "send-first":
             works = [dist.isend(send, other, group=self.group), dist.irecv(recv, other, group=self.group)]
