@@ -1,0 +1,135 @@
+"""Every lab fault scenario through the real main job: what each should be named, and what diag named.
+
+    python -m diag.bench.fault_scenarios [--scenarios none,slow-nic,...] [--backend diag_tcp] [--hosts 4]
+                                         [--rate 200mbit] [--out DIR] [--seed-anomaly]
+
+For each scenario, ``diag reproduce --quick --lab-scenario NAME`` runs on a fresh lab (its faults on h1), and
+the findings are read back: which host rules fired and which hosts they named, whether the N=2 mechanism
+verdict fired, and the negative control's status. With ``--backend diag_tcp`` (the default) the backend
+under test takes no turns on a connection, so a fault is the only slowdown in the run: the seed anomaly's
+mechanism must not fire, and ``none`` is the negative control (nothing slow, no host named). One line per
+scenario, then whether every scenario was named right. ``--seed-anomaly`` also runs the gloo backend beside
+one fault, where both the fault and gloo's N=2 mechanism are expected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from diag.lifeline import CHILD_CWD, child_env, python_command
+
+# What each built-in scenario (diag/lab/scenarios) should be called, by rule, and the host its faults are on.
+EXPECTED: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "slow-nic": ("slow_host_link",),
+    "shallow-buffer": ("loss_at_host",),
+    "small-windows": ("window_at_host", "node_fingerprints"),
+    "slow-cpu": ("cpu_bound",),
+    "jumbo-host": ("node_fingerprints",),
+}
+FAULTY_HOST = "h1"
+HOST_RULES = ("slow_host_link", "loss_at_host", "window_at_host", "cpu_bound", "node_fingerprints")
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    backend: str
+    seconds: float
+    rc: int
+    named: dict[str, set[str]]       # host rule -> hosts its fired findings name
+    mechanism: str                   # status of the mechanism verdict
+    control: str                     # negative control's status
+    dip: str
+
+    def right(self) -> bool:
+        expected = EXPECTED[self.scenario]
+        hosts_ok = all(self.named.get(rule) == {FAULTY_HOST} for rule in expected)
+        extra = [rule for rule in self.named if rule not in expected]
+        if self.backend == "gloo":   # the seed anomaly is there too: its mechanism may fire, the control must not
+            return hosts_ok and not extra and self.control != "fired"
+        return hosts_ok and not extra and self.mechanism != "fired" and self.control != "fired"
+
+
+def named_hosts(finding: dict[str, Any]) -> set[str]:
+    hosts = set()
+    for evidence in finding.get("evidence") or ():
+        values = evidence.get("values") or {}
+        for key in ("node", "src", "dst", "host"):
+            if isinstance(values.get(key), str):
+                hosts.add(values[key])
+        for key in ("nodes",):
+            if isinstance(values.get(key), list):
+                hosts.update(str(v) for v in values[key])
+    return hosts
+
+
+def read_outcome(scenario: str, backend: str, run_dir: Path, seconds: float, rc: int) -> Outcome:
+    findings = json.loads((run_dir / "report" / "findings.json").read_text())["findings"]
+    named: dict[str, set[str]] = {}
+    status: dict[str, str] = {}
+    for finding in findings:
+        status.setdefault(finding["rule"], finding["status"])
+        if finding["status"] == "fired" and finding["rule"] in HOST_RULES:
+            named.setdefault(finding["rule"], set()).update(named_hosts(finding))
+    return Outcome(scenario, backend, seconds, rc, named, status.get("mechanism", "absent"),
+                   status.get("negative_control", "absent"), status.get("n2_busbw_dip", "absent"))
+
+
+def run_scenario(scenario: str, backend: str, out: Path, hosts: int, rate: str, timeout: float) -> Outcome:
+    run_dir = out / f"{scenario}-{backend}"
+    argv = [*python_command("-m", "diag"), "reproduce", "--quick", "--max-n", str(hosts), "--rate", rate,
+            "--backend", backend, "--out", str(run_dir)]
+    if scenario != "none":
+        argv += ["--lab-scenario", scenario]
+    started = time.monotonic()
+    with (out / f"{scenario}-{backend}.log").open("w") as log:
+        done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=CHILD_CWD,
+                              timeout=timeout, check=False)
+    return read_outcome(scenario, backend, run_dir, time.monotonic() - started, done.returncode)
+
+
+def line(outcome: Outcome) -> str:
+    expected = ", ".join(f"{rule} {FAULTY_HOST}" for rule in EXPECTED[outcome.scenario]) or "nothing"
+    named = ", ".join(f"{rule} {'/'.join(sorted(hosts)) or '?'}" for rule, hosts in sorted(outcome.named.items()))
+    return (f"{outcome.scenario:15s} {outcome.backend:8s} {outcome.seconds / 60:4.1f} min  expected: {expected:45s} "
+            f"named: {named or 'nothing':45s} mechanism {outcome.mechanism:9s} control {outcome.control:9s} "
+            f"dip {outcome.dip:9s} {'RIGHT' if outcome.right() else 'WRONG'}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenarios", default=",".join(EXPECTED))
+    parser.add_argument("--backend", default="diag_tcp", choices=["diag_tcp", "gloo"])
+    parser.add_argument("--hosts", type=int, default=4)
+    parser.add_argument("--rate", default="200mbit")
+    parser.add_argument("--out", type=Path, default=Path(f"/tmp/fault-scenarios-{int(time.time())}"))
+    parser.add_argument("--seed-anomaly", action="store_true", help="also run gloo beside the slow-nic fault")
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    args = parser.parse_args(argv)
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    unknown = [s for s in scenarios if s not in EXPECTED]
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}: choose from {', '.join(EXPECTED)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = [(s, args.backend) for s in scenarios] + ([("slow-nic", "gloo")] if args.seed_anomaly else [])
+    outcomes = []
+    for scenario, backend in runs:
+        outcome = run_scenario(scenario, backend, args.out, args.hosts, args.rate, args.timeout)
+        outcomes.append(outcome)
+        print(line(outcome), flush=True)
+    right = sum(o.right() for o in outcomes)
+    print(f"{right} of {len(outcomes)} scenarios named right (runs in {args.out})")
+    return 0 if right == len(outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
