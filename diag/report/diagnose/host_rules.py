@@ -299,12 +299,17 @@ def _place(pairs: dict[tuple[str, str], PairLoss], node: str, way: str, share: f
     def host_of(pair: tuple[str, str]) -> str:
         return pair[1] if way == "into" else pair[0]
 
-    lossy = {pair: p for pair, p in pairs.items() if host_of(pair) == node and p.resent > 0}
+    # lossy by the retransmissions rule's own bar: a few resent segments on a busy direction are no loss there
+    lossy = {pair: p for pair, p in pairs.items() if host_of(pair) == node and _lossy(p)}
     peers = tuple(sorted({pair[0] if way == "into" else pair[1] for pair in lossy}))
     # data, not ACKs alone: a direction that carries no data has nothing to lose
     contrast = any(host_of(pair) != node and (p.payload_bytes >= BIDIR_MIN_BYTES.value or p.series)
                    for pair, p in pairs.items())
     return Placement(node, way, share, lossy, peers, contrast)
+
+
+def _lossy(loss: PairLoss) -> bool:
+    return loss.resent >= RETRANS_MIN_COUNT.value and (not loss.packets or loss.resent / loss.packets >= RETRANS_RATE.value)
 
 
 def _edge_side(run: RunData, src: str, dst: str) -> tuple[str | None, str]:
