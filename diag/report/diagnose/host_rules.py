@@ -474,9 +474,17 @@ def window_at_host(run: RunData) -> list[Finding]:
 
 
 def _limited(t: WindowTally, limit: float) -> bool:
-    full = (t.window_full >= WINDOW_FULL_MIN_COUNT.value and t.data_packets > 0
-            and t.window_full / t.data_packets >= WINDOW_FULL_RATE.value)
-    return bool((t.share is not None and t.share >= limit) or t.zero_windows or full)
+    """TCP_INFO, where the senders' sockets were sampled, says how long they waited on the window: it decides.
+    Else the wire: windows filled, or zero windows advertised, at a rate (a few zero windows are a receiver that
+    was slow to read once, e.g. rank 0 busy writing its records, not a window too small)."""
+    if t.share is not None:
+        return t.share >= limit
+
+    def often(count: int) -> bool:
+        return (count >= WINDOW_FULL_MIN_COUNT.value and t.data_packets > 0
+                and count / t.data_packets >= WINDOW_FULL_RATE.value)
+
+    return often(t.window_full) or often(t.zero_windows)
 
 
 def _window_finding(run: RunData, node: str, role: str, tallies: dict[str, WindowTally], limit: float,
