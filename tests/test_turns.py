@@ -101,7 +101,8 @@ def test_gloo_like_turn_exact_numbers(tmp_path: Path) -> None:
     conn = _analyze(tmp_path, _gloo_like_turn().frames())["connections"][0]
     turns = conn["turns"]
     assert conn["a"] == "10.9.0.2:5000"   # B sent the first packet: B is side a, A's data is "b->a"
-    a_end, b_start, b_end = 20_900, 10_950, 30_850   # microseconds
+    # microseconds; a direction is busy until its last segment is acknowledged (in flight), 20 us after it
+    a_end, b_start, b_end = 20_900 + 20, 10_950, 30_850 + 20
     both = (a_end - b_start) * US
     a_alone = (b_start - 1000) * US
     b_alone = (b_end - a_end + 30) * US           # B's notices form a 30 us run of their own
@@ -113,7 +114,7 @@ def test_gloo_like_turn_exact_numbers(tmp_path: Path) -> None:
     assert turns["leader"] == "b->a"
     assert turns["leader_only_fraction"] == pytest.approx(a_alone / either, abs=2e-5)
     assert turns["follower_only_fraction"] == pytest.approx(b_alone / either, abs=2e-5)
-    assert turns["span_s"] == pytest.approx(b_end * US, abs=1e-6)
+    assert turns["span_s"] == pytest.approx((b_end - 20) * US, abs=1e-6)   # first to last data packet
     # one handoff: B waited for A's first 100 segments; A's 100th segment is the trigger, 50 us = 2.5 RTTs
     assert turns["handoff_count"] == 1 and turns["turn_taking"] is True
     event = turns["handoffs"][0]

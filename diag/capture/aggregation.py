@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from diag.capture.busy import BusyRuns, DataStream, duplex
+from diag.capture.busy import BusyRuns, DataStream, duplex, flight_events, stall_limit_s
 from diag.capture.document import (
     DEFAULT_MSS,
     MAX_BINS,
@@ -205,7 +205,7 @@ class Aggregation:
                 self._state_direction(conn, d, chunk, rows[d], data_rows[d], data_ts[d], data_size[d])
         elif step is Pass.RUNS:
             for d in (0, 1):
-                self._runs_direction(conn, d, chunk, rows[d], data_rows[d], data_ts[d])
+                self._runs_direction(conn, d, chunk, rows[d], data_rows[d], rows[1 - d])
         elif step is Pass.OVERLAP:
             for d in (0, 1):
                 conn.dirs[d].stream.add_overlap(data_ts[d], data_size[d], conn.dirs[1 - d].stream)
@@ -283,9 +283,10 @@ class Aggregation:
             (target.ts_rtt.add if add else target.ts_rtt.collect)(ts_rtt)
 
     def _runs_direction(self, conn: Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
-                    data_ts: np.ndarray) -> None:
+                    peer_rows: np.ndarray) -> None:
         self._order_stats(conn, d, chunk, idx, data_rows, add=False)
-        conn.dirs[d].stream.add_runs(data_ts)
+        assert chunk.state is not None
+        conn.dirs[d].stream.add_runs(*flight_events(chunk.ts_ns, chunk.state, data_rows, peer_rows))
 
     def _order_stats(self, conn: Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
                      add: bool) -> None:
@@ -395,8 +396,14 @@ class Aggregation:
                 assert conn.turns is not None
                 conn.turns.settle_run_gaps()
         elif step is Pass.RUNS:
-            for stream in streams:
-                stream.settle_runs()
+            for conn in self.connections.values():
+                for direction in conn.dirs:
+                    p95 = np_percentile(direction.rtt, 95) / 1e9 if direction.rtt.n else None
+                    direction.stream.settle_runs(stall_limit_s(direction.stream.run_gap, p95))
+            for host in self.hosts.values():
+                for stream in (host.tx,) if host.rx is host.tx else (host.tx, host.rx):
+                    stream.settle_runs()
+            self._hosts_in_flight()
             for conn in self.connections.values():
                 assert conn.turns is not None
                 conn.turns.settle_lookups()
@@ -404,6 +411,25 @@ class Aggregation:
             for conn in self.connections.values():
                 assert conn.turns is not None
                 conn.turns.settle_handoffs()
+
+    def _hosts_in_flight(self) -> None:
+        """A host transmits (receives) while a connection direction it sends (receives) is busy, in flight
+        included: its busy runs join theirs (after Pass.RUNS)."""
+        streamer = self.top.streamer
+        joined: dict[tuple[int, bool], list[tuple[np.ndarray, np.ndarray]]] = {}
+        for conn in self.connections.values():
+            ends = (streamer.connections.conn_a[conn.c], streamer.connections.conn_b[conn.c])
+            for d in (0, 1):
+                sender, receiver = (int(streamer.address_of_endpoint[ends[k]]) for k in (d, 1 - d))
+                runs = conn.dirs[d].stream.intervals
+                joined.setdefault((sender, True), []).append(runs)
+                joined.setdefault((receiver, False), []).append(runs)
+        for index, host in self.hosts.items():
+            if host.rx is host.tx:
+                host.tx.join(joined.get((index, True), []) + joined.get((index, False), []))
+            else:
+                host.tx.join(joined.get((index, True), []))
+                host.rx.join(joined.get((index, False), []))
 
     # -- the JSON ----------------------------------------------------------------------------------------
 

@@ -1,7 +1,20 @@
 """A stream of data packets (a direction, or a host's transmit or receive) and its busy runs: the duplex
 overlap of two streams.
 
-A stream is busy from one data packet to the next while they are at most its run gap apart. The run gap is
+A direction is busy while it moves data: while its data passes the capture point, and while data it sent
+is in flight -- passed the capture point and not yet acknowledged, the TCP state's bytes in flight (tshark's
+tcp.analysis.bytes_in_flight, tcptrace's outstanding data). Where the capture is taken does not matter then:
+upstream of a bottleneck a sender's segments pass in line-rate bursts with silences between them while they
+queue, but its data stays in flight through those silences; downstream of it (at the receiver) the data
+passes smoothly and is acknowledged within microseconds. So a direction's busy runs are built from the events
+of its flight in file order -- its data packets, and the peer's ACKs of new bytes of it -- joined where they
+are at most the run gap apart (as data packets alone were before) and, across a longer silence, where data
+was in flight after the event before it and the silence is at most the stall limit (stall_limit_s). A
+longer silence with data in flight is a stall, not motion: a loss the sender waits out (retransmission
+timeout), or an ACK the capture did not see; it does not count as busy. A host's transmit and receive are
+busy while its data passes, and while a connection direction it sends (receives) is busy.
+
+A stream is busy from one event to the next while they are at most its run gap apart. The run gap is
 idle_gap_s, or longer where the stream's own cadence says a silence of that length is part of moving data:
 a shaped sender is bursty (tbf lets a bucket of frames go at once and then waits for tokens), so a stream
 that never stops moving data is silent for several packet times now and then -- at 20 Mbit/s with an
@@ -24,6 +37,7 @@ from diag.capture.document import (
     CADENCE_QUANTILE,
     MAX_RUN_GAP_S,
     PACING_PACKETS,
+    STALL_RTT_FACTOR,
 )
 from diag.capture.quantile import OrderStats
 from diag.capture.turns import CONTROL_MAX_BYTES
@@ -40,6 +54,42 @@ def coverage(lists: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[float, flo
     depth = np.cumsum(steps)[:-1]
     lengths = np.diff(times)
     return float(lengths[depth >= len(lists)].sum()), float(lengths[depth >= 1].sum())
+
+
+def union(lists: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The disjoint sorted intervals covered by any of the interval lists (touching intervals merge)."""
+    starts = np.concatenate([s for s, _ in lists])
+    ends = np.concatenate([e for _, e in lists])
+    if starts.size == 0:
+        return np.zeros(0), np.zeros(0)
+    order = np.argsort(starts, kind="stable")
+    starts, reach = starts[order], np.maximum.accumulate(ends[order])
+    first = np.flatnonzero(np.r_[True, starts[1:] > reach[:-1]])
+    return starts[first], reach[np.r_[first[1:] - 1, starts.size - 1]]
+
+
+def stall_limit_s(run_gap_s: float, rtt_p95_s: float | None) -> float:
+    """The longest silence a direction with data in flight is still busy through: STALL_RTT_FACTOR times the
+    95th percentile of its data -> ACK RTT at the capture point, never less than its run gap. A sender whose
+    data moves hears an ACK of new data within about one RTT of sending (upstream of a bottleneck that RTT
+    holds the queueing delay); twice the RTT is where its tail loss probe fires (RFC 8985) and below its
+    retransmission timeout (at least 200 ms on Linux)."""
+    return max(run_gap_s, STALL_RTT_FACTOR * rtt_p95_s) if rtt_p95_s else run_gap_s
+
+
+def flight_events(ts_ns: np.ndarray, state: dict[str, np.ndarray], own_data: np.ndarray, peer_rows: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The events of one direction's flight among a chunk's rows, in file order: its data packets (rows
+    own_data) and the peer's ACKs of new bytes of it (the rows of peer_rows whose peer_in_flight is set).
+    -> (times in seconds, bytes in flight after each event: -1 unknown, i.e. no ACK of the peer seen yet)."""
+    flight = state["peer_in_flight"][peer_rows] if peer_rows.size else np.zeros(0, np.int32)
+    acks = peer_rows[flight >= 0]
+    if not acks.size:
+        return ts_ns[own_data] / 1e9, state["in_flight"][own_data]
+    rows = np.concatenate([own_data, acks])
+    order = np.argsort(rows, kind="stable")  # two sorted runs: a merge
+    after = np.concatenate([state["in_flight"][own_data], flight[flight >= 0].astype(np.int64)])[order]
+    return ts_ns[rows[order]] / 1e9, after
 
 
 
@@ -67,17 +117,21 @@ def duplex_result(both: float, either: float, active: tuple[float, float], over:
 
 class BusyRuns:
     """Busy runs (starts, ends) of times in file order at a fixed gap, built chunk by chunk; with keep_gaps
-    also the silences that end them."""
+    also the silences that end them. Times given with the bytes in flight after each (add's in_flight) also
+    note, per silence, whether data was in flight across it: arrays(stall_s) then joins the runs across
+    such silences of at most stall_s."""
 
     def __init__(self, gap: float, keep_gaps: bool = False) -> None:
         self.gap = gap
         self.starts: list[np.ndarray] = []
         self.ends: list[np.ndarray] = []
         self.idle: list[np.ndarray] = []
+        self.flying: list[np.ndarray] = []  # per silence: data in flight across it
         self.keep_gaps = keep_gaps
         self.last: float | None = None
+        self.last_flying = False
 
-    def add(self, ts: np.ndarray) -> None:
+    def add(self, ts: np.ndarray, in_flight: np.ndarray | None = None) -> None:
         if ts.size == 0:
             return
         if self.last is None:
@@ -93,13 +147,22 @@ class BusyRuns:
             self.starts.append(base[breaks + 1])
             if self.keep_gaps:
                 self.idle.append(gaps[breaks])
+            if in_flight is not None:  # the event before each silence: base[k] (the last one carried over)
+                flying = in_flight != 0
+                self.flying.append((flying if self.last is None else np.r_[self.last_flying, flying])[breaks])
         self.last = float(ts[-1])
+        if in_flight is not None:
+            self.last_flying = bool(in_flight[-1] != 0)
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+    def arrays(self, stall_s: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         if self.last is None:
             return np.zeros(0), np.zeros(0)
         starts = np.concatenate(self.starts)
         ends = np.concatenate([*self.ends, np.array([self.last])])
+        if stall_s is not None and self.flying:
+            flying = np.concatenate(self.flying)
+            keep = ~(flying & (starts[1:] - ends[:-1] <= stall_s))  # a silence in flight and short: one run
+            starts, ends = starts[np.r_[True, keep]], ends[np.r_[keep, True]]
         return starts, ends
 
     def idle_gaps(self) -> np.ndarray:
@@ -165,14 +228,22 @@ class DataStream:
         self.gaps = OrderStats(np.float64)  # its counts are no longer needed
         self.runs = BusyRuns(self.run_gap)
 
-    def add_runs(self, ts: np.ndarray) -> None:
+    def add_runs(self, ts: np.ndarray, in_flight: np.ndarray | None = None) -> None:
+        """Pass.RUNS: the stream's events (data packets; for a direction, the events of its flight with the
+        bytes in flight after each: flight_events)."""
         assert self.runs is not None
-        self.runs.add(ts)
+        self.runs.add(ts, in_flight)
 
-    def settle_runs(self) -> None:
+    def settle_runs(self, stall_s: float | None = None) -> None:
+        """After Pass.RUNS: the busy runs, joined across silences with data in flight up to stall_s."""
         assert self.runs is not None
-        self.intervals = self.runs.arrays()
+        self.intervals = self.runs.arrays(stall_s)
         self.runs = None
+
+    def join(self, others: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Busy also where the given busy runs are (a host: while its connection directions are)."""
+        if others:
+            self.intervals = union([self.intervals, *others])
 
     def add_overlap(self, ts: np.ndarray, nbytes: np.ndarray, other: DataStream) -> None:
         starts, ends = other.intervals

@@ -36,6 +36,9 @@ CADENCE_FACTOR = 3.0
 PACING_PACKETS = 16
 CADENCE_MIN_GAPS = 20
 MAX_RUN_GAP_S = 0.05
+# A direction with data in flight stays busy through a silence of up to this many times its 95th percentile
+# data -> ACK RTT (busy.stall_limit_s); longer is a stall (a retransmission timeout, an ACK not captured).
+STALL_RTT_FACTOR = 2.0
 
 
 @dataclass
@@ -174,7 +177,7 @@ def document(paths: Sequence[str | os.PathLike[str]], results: list[ReadResult],
                     "frames": int(sum(r.frames for r in results))},
         "parameters": {"bin_s": bin_s, "idle_gap_s": idle_gap_s, "cadence_factor": CADENCE_FACTOR,
                        "cadence_quantile": CADENCE_QUANTILE, "pacing_packets": PACING_PACKETS,
-                       "max_run_gap_s": MAX_RUN_GAP_S,
+                       "max_run_gap_s": MAX_RUN_GAP_S, "stall_rtt_factor": STALL_RTT_FACTOR,
                        "control_max_bytes": CONTROL_MAX_BYTES},
         "capture_point": sorted(observed),
         "connections": connections,

@@ -11,6 +11,10 @@ Schema history (``ANALYSIS_SCHEMA``, the ``schema`` key of the document):
      without a ``schema`` key is read as 1). Keys added since, within version 1 (older files lack them and
      read as their defaults): capture_point, turn_summary; per connection run_gap_s and turns; per host
      nic_observed and seen_traffic_overlap (duplex_overlap null where the NIC is not seen).
+     parameters.stall_rtt_factor marks the busy runs by data in flight: from then on a direction is busy
+     while its data passes the capture point and while it is in flight (unacknowledged) up to the stall
+     limit, so duplex_overlap, active_s, overlap_s, the rates and the turns' time split read the same
+     upstream and downstream of a bottleneck; a file without that parameter counted packets passing only.
 """
 
 from __future__ import annotations

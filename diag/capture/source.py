@@ -37,7 +37,8 @@ VERDICTS = ("retransmission", "fast_retransmission", "spurious_retransmission", 
 VERDICT_KEYS = ("retransmissions", "fast_retransmissions", "spurious_retransmissions", "out_of_order",
                 "lost_segments", "dup_acks", "zero_windows", "window_full")
 _STATE_DTYPES = {"new_bytes": np.int64, **{name: np.bool_ for name in VERDICTS}, "in_flight": np.int64,
-                 "window_bytes": np.int32, "ack_rtt_ns": np.int64, "ts_rtt_ns": np.int64}
+                 "window_bytes": np.int32, "ack_rtt_ns": np.int64, "ts_rtt_ns": np.int64,
+                 "peer_in_flight": np.int32}
 _KERNEL_INPUTS = {"ts_ns": np.int64, "seq": np.uint32, "ack": np.uint32, "plen": np.int32, "win": np.uint16,
                   "flags": np.uint8, "tsval": np.uint32, "tsecr": np.uint32, "has_ts": np.bool_}
 # The TCP state kernel keeps every data segment's end (a retransmission or late ACK of any age must find
