@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from diag.capture.busy import BusyRuns, DataStream, duplex, flight_events, stall_limit_s
+from diag.capture.busy import BusyRuns, DataStream, duplex, flight_events, p95_s, round_trip_s, stall_limit_s
 from diag.capture.document import (
     DEFAULT_MSS,
     MAX_BINS,
@@ -53,7 +53,7 @@ def _want_median_p95(stats: OrderStats) -> None:
 
 
 class Direction:
-    def __init__(self, idle_gap_s: float, chunked: bool) -> None:
+    def __init__(self, idle_gap_s: float, chunked: bool, mss: int) -> None:
         self.packets = 0
         self.data_packets = 0
         self.payload_bytes = 0
@@ -76,7 +76,7 @@ class Direction:
         self.in_flight_max: int | None = None
         self.rtt = OrderStats(np.int64)
         self.ts_rtt = OrderStats(np.int64)
-        self.stream = DataStream(idle_gap_s)
+        self.stream = DataStream(idle_gap_s, mss)
         self.data_descents = Descents(chunked)  # the data packets' times, for the turn analysis' lookups
         self.series: np.ndarray | None = None
         self.first_data_s: float | None = None   # the first and last data packet's time (turns' span)
@@ -86,9 +86,9 @@ class Direction:
 class Connection:
     """One connection within one aggregation (the whole capture, or one record phase)."""
 
-    def __init__(self, c: int, idle_gap_s: float, chunked: bool) -> None:
+    def __init__(self, c: int, idle_gap_s: float, chunked: bool, mss: tuple[int, int]) -> None:
         self.c = c
-        self.dirs = (Direction(idle_gap_s, chunked), Direction(idle_gap_s, chunked))
+        self.dirs = (Direction(idle_gap_s, chunked, mss[0]), Direction(idle_gap_s, chunked, mss[1]))
         self.t0_ns: int | None = None
         self.t1_ns: int | None = None
         self.turns: Turns | None = None
@@ -157,7 +157,9 @@ class Aggregation:
             if connection is None:
                 if step is not Pass.COUNTS:
                     raise AssertionError("a connection appeared after Pass.COUNTS")
-                connection = self.connections[c] = Connection(c, self.top.idle_gap_s, not self.top.streamer.source.single)
+                mss = (self.top.streamer.mss_of(c, 0) or DEFAULT_MSS, self.top.streamer.mss_of(c, 1) or DEFAULT_MSS)
+                connection = self.connections[c] = Connection(c, self.top.idle_gap_s,
+                                                              not self.top.streamer.source.single, mss)
             self._connection(step, connection, chunk, [ab, ba])
 
     def _capture_point(self, chunk: Chunk, rows: np.ndarray | None) -> None:
@@ -397,9 +399,11 @@ class Aggregation:
                 conn.turns.settle_run_gaps()
         elif step is Pass.RUNS:
             for conn in self.connections.values():
-                for direction in conn.dirs:
-                    p95 = np_percentile(direction.rtt, 95) / 1e9 if direction.rtt.n else None
-                    direction.stream.settle_runs(stall_limit_s(direction.stream.run_gap, p95))
+                for d, direction in enumerate(conn.dirs):
+                    peer = conn.dirs[1 - d]  # its RTTs: packets toward d's sender, answered by it
+                    back = round_trip_s((peer.rtt, peer.ts_rtt))
+                    stall = stall_limit_s(direction.stream.run_gap, p95_s(direction.rtt), back)
+                    direction.stream.settle_runs(stall, back)
             for host in self.hosts.values():
                 for stream in (host.tx,) if host.rx is host.tx else (host.tx, host.rx):
                     stream.settle_runs()

@@ -2,17 +2,21 @@
 overlap of two streams.
 
 A direction is busy while it moves data: while its data passes the capture point, and while data it sent
-is in flight -- passed the capture point and not yet acknowledged, the TCP state's bytes in flight (tshark's
+is in flight -- sent and not yet acknowledged to its sender, the TCP state's bytes in flight (tshark's
 tcp.analysis.bytes_in_flight, tcptrace's outstanding data). Where the capture is taken does not matter then:
 upstream of a bottleneck a sender's segments pass in line-rate bursts with silences between them while they
 queue, but its data stays in flight through those silences; downstream of it (at the receiver) the data
-passes smoothly and is acknowledged within microseconds. So a direction's busy runs are built from the events
-of its flight in file order -- its data packets, and the peer's ACKs of new bytes of it -- joined where they
-are at most the run gap apart (as data packets alone were before) and, across a longer silence, where data
-was in flight after the event before it and the silence is at most the stall limit (stall_limit_s). A
-longer silence with data in flight is a stall, not motion: a loss the sender waits out (retransmission
-timeout), or an ACK the capture did not see; it does not count as busy. A host's transmit and receive are
-busy while its data passes, and while a connection direction it sends (receives) is busy.
+passes smoothly and is acknowledged within microseconds, and the ACK still has the way back to the sender
+to go. So a direction's busy runs are built from the events of its flight in file order -- its data packets,
+and the peer's ACKs of new bytes of it -- joined where they are at most the run gap apart (as data packets
+alone were before) and, across a longer silence, where data was in flight after the event before it and the
+silence is at most the stall limit (stall_limit_s); each run then lasts until its sender has the ACK: the
+round trip from the capture point to the sender and back (round_trip_s; ~0 at the sender's own NIC, the
+path's RTT at the receiver's) is added to its end. Every capture point then sees the sender's in-flight
+time, shifted by the sender's one-way delay to it. A longer silence with data in flight is a stall, not
+motion: a loss the sender waits out (retransmission timeout), or an ACK the capture did not see; it does not
+count as busy. A host's transmit and receive are busy while its data passes, and while a connection
+direction it sends (receives) is busy.
 
 A stream is busy from one event to the next while they are at most its run gap apart. The run gap is
 idle_gap_s, or longer where the stream's own cadence says a silence of that length is part of moving data:
@@ -35,11 +39,12 @@ from diag.capture.document import (
     CADENCE_FACTOR,
     CADENCE_MIN_GAPS,
     CADENCE_QUANTILE,
+    DEFAULT_MSS,
     MAX_RUN_GAP_S,
     PACING_PACKETS,
     STALL_RTT_FACTOR,
 )
-from diag.capture.quantile import OrderStats
+from diag.capture.quantile import OrderStats, np_median, np_percentile
 from diag.capture.turns import CONTROL_MAX_BYTES
 
 
@@ -68,13 +73,28 @@ def union(lists: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, n
     return starts[first], reach[np.r_[first[1:] - 1, starts.size - 1]]
 
 
-def stall_limit_s(run_gap_s: float, rtt_p95_s: float | None) -> float:
-    """The longest silence a direction with data in flight is still busy through: STALL_RTT_FACTOR times the
-    95th percentile of its data -> ACK RTT at the capture point, never less than its run gap. A sender whose
-    data moves hears an ACK of new data within about one RTT of sending (upstream of a bottleneck that RTT
-    holds the queueing delay); twice the RTT is where its tail loss probe fires (RFC 8985) and below its
-    retransmission timeout (at least 200 ms on Linux)."""
-    return max(run_gap_s, STALL_RTT_FACTOR * rtt_p95_s) if rtt_p95_s else run_gap_s
+def stall_limit_s(run_gap_s: float, rtt_p95_s: float | None, round_trip: float = 0.0) -> float:
+    """The longest silence a direction with data in flight is still busy through: STALL_RTT_FACTOR times its
+    path's RTT -- the 95th percentile of its data -> ACK RTT at the capture point plus the round trip from
+    there to its sender (round_trip_s) --, never less than its run gap. A sender whose data moves hears an
+    ACK of new data within about one RTT of sending (upstream of a bottleneck that RTT holds the queueing
+    delay); twice the RTT is where its tail loss probe fires (RFC 8985) and below its retransmission timeout
+    (at least 200 ms on Linux)."""
+    path_rtt = (rtt_p95_s or 0.0) + round_trip
+    return max(run_gap_s, STALL_RTT_FACTOR * path_rtt)
+
+
+def round_trip_s(toward_sender: Sequence[OrderStats]) -> float:
+    """The round trip from the capture point to a direction's sender and back, in seconds: the smallest
+    median of the given RTTs of packets toward the sender answered by it (the reverse direction's data ->
+    ACK RTT and its TSval -> echo RTT at the capture point, in ns); 0 when none is known."""
+    medians = [np_median(stats) for stats in toward_sender if stats.n]
+    return min(medians) / 1e9 if medians else 0.0
+
+
+def p95_s(stats: OrderStats) -> float | None:
+    """The 95th percentile of ns values in seconds (None without values)."""
+    return np_percentile(stats, 95) / 1e9 if stats.n else None
 
 
 def flight_events(ts_ns: np.ndarray, state: dict[str, np.ndarray], own_data: np.ndarray, peer_rows: np.ndarray
@@ -172,8 +192,10 @@ class BusyRuns:
 class DataStream:
     """The data packets of one direction, or one host's transmit or receive."""
 
-    def __init__(self, idle_gap_s: float) -> None:
+    def __init__(self, idle_gap_s: float, mss: int = DEFAULT_MSS) -> None:
         self.idle_gap_s = idle_gap_s
+        self.mss = max(int(mss), 1)
+        self._last_segments = 1
         self.n = 0
         self.bytes = 0
         self.pairs = 0
@@ -186,14 +208,22 @@ class DataStream:
         self.bytes_inside_other = 0
 
     def _bulk_gaps(self, ts: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """The gaps after bulk segments followed by bulk segments, per wire segment: a super-segment (TSO/GSO
+        on the sender's side, GRO on the receiver's) stands for the k = size / MSS segments it is cut into,
+        and the gap after it for k gaps of a k-th of it. (Without that, a sender-side capture of 64 KiB
+        messages sent as one super-segment and a tail segment each read a ping-pong's period as its
+        cadence: a 50 ms run gap that joined the turns.)"""
         bulk = nbytes > CONTROL_MAX_BYTES
+        segments = (nbytes + (self.mss - 1)) // self.mss
         if self._last_ts is None:
-            gaps, pairs = np.diff(ts), bulk[:-1] & bulk[1:]
+            gaps, pairs, before = np.diff(ts), bulk[:-1] & bulk[1:], segments[:-1]
         else:
             gaps = np.diff(np.concatenate([np.array([self._last_ts]), ts]))
             pairs = np.concatenate([np.array([self._last_bulk]), bulk[:-1]]) & bulk
-        self._last_ts, self._last_bulk = float(ts[-1]), bool(bulk[-1])
-        return gaps[pairs]
+            before = np.concatenate([np.array([self._last_segments]), segments[:-1]])
+        self._last_ts, self._last_bulk, self._last_segments = float(ts[-1]), bool(bulk[-1]), int(segments[-1])
+        gaps, before = gaps[pairs], before[pairs]
+        return np.repeat(gaps / before, before) if bool((before > 1).any()) else gaps
 
     def count(self, ts: np.ndarray, nbytes: np.ndarray) -> None:
         if ts.size == 0:
@@ -234,11 +264,14 @@ class DataStream:
         assert self.runs is not None
         self.runs.add(ts, in_flight)
 
-    def settle_runs(self, stall_s: float | None = None) -> None:
-        """After Pass.RUNS: the busy runs, joined across silences with data in flight up to stall_s."""
+    def settle_runs(self, stall_s: float | None = None, round_trip: float = 0.0) -> None:
+        """After Pass.RUNS: the busy runs, joined across silences with data in flight up to stall_s, each
+        until its sender has the ACK: round_trip (round_trip_s) after its end."""
         assert self.runs is not None
         self.intervals = self.runs.arrays(stall_s)
         self.runs = None
+        if round_trip > 0 and self.intervals[0].size:
+            self.intervals = union([(self.intervals[0], self.intervals[1] + round_trip)])
 
     def join(self, others: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
         """Busy also where the given busy runs are (a host: while its connection directions are)."""
