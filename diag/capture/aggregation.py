@@ -520,7 +520,8 @@ class Aggregation:
         assert conn.turns is not None
         turns = conn.turns.json((dup["x_active_s"], dup["y_active_s"]), dup["overlap_s"], dup["active_s"], rtts)
         return connection_json(conn.c, endpoint_text(streamer.endpoints, streamer.connections.conn_a[conn.c]),
-                               endpoint_text(streamer.endpoints, streamer.connections.conn_b[conn.c]), dirs, dup, turns)
+                               endpoint_text(streamer.endpoints, streamer.connections.conn_b[conn.c]), dirs, dup, turns,
+                               streamer.tunnel_of(conn.c))
 
     def _hosts_json(self, observed: set[str]) -> list[dict[str, Any]]:
         names = self.top.streamer.addresses

@@ -63,13 +63,15 @@ def endpoint_text(endpoints: list[tuple[str, int]], index: int) -> str:
 # --- objects -------------------------------------------------------------------------------------
 
 
-def connection_json(c: int, a: str, b: str, dirs: dict[str, Any], dup: dict[str, Any], turns: dict[str, Any]
-                    ) -> dict[str, Any]:
-    """One connection's object from its directions, its duplex() and its turns."""
+def connection_json(c: int, a: str, b: str, dirs: dict[str, Any], dup: dict[str, Any], turns: dict[str, Any],
+                    tunnel: list[str] | None = None) -> dict[str, Any]:
+    """One connection's object from its directions, its duplex() and its turns; tunnel: the encapsulations its
+    packets came through (None: none; a and b are then the inner TCP's endpoints)."""
     return {
         "stream": c,
         "a": a,
         "b": b,
+        "tunnel": tunnel,
         "directions": dirs,
         "duplex_overlap": dup["duplex_overlap"],
         "active_s": dup["active_s"],
