@@ -130,6 +130,25 @@ def test_tunnels_and_super_segments_at_every_snaplen(tmp_path: Path) -> None:
     assert result.columns["plen"].tolist() == [case.payload for case in tcp_cases + cut]
 
 
+def test_mutated_tunnel_frames(tmp_path: Path) -> None:
+    """Random bytes of the tunnel and super-segment frames' headers changed (lengths, ports, flags, types,
+    option lengths), at random snaplens: kernel and twin agree on every one of them."""
+    from encapsulation_helpers import cases
+
+    rng = random.Random(20)
+    frames = [bytearray(case.frame[:400]) for case in cases(payload=40) if case.payload < 10_000]
+    for round_ in range(60):
+        mutated = []
+        for frame in frames:
+            frame = bytearray(frame)
+            for _ in range(rng.randint(1, 4)):
+                frame[rng.randrange(min(len(frame), 160))] = rng.randrange(256)
+            mutated.append((1.0 + len(mutated) * 0.001, bytes(frame)))
+        path = write_pcap(tmp_path / f"m{round_}.pcap", mutated, 1, snaplen=rng.choice([64, 96, 128, 200, 65535]))
+        result = assert_twins(path)
+        assert not isinstance(result, str), result
+
+
 def test_odd_packets_and_the_order_of_skip_reasons(tmp_path: Path) -> None:
     from scapy.layers.inet import ICMP, IP, TCP, UDP
     from scapy.layers.inet6 import IPv6, IPv6ExtHdrFragment, IPv6ExtHdrHopByHop, IPv6ExtHdrRouting

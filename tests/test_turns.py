@@ -184,6 +184,22 @@ def test_ping_pong_handoffs_each_way(tmp_path: Path) -> None:
     assert conn["duplex_overlap"] == 0.0
 
 
+def test_super_segment_ping_pong_keeps_a_short_run_gap(tmp_path: Path) -> None:
+    """A sender-side capture with GSO: each 64 KiB message is one 65,160-byte super-segment and a 376-byte
+    tail, 5 ms apart per turn. Counted per packet, the gaps between them were the ping-pong's period and the
+    run gap rose to 50 ms, joining the turns (0.42); counted per wire segment the turns stay apart."""
+    flow = Flow()
+    t = 1000
+    for block in range(40):
+        side = "A" if block % 2 == 0 else "B"
+        flow.data(t, side, 65160)
+        flow.data(t + 5000, side, 376)
+        t += 5000 + 500
+    conn = _analyze(tmp_path, flow.frames())["connections"][0]
+    assert max(conn["run_gap_s"].values()) < 0.01, conn["run_gap_s"]
+    assert conn["duplex_overlap"] < 0.05, conn["duplex_overlap"]
+
+
 @pytest.mark.parametrize(("reaction_us", "handoffs"), [(5_000, 1), (2_000, 1), (40_000, 0)])
 def test_slow_reaction_after_a_long_wait(tmp_path: Path, reaction_us: int, handoffs: int) -> None:
     """A follower that waited for the leader's whole 400 ms message reacts 2 or 5 ms late (a loaded host):

@@ -30,7 +30,7 @@ has no bulk gaps and keeps idle_gap_s. Fed chunk by chunk by the passes (source.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -97,19 +97,29 @@ def p95_s(stats: OrderStats) -> float | None:
     return np_percentile(stats, 95) / 1e9 if stats.n else None
 
 
+Flying = Callable[[np.ndarray], np.ndarray]
+
+
 def flight_events(ts_ns: np.ndarray, state: dict[str, np.ndarray], own_data: np.ndarray, peer_rows: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray]:
+                  ) -> tuple[np.ndarray, Flying]:
     """The events of one direction's flight among a chunk's rows, in file order: its data packets (rows
     own_data) and the peer's ACKs of new bytes of it (the rows of peer_rows whose peer_in_flight is set).
-    -> (times in seconds, bytes in flight after each event: -1 unknown, i.e. no ACK of the peer seen yet)."""
-    flight = state["peer_in_flight"][peer_rows] if peer_rows.size else np.zeros(0, np.int32)
-    acks = peer_rows[flight >= 0]
+    -> (their times in seconds, flying(indexes): whether data was in flight after those events). Only the
+    events before a silence longer than the run gap are asked (a few), so the flight is looked up only for
+    them; flying reads this chunk's state, so it is used before the next chunk."""
+    in_flight, peer = state["in_flight"], state["peer_in_flight"]
+    acks = peer_rows[peer[peer_rows] >= 0] if peer_rows.size else peer_rows
     if not acks.size:
-        return ts_ns[own_data] / 1e9, state["in_flight"][own_data]
-    rows = np.concatenate([own_data, acks])
-    order = np.argsort(rows, kind="stable")  # two sorted runs: a merge
-    after = np.concatenate([state["in_flight"][own_data], flight[flight >= 0].astype(np.int64)])[order]
-    return ts_ns[rows[order]] / 1e9, after
+        return ts_ns[own_data] / 1e9, lambda at: in_flight[own_data[at]] != 0  # -1 (unknown) counts as flying
+    merged = np.concatenate([own_data, acks])
+    order = np.argsort(merged, kind="stable")  # two sorted runs: a merge
+    rows = merged[order]
+
+    def flying(at: np.ndarray) -> np.ndarray:
+        row = rows[at]
+        return np.where(order[at] >= own_data.size, peer[row], in_flight[row]) != 0
+
+    return ts_ns[rows] / 1e9, flying
 
 
 
@@ -137,8 +147,8 @@ def duplex_result(both: float, either: float, active: tuple[float, float], over:
 
 class BusyRuns:
     """Busy runs (starts, ends) of times in file order at a fixed gap, built chunk by chunk; with keep_gaps
-    also the silences that end them. Times given with the bytes in flight after each (add's in_flight) also
-    note, per silence, whether data was in flight across it: arrays(stall_s) then joins the runs across
+    also the silences that end them. Times given with whether data was in flight after each (add's flying)
+    also note, per silence, whether data was in flight across it: arrays(stall_s) then joins the runs across
     such silences of at most stall_s."""
 
     def __init__(self, gap: float, keep_gaps: bool = False) -> None:
@@ -146,12 +156,13 @@ class BusyRuns:
         self.starts: list[np.ndarray] = []
         self.ends: list[np.ndarray] = []
         self.idle: list[np.ndarray] = []
-        self.flying: list[np.ndarray] = []  # per silence: data in flight across it
+        self.flying: list[np.ndarray] = []  # per silence: data in flight across it (times given with flying)
         self.keep_gaps = keep_gaps
         self.last: float | None = None
         self.last_flying = False
 
-    def add(self, ts: np.ndarray, in_flight: np.ndarray | None = None) -> None:
+    def add(self, ts: np.ndarray, flying: Flying | None = None) -> None:
+        """ts: times in file order; flying: whether data was in flight after the events at given indexes."""
         if ts.size == 0:
             return
         if self.last is None:
@@ -167,12 +178,17 @@ class BusyRuns:
             self.starts.append(base[breaks + 1])
             if self.keep_gaps:
                 self.idle.append(gaps[breaks])
-            if in_flight is not None:  # the event before each silence: base[k] (the last one carried over)
-                flying = in_flight != 0
-                self.flying.append((flying if self.last is None else np.r_[self.last_flying, flying])[breaks])
+            if flying is not None:  # the event before each silence: base[k] (the last one carried over)
+                if self.last is None:
+                    self.flying.append(flying(breaks))
+                else:
+                    flags = np.full(breaks.size, self.last_flying)
+                    inside = breaks >= 1
+                    flags[inside] = flying(breaks[inside] - 1)
+                    self.flying.append(flags)
         self.last = float(ts[-1])
-        if in_flight is not None:
-            self.last_flying = bool(in_flight[-1] != 0)
+        if flying is not None:
+            self.last_flying = bool(flying(np.array([ts.size - 1]))[0])
 
     def arrays(self, stall_s: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         if self.last is None:
@@ -214,16 +230,23 @@ class DataStream:
         messages sent as one super-segment and a tail segment each read a ping-pong's period as its
         cadence: a 50 ms run gap that joined the turns.)"""
         bulk = nbytes > CONTROL_MAX_BYTES
-        segments = (nbytes + (self.mss - 1)) // self.mss
+        # segments per packet: 1 unless the chunk holds a super-segment (the usual case: no division)
+        supers = int(nbytes.max()) > self.mss
+        segments = (nbytes + (self.mss - 1)) // self.mss if supers else None
         if self._last_ts is None:
-            gaps, pairs, before = np.diff(ts), bulk[:-1] & bulk[1:], segments[:-1]
+            gaps, pairs = np.diff(ts), bulk[:-1] & bulk[1:]
         else:
             gaps = np.diff(np.concatenate([np.array([self._last_ts]), ts]))
             pairs = np.concatenate([np.array([self._last_bulk]), bulk[:-1]]) & bulk
-            before = np.concatenate([np.array([self._last_segments]), segments[:-1]])
-        self._last_ts, self._last_bulk, self._last_segments = float(ts[-1]), bool(bulk[-1]), int(segments[-1])
-        gaps, before = gaps[pairs], before[pairs]
-        return np.repeat(gaps / before, before) if bool((before > 1).any()) else gaps
+        gaps = gaps[pairs]
+        if supers or self._last_segments > 1:
+            every = np.ones(ts.size, dtype=np.int64) if segments is None else segments
+            before = every[:-1] if self._last_ts is None else np.concatenate([[self._last_segments], every[:-1]])
+            before = before[pairs]
+            gaps = np.repeat(gaps / before, before)
+        self._last_ts, self._last_bulk = float(ts[-1]), bool(bulk[-1])
+        self._last_segments = int(segments[-1]) if segments is not None else 1
+        return gaps
 
     def count(self, ts: np.ndarray, nbytes: np.ndarray) -> None:
         if ts.size == 0:
@@ -258,11 +281,11 @@ class DataStream:
         self.gaps = OrderStats(np.float64)  # its counts are no longer needed
         self.runs = BusyRuns(self.run_gap)
 
-    def add_runs(self, ts: np.ndarray, in_flight: np.ndarray | None = None) -> None:
-        """Pass.RUNS: the stream's events (data packets; for a direction, the events of its flight with the
-        bytes in flight after each: flight_events)."""
+    def add_runs(self, ts: np.ndarray, flying: Flying | None = None) -> None:
+        """Pass.RUNS: the stream's events (data packets; for a direction, the events of its flight and
+        whether data was in flight after them: flight_events)."""
         assert self.runs is not None
-        self.runs.add(ts, in_flight)
+        self.runs.add(ts, flying)
 
     def settle_runs(self, stall_s: float | None = None, round_trip: float = 0.0) -> None:
         """After Pass.RUNS: the busy runs, joined across silences with data in flight up to stall_s, each
