@@ -103,7 +103,8 @@ def _read_pcap(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path: P
                 ts_ns = (header[:, 0].astype(np.int64) * 1_000_000_000
                          + header[:, 1].astype(np.int64) * ns_per_tick)
                 pending[slot] = decoder.submit(builder.add, padded, starts + 16,
-                                               header[:, 2].astype(np.int64), ts_ns, linktype)
+                                               header[:, 2].astype(np.int64), ts_ns, linktype,
+                                               header[:, 3].astype(np.int64))
             tail = bytes(store[end:n])
         for job in pending:
             if job is not None:
@@ -227,8 +228,8 @@ def _read_pcapng(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path:
         consumed += len(data)
         n = len(buf)
         off = 0
-        # Per chunk: (packet data offset, caplen, ts_ns, linktype) for the decode step.
-        rows: list[tuple[int, int, int, int]] = []
+        # Per chunk: (packet data offset, caplen, ts_ns, linktype, original length) for the decode step.
+        rows: list[tuple[int, int, int, int, int]] = []
         while off + 12 <= n:
             block_type = buf[off:off + 4]
             if block_type == PCAPNG_SHB:
@@ -245,9 +246,10 @@ def _read_pcapng(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path:
                 builder.snaplen = max(builder.snaplen, interfaces[-1].snaplen)
             elif btype in (6, 2):  # enhanced packet / obsolete packet
                 if btype == 6:
-                    iface_id, ts_hi, ts_lo, caplen = struct.unpack_from(endian + "IIII", buf, off + 8)
+                    iface_id, ts_hi, ts_lo, caplen, orig_len = struct.unpack_from(endian + "IIIII", buf, off + 8)
                 else:
-                    iface_id, _drops, ts_hi, ts_lo, caplen = struct.unpack_from(endian + "HHIII", buf, off + 8)
+                    iface_id, _drops, ts_hi, ts_lo, caplen, orig_len = struct.unpack_from(endian + "HHIIII", buf,
+                                                                                          off + 8)
                 if iface_id >= len(interfaces) or 32 + caplen > blen:
                     raise DiagError(f"{path}: pcapng packet block at byte {file_offset + off} is inconsistent; "
                                     "corrupt file")
@@ -256,13 +258,13 @@ def _read_pcapng(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path:
                 if ts_ns > MAX_TIMESTAMP_NS:
                     raise DiagError(f"{path}: pcapng packet block at byte {file_offset + off} has a timestamp "
                                     f"beyond the year 2262 ({ts_ns} ns); corrupt file or wrong if_tsresol")
-                rows.append((off + 28, caplen, ts_ns, iface.linktype))
+                rows.append((off + 28, caplen, ts_ns, iface.linktype, orig_len))
             elif btype == 3:  # simple packet: interface 0, no timestamp
                 if not interfaces:
                     raise DiagError(f"{path}: pcapng simple packet before any interface; corrupt file")
                 (orig_len,) = struct.unpack_from(endian + "I", buf, off + 8)
                 caplen = min(orig_len, blen - 16, interfaces[0].snaplen or orig_len)
-                rows.append((off + 12, caplen, 0, interfaces[0].linktype))
+                rows.append((off + 12, caplen, 0, interfaces[0].linktype, orig_len))
             off += blen
         carry = buf[off:]
         if not rows:
@@ -276,7 +278,7 @@ def _read_pcapng(handle: IO[bytes], magic: bytes, builder: _ColumnBuilder, path:
                 builder.skip(f"unsupported_linktype_{lt}", int(pick.shape[0]))
                 builder.frames += int(pick.shape[0])
                 continue
-            builder.add(arr, pick[:, 0], pick[:, 1], pick[:, 2], lt)
+            builder.add(arr, pick[:, 0], pick[:, 1], pick[:, 2], lt, pick[:, 4])
     if carry:
         builder.skip("truncated_record", 1)
         builder.warnings.append(f"{path}: the last block is cut short ({len(carry)} bytes); it was skipped")
@@ -327,6 +329,131 @@ def _field(mat: np.ndarray, pos: np.ndarray | int, nbytes: int) -> np.ndarray:
     return out
 
 
+# The kernel's skip counters (reader_native.SKIP_ORDER): a chunk's counts are added in this order, so the
+# order of `skipped`'s keys is the kernel's.
+SKIP_SLOTS = ("non_ip", "truncated_headers", "bad_header_length", "fragment", "ipv6_extension_headers",
+              "non_tcp", "truncated_headers", "bad_header_length")
+SLOT_NON_IP, SLOT_SHORT_IP, SLOT_BAD_IHL, SLOT_FRAGMENT, SLOT_IPV6_EXT, SLOT_NON_TCP, SLOT_SHORT_TCP, SLOT_BAD_THL = range(8)
+IPV6_EXTENSIONS = (0, 43, 60, 51, 50, 135, 139, 140)
+MAX_TUNNEL_DEPTH = 3
+VXLAN_PORT, GENEVE_PORT = 4789, 6081
+TUNNEL_BITS = {"vxlan": 1, "geneve": 2, "gre": 4, "ip-in-ip": 8}
+_VLAN_TYPES = (0x8100, 0x88A8, 0x9100)
+
+
+def _ip_layer(arr: np.ndarray, start: np.ndarray, version: np.ndarray, rem: np.ndarray, reported: np.ndarray,
+              slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One IP header per row at start (rem bytes captured from there, reported on the wire): counts the rows
+    skipped (short, bad IHL, fragment, IPv6 extension headers) and gives (kept, next protocol, its offset
+    from start, IP total length). An IPv4 total length of 0 (a TSO/GSO super-segment) is the reported length;
+    an IPv6 payload length of 0 is a hop-by-hop Jumbo Payload option's length when there is one."""
+    n = start.size
+    mat = _gather(arr, start, DECODE_WIDTH + 2)
+    v4 = version == 4
+    short = rem < np.where(v4, 20, 40)
+    ihl = (mat[:, 0] & 0x0F).astype(np.int64) * 4
+    proto = np.where(v4, mat[:, 9], mat[:, 6]).astype(np.int64)
+    l4 = np.where(v4, ihl, 40)
+    total4 = _field(mat, 2, 2).astype(np.int64)
+    total4 = np.where(total4 == 0, reported, total4)
+    payload6 = _field(mat, 4, 2).astype(np.int64)
+    jumbo = np.full(n, -1, dtype=np.int64)
+    for k in np.flatnonzero(~v4 & ~short & (proto == 0)).tolist():  # hop-by-hop options (rare): walked
+        at, left = int(start[k]), int(rem[k])
+        length = (int(arr[at + 41]) + 1) * 8 if left >= 42 else 0
+        if not length or left < 40 + length:
+            short[k] = True
+            continue
+        jumbo[k] = _jumbo(bytes(arr[at + 42:at + 40 + length]))
+        proto[k], l4[k] = int(arr[at + 40]), 40 + length
+    total6 = np.where(payload6 != 0, payload6 + 40, np.where(jumbo >= 0, jumbo + 40, 40))
+    keep = ~short
+    slots[SLOT_SHORT_IP] += int(np.count_nonzero(short))
+    bad_ihl = keep & v4 & (ihl < 20)
+    slots[SLOT_BAD_IHL] += int(np.count_nonzero(bad_ihl))
+    keep &= ~bad_ihl
+    fragment = keep & np.where(v4, (_field(mat, 6, 2).astype(np.int64) & 0x3FFF) != 0, proto == 44)
+    slots[SLOT_FRAGMENT] += int(np.count_nonzero(fragment))
+    keep &= ~fragment
+    extension = keep & ~v4 & np.isin(proto, IPV6_EXTENSIONS)
+    slots[SLOT_IPV6_EXT] += int(np.count_nonzero(extension))
+    keep &= ~extension
+    return keep, proto, l4, np.minimum(np.where(v4, total4, total6), reported)  # no more than on the wire
+
+
+def _jumbo(options: bytes) -> int:
+    """The Jumbo Payload option's value among hop-by-hop option TLVs (RFC 2675); -1 without one."""
+    at = 0
+    while at < len(options):
+        if options[at] == 0:  # Pad1
+            at += 1
+            continue
+        if at + 1 >= len(options) or at + 2 + options[at + 1] > len(options):
+            return -1
+        if options[at] == 0xC2 and options[at + 1] == 4:
+            return int.from_bytes(options[at + 2:at + 6], "big")
+        at += 2 + options[at + 1]
+    return -1
+
+
+def _tunnel_inner(arr: np.ndarray, ip: int, rem: int, l4: int, proto: int) -> tuple[int, int, int]:
+    """What one tunnel packet carries: (its TUNNEL_BITS bit, the inner IP header's offset from the outer one,
+    its version); (0, 0, 0) when it is not a tunnel or carries no IP, (-1, 0, 0) when the capture ends inside
+    the tunnel's or the inner link's headers. UDP: VXLAN (4789) or Geneve (6081), the lower port tried first;
+    Geneve of any version (as tshark); GRE version 0 without source routing; IP in IP."""
+    data = bytes(arr[ip + l4:ip + rem])
+
+    def ethernet(at: int) -> tuple[int, int]:  # (IP offset in data or -1 truncated, version or 0)
+        if len(data) - at < 14:
+            return -1, 0
+        etype, off = int.from_bytes(data[at + 12:at + 14], "big"), 14
+        for _tag in range(2):
+            if etype not in _VLAN_TYPES:
+                break
+            if len(data) - at < off + 4:
+                return -1, 0
+            etype, off = int.from_bytes(data[at + off + 2:at + off + 4], "big"), off + 4
+        return at + off, {0x0800: 4, 0x86DD: 6}.get(etype, 0)
+
+    def by_type(kind: int, ptype: int, at: int) -> tuple[int, int, int]:
+        if ptype == 0x6558:
+            inner_at, version = ethernet(at)
+        else:
+            inner_at, version = at, {0x0800: 4, 0x86DD: 6}.get(ptype, 0)
+        if inner_at < 0:
+            return -1, 0, 0
+        return (kind, l4 + inner_at, version) if version else (0, 0, 0)
+
+    if proto in (4, 41):
+        return TUNNEL_BITS["ip-in-ip"], l4, 4 if proto == 4 else 6
+    if proto == 17:
+        if len(data) < 4:
+            return 0, 0, 0
+        ports = sorted((int.from_bytes(data[0:2], "big"), int.from_bytes(data[2:4], "big")))
+        port = next((p for p in ports if p in (VXLAN_PORT, GENEVE_PORT)), 0)
+        if not port:
+            return 0, 0, 0
+        if len(data) < 16:
+            return -1, 0, 0
+        if port == VXLAN_PORT:
+            return by_type(TUNNEL_BITS["vxlan"], 0x6558, 16)
+        header = 16 + (data[8] & 0x3F) * 4
+        if len(data) < header:
+            return -1, 0, 0
+        return by_type(TUNNEL_BITS["geneve"], int.from_bytes(data[10:12], "big"), header)
+    if proto == 47:
+        if len(data) < 4:
+            return -1, 0, 0
+        flags = int.from_bytes(data[0:2], "big")
+        if flags & 0x7 or flags & 0x4000:
+            return 0, 0, 0
+        header = 4 + 4 * sum(1 for bit in (0x8000, 0x2000, 0x1000) if flags & bit)
+        if len(data) < header:
+            return -1, 0, 0
+        return by_type(TUNNEL_BITS["gre"], int.from_bytes(data[2:4], "big"), header)
+    return 0, 0, 0
+
+
 class _ColumnBuilder:
     """Accumulates decoded chunks and assigns endpoint ids across chunks."""
 
@@ -349,63 +476,71 @@ class _ColumnBuilder:
             self.skipped[reason] = self.skipped.get(reason, 0) + int(count)
 
     def add(self, arr: np.ndarray, starts: np.ndarray, caplen: np.ndarray, ts_ns: np.ndarray,
-            linktype: int) -> None:
+            linktype: int, orig_len: np.ndarray | None = None) -> None:
+        """Decode records of one link type: starts/caplen into arr, orig_len their lengths on the wire."""
         count = int(starts.size)
         frame = self.first_frame + self.frames + np.arange(count, dtype=np.int64)
         self.frames += count
         self.linktypes.add(linktype)
+        slots = np.zeros(len(SKIP_SLOTS), dtype=np.int64)  # counted per slot, added in the kernel's order
+        self._decode(arr, starts, caplen, ts_ns, linktype, caplen if orig_len is None else orig_len, frame, slots)
+        for reason, n in zip(SKIP_SLOTS, slots.tolist(), strict=True):
+            self.skip(reason, n)
+
+    def _decode(self, arr: np.ndarray, starts: np.ndarray, caplen: np.ndarray, ts_ns: np.ndarray, linktype: int,
+                orig_len: np.ndarray, frame: np.ndarray, slots: np.ndarray) -> None:
         mat = _gather(arr, starts, LINK_WIDTH)
         net, ip_version = self._link(mat, caplen, linktype)
         ok = ip_version > 0
-        self.skip("non_ip", int(np.count_nonzero(~ok)))
+        slots[SLOT_NON_IP] += int(np.count_nonzero(~ok))
         if not ok.any():
             return
-        # Every record is IP (the usual case): no compress of each array.
-        pick: np.ndarray | slice = slice(None) if ok.all() else ok
-        net_start = starts[pick] + net[pick]
-        # Re-gather from the network header so every later field sits at a fixed column.
+        rows = np.flatnonzero(ok)
+        ip_start = starts[rows] + net[rows]          # each record's current IP header (offset into arr)
+        version = ip_version[rows]
+        end = starts[rows] + caplen[rows]            # where its captured bytes end
+        wire_end = starts[rows] + np.maximum(orig_len[rows], caplen[rows])  # where it ends on the wire
+        tunnel = np.zeros(rows.size, dtype=np.uint8)
+        found: list[tuple[np.ndarray, ...]] = []     # the TCP rows of each layer
+        for depth in range(MAX_TUNNEL_DEPTH + 1):
+            if not rows.size:
+                break
+            keep, proto, l4, total = _ip_layer(arr, ip_start, version, end - ip_start, wire_end - ip_start, slots)
+            tcp = keep & (proto == 6)
+            found.append((rows[tcp], ip_start[tcp], l4[tcp], total[tcp], version[tcp] == 4, tunnel[tcp],
+                          (end - ip_start)[tcp]))
+            other = np.flatnonzero(keep & (proto != 6))
+            if depth == MAX_TUNNEL_DEPTH:
+                slots[SLOT_NON_TCP] += other.size
+                break
+            inner = [_tunnel_inner(arr, int(ip_start[k]), int(end[k] - ip_start[k]), int(l4[k]), int(proto[k]))
+                     for k in other.tolist()]
+            kinds = np.array([kind for kind, _, _ in inner], dtype=np.int64).reshape(-1)
+            slots[SLOT_NON_TCP] += int(np.count_nonzero(kinds == 0))
+            slots[SLOT_SHORT_IP] += int(np.count_nonzero(kinds < 0))
+            go = kinds > 0
+            moved = np.array([offset for _, offset, _ in inner], dtype=np.int64).reshape(-1)[go]
+            inner_version = np.array([v for _, _, v in inner], dtype=np.int64).reshape(-1)[go]
+            other = other[go]
+            rows, version = rows[other], inner_version
+            ip_start, end, wire_end = ip_start[other] + moved, end[other], wire_end[other]
+            tunnel = tunnel[other] | kinds[go].astype(np.uint8)
+        if not found:
+            return
+        order = np.argsort(np.concatenate([part[0] for part in found]), kind="stable")  # record order again
+        net_start, tcp_off, ip_total, v4, tunnels, caplen = (np.concatenate([part[i] for part in found])[order]
+                                                             for i in range(1, 7))
+        record = np.concatenate([part[0] for part in found])[order]
+        ts_ns, frame = ts_ns[record], frame[record]
         mat = _gather(arr, net_start, DECODE_WIDTH)
-        caplen = caplen[pick] - net[pick]
-        ts_ns, frame, ip_version = ts_ns[pick], frame[pick], ip_version[pick]
-        v4 = ip_version == 4
-        v6 = ~v4
-        # IPv4
-        ihl = (mat[:, 0] & 0x0F).astype(np.int64) * 4
-        v4_total = _field(mat, 2, 2).astype(np.int64)
-        frag = _field(mat, 6, 2).astype(np.int64) & 0x3FFF
-        proto4 = mat[:, 9]
-        # IPv6
-        v6_total = _field(mat, 4, 2).astype(np.int64) + 40
-        next6 = mat[:, 6]
-        tcp_off = np.where(v4, ihl, 40)
-        ip_total = np.where(v4, v4_total, v6_total)
-        is_tcp = np.where(v4, proto4 == 6, next6 == 6)
-        any_v6 = bool(v6.any())
-        ext6 = v6 & np.isin(next6, (0, 43, 60, 51, 50, 135, 139, 140)) if any_v6 else v6
-        frag6 = v6 & (next6 == 44)
-        bad_ihl = v4 & (ihl < 20)
-        short_ip = caplen < np.where(v4, 20, 40)
-        keep = np.ones(mat.shape[0], dtype=bool)
-        reasons = [
-            ("truncated_headers", short_ip),
-            ("bad_header_length", bad_ihl & ~short_ip),
-            ("fragment", ~short_ip & ~bad_ihl & ((v4 & (frag != 0)) | frag6)),
-            ("ipv6_extension_headers", ~short_ip & ext6),
-        ]
-        for reason, mask in reasons:
-            mask = mask & keep
-            self.skip(reason, int(np.count_nonzero(mask)))
-            keep &= ~mask
-        non_tcp = keep & ~is_tcp
-        self.skip("non_tcp", int(np.count_nonzero(non_tcp)))
-        keep &= is_tcp
-        short_tcp = keep & (caplen < tcp_off + 20)
-        self.skip("truncated_headers", int(np.count_nonzero(short_tcp)))
+        keep = np.ones(record.size, dtype=bool)
+        short_tcp = caplen < tcp_off + 20
+        slots[SLOT_SHORT_TCP] += int(np.count_nonzero(short_tcp))
         keep &= ~short_tcp
         tmat = _gather(arr, net_start + tcp_off, TCP_WIDTH)  # every TCP field at a fixed column
         thl = (tmat[:, 12] >> 4).astype(np.int64) * 4
         bad_len = keep & ((thl < 20) | (ip_total < tcp_off + thl))
-        self.skip("bad_header_length", int(np.count_nonzero(bad_len)))
+        slots[SLOT_BAD_THL] += int(np.count_nonzero(bad_len))
         keep &= ~bad_len
         if not keep.any():
             return
@@ -413,7 +548,7 @@ class _ColumnBuilder:
         sel = slice(None) if all_kept else np.flatnonzero(keep)
         mat, tmat, caplen, ts_ns, frame = mat[sel], tmat[sel], caplen[sel], ts_ns[sel], frame[sel]
         v4, tcp_off, thl, ip_total = v4[sel], tcp_off[sel], thl[sel], ip_total[sel]
-        net_start = net_start[sel]
+        net_start, tunnels = net_start[sel], tunnels[sel]
         src, dst = self._endpoint_ids(arr, net_start, mat, tmat, v4)
         flags = tmat[:, 13]
         tsval, tsecr, has_ts = _timestamps(tmat, tcp_off, thl, caplen)
@@ -422,6 +557,7 @@ class _ColumnBuilder:
             "seq": _be(tmat, 4, 4), "ack": _be(tmat, 8, 4),
             "plen": ip_total - tcp_off - thl, "win": _be(tmat, 14, 2),
             "flags": flags, "tsval": tsval, "tsecr": tsecr, "has_ts": has_ts, "frame": frame,
+            "tunnel": tunnels,
         }
         for name, dtype in COLUMN_DTYPES.items():
             column = np.asarray(out[name]).astype(dtype, copy=False)

@@ -205,10 +205,10 @@ def analyze_packets_numpy(cols: dict[str, np.ndarray], conn: np.ndarray, directi
     # missed claims the hole too (it was sent), so the sum over a direction is highest end - first seq.
     data_end = np.where(o_plen > 0, seq_rel + o_plen, empty)
     prev_data_end = running_max_exclusive(data_end, g, starts, empty)
-    del data_end
     base = np.where(prev_data_end > empty, prev_data_end, seq_rel)
     new_bytes = np.where(o_plen > 0, np.maximum(0, seq_rel + o_plen - base), 0)
-    del prev_data_end, base
+    data_high = np.maximum(prev_data_end, data_end)  # the highest data end so far, this packet's included
+    del prev_data_end, base, data_end
 
     # This direction's previous packet (tshark's fwd->window / fwd->lastack).
     o_win = win[order]
@@ -271,8 +271,14 @@ def analyze_packets_numpy(cols: dict[str, np.ndarray], conn: np.ndarray, directi
     assert has_rev is not None
 
     ack_rel = ack_rel_future.result()  # in the reverse direction's seq_rel space
-    del o_seq32, o_ack32, g, starts, first, inverse
+    # This direction's highest ACK before each packet (packets with the ACK flag only), for peer_in_flight.
+    prev_ack_max = to_time(running_max_exclusive(np.where(has_ack[order], ack_rel[order], empty), g, starts,
+                                                 empty))
+    t_data_high = to_time(data_high)
+    del o_seq32, o_ack32, g, starts, first, inverse, data_high
 
+    peer_in_flight = _peer_in_flight(has_ack, has_rev, ack_rel, prev_ack_max, t_data_high[r], empty)
+    del prev_ack_max, t_data_high
     rev_ack_rel = ack_rel[r]                  # reverse's lastack, in *this* direction's seq_rel space
     rev_ack32 = ack32[r].astype(np.int64)     # tshark keeps the ACK field even without the ACK flag
     rev_ack_valid = has_rev & has_ack[r]
@@ -346,7 +352,19 @@ def analyze_packets_numpy(cols: dict[str, np.ndarray], conn: np.ndarray, directi
     ts_rtt = ts_rtt_future.result()
     helper.shutdown()
     return PacketState(conn, direction, t_seq_rel, t_end_rel, new_bytes, retrans, fast, spurious,
-                       ooo, lost, t_dupack, zero_window, window_full, in_flight, window_bytes, ack_rtt, ts_rtt)
+                       ooo, lost, t_dupack, zero_window, window_full, in_flight, window_bytes, ack_rtt, ts_rtt,
+                       peer_in_flight)
+
+
+def _peer_in_flight(has_ack: np.ndarray, has_rev: np.ndarray, ack_rel: np.ndarray, prev_ack_max: np.ndarray,
+                    rev_data_high: np.ndarray, empty: int) -> np.ndarray:
+    """On an ACK above every earlier ACK of its direction, while that earlier maximum lay below the reverse
+    direction's highest data end (it acknowledges data not acknowledged before): the reverse direction's data
+    still in flight after it, saturated to int32; -1 elsewhere."""
+    advance = (has_ack & has_rev & (prev_ack_max > empty) & (ack_rel > prev_ack_max) & (rev_data_high > empty)
+               & (prev_ack_max < rev_data_high))
+    left = np.clip(rev_data_high - ack_rel, 0, np.iinfo(np.int32).max)
+    return np.where(advance, left, -1).astype(np.int32)
 
 
 def _run_counts(hits: np.ndarray, run_starts: np.ndarray, starts: np.ndarray, first: np.ndarray) -> np.ndarray:

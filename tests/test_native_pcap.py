@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from native_helpers import assert_twins, claim_caplen, comparable, need_kernels, pcapng_capture, read
 
-from diag.bench.fuzz_analyze import mutate, seed_corpus
+from diag.bench.fuzz_analyze import mutate, pcapng_block, seed_corpus
 from diag.capture import pcapfile, reader
 from diag.errors import DiagError
 
@@ -95,9 +95,63 @@ def test_pcap_flavours_and_every_snaplen(tmp_path: Path, nanosecond: bool, big_e
     assert kept[0] == (0, 0, 0) and kept[-1] == (44, 40, 4)
 
 
+def test_tunnels_and_super_segments_at_every_snaplen(tmp_path: Path) -> None:
+    """VXLAN, Geneve, GRE, IP in IP (nested too), super-segments and their look-alikes without TCP, cut at every
+    snaplen through the outer and inner headers, also as pcapng (original lengths in enhanced and simple
+    packet blocks): the same columns, tunnel bits, skip counts and their order."""
+    from encapsulation_helpers import cases, write_cases
+
+    from diag.capture.pcapfile import TUNNELS
+
+    selected = cases()
+    tcp_cases = [case for case in selected if case.tcp]
+    packets = []
+    for snaplen in [*range(0, 190, 3), 65535, 262144]:
+        result = assert_twins(write_cases(tmp_path / f"t{snaplen}.pcap", selected, snaplen=snaplen))
+        assert not isinstance(result, str), result
+        assert result.frames == len(selected)
+        packets.append(result.packets)
+    assert packets[0] == 0 and packets[-1] == len(tcp_cases) and sorted(packets) == packets
+    names = {bit: name for bit, name in TUNNELS.items()}
+    assert [sorted(names[bit] for bit in names if value & bit) or None
+            for value in result.columns["tunnel"].tolist()] == [sorted(c.tunnel) if c.tunnel else None
+                                                                for c in tcp_cases]
+    assert result.columns["plen"].tolist() == [case.payload for case in tcp_cases]
+    assert result.skipped == {"non_tcp": len(selected) - len(tcp_cases)}
+    frames = [(0, 1_000_000 * i, case.frame, i % 5 == 4) for i, case in enumerate(selected)]
+    ng = tmp_path / "t.pcapng"
+    # and the super-segments once more, cut to 128 bytes: their original length still gives the payload
+    cut = [case for case in tcp_cases if case.payload > 10_000]
+    ng.write_bytes(pcapng_capture([("<", [(1, 6)], frames)]) + b"".join(
+        pcapng_block("<", 6, struct.pack("<IIIII", 0, 0, 99, 128, len(case.frame)) + case.frame[:128])
+        for case in cut))
+    result = assert_twins(ng)
+    assert not isinstance(result, str) and result.packets == len(tcp_cases) + len(cut)
+    assert result.columns["plen"].tolist() == [case.payload for case in tcp_cases + cut]
+
+
+def test_mutated_tunnel_frames(tmp_path: Path) -> None:
+    """Random bytes of the tunnel and super-segment frames' headers changed (lengths, ports, flags, types,
+    option lengths), at random snaplens: kernel and twin agree on every one of them."""
+    from encapsulation_helpers import cases
+
+    rng = random.Random(20)
+    frames = [bytearray(case.frame[:400]) for case in cases(payload=40) if case.payload < 10_000]
+    for round_ in range(60):
+        mutated = []
+        for frame in frames:
+            frame = bytearray(frame)
+            for _ in range(rng.randint(1, 4)):
+                frame[rng.randrange(min(len(frame), 160))] = rng.randrange(256)
+            mutated.append((1.0 + len(mutated) * 0.001, bytes(frame)))
+        path = write_pcap(tmp_path / f"m{round_}.pcap", mutated, 1, snaplen=rng.choice([64, 96, 128, 200, 65535]))
+        result = assert_twins(path)
+        assert not isinstance(result, str), result
+
+
 def test_odd_packets_and_the_order_of_skip_reasons(tmp_path: Path) -> None:
     from scapy.layers.inet import ICMP, IP, TCP, UDP
-    from scapy.layers.inet6 import IPv6, IPv6ExtHdrFragment, IPv6ExtHdrHopByHop
+    from scapy.layers.inet6 import IPv6, IPv6ExtHdrFragment, IPv6ExtHdrHopByHop, IPv6ExtHdrRouting
     from scapy.layers.l2 import ARP, Ether
 
     ether = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
@@ -114,7 +168,8 @@ def test_odd_packets_and_the_order_of_skip_reasons(tmp_path: Path) -> None:
         bytes(ether / IP(src="10.0.0.1", dst="10.0.0.2", frag=10, proto=6) / (b"z" * 40)),
         bytes(ether / IP(src="10.0.0.1", dst="10.0.0.2", flags="DF") / TCP(sport=1, dport=2) / b"df"),
         bytes(v6 / IPv6ExtHdrFragment() / TCP(sport=1, dport=2)),
-        bytes(v6 / IPv6ExtHdrHopByHop() / TCP(sport=1, dport=2)),
+        bytes(v6 / IPv6ExtHdrHopByHop() / TCP(sport=1, dport=2)),   # decoded: tshark walks hop-by-hop too
+        bytes(v6 / IPv6ExtHdrRouting() / TCP(sport=1, dport=2)),
         bytes(v6 / UDP(sport=1, dport=2)),
         bytes(ether / IP(src="10.0.0.1", dst="10.0.0.2") / UDP(sport=1, dport=2) / b"u"),
         bytes(ether / IP(src="10.0.0.1", dst="10.0.0.2") / ICMP()),
@@ -128,7 +183,7 @@ def test_odd_packets_and_the_order_of_skip_reasons(tmp_path: Path) -> None:
         path = write_pcap(tmp_path / f"odd{order}.pcap", [(1.0 + i * 0.001, f) for i, f in enumerate(frames)], 1)
         result = assert_twins(path)
         assert not isinstance(result, str), result
-        assert result.packets == 2  # `good` and the DF packet
+        assert result.packets == 3  # `good`, the DF packet and the one behind hop-by-hop options
         assert result.skipped == {"non_tcp": 3, "non_ip": 4, "bad_header_length": 3, "fragment": 3,
                                   "truncated_headers": 2, "ipv6_extension_headers": 1}
 

@@ -102,6 +102,9 @@ def test_loopback_capture_both_ways(ctcp: ModuleType, tmp_path: Path) -> None:
     loopback_capture(pcap, 128, ("127.0.0.1", 3_000_000, 1_000_000))
     state = assert_twins_on_capture(ctcp, [pcap])
     assert (state.ack_rtt_ns >= 0).any() and (state.ts_rtt_ns >= 0).any()
+    # ACKs of new data: some leave data in flight, the last ones none; most packets are none of them
+    assert (state.peer_in_flight > 0).any() and (state.peer_in_flight == 0).any()
+    assert (state.peer_in_flight == -1).any()
 
 
 @pytest.mark.slow

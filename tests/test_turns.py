@@ -41,14 +41,16 @@ class Flow:
         from scapy.packet import Raw
 
         acked = {"A": 500_000, "B": 1000}   # what each side last acknowledged of the other
+        sent = {"A": 1000, "B": 500_000}    # each side's next sequence number at the time
         out = []
         for t_us, side, seq, value in sorted(self.packets, key=lambda p: p[0]):
             src, dst, sport, dport = self.ends[side]
             if seq < 0:  # a pure ACK of the other side's data up to value
                 acked[side] = value
-                pkt = IP(src=src, dst=dst) / TCP(sport=sport, dport=dport, flags="A", seq=self.seq[side],
+                pkt = IP(src=src, dst=dst) / TCP(sport=sport, dport=dport, flags="A", seq=sent[side],
                                                  ack=value, window=5000)
             else:
+                sent[side] = max(sent[side], seq + value)
                 pkt = IP(src=src, dst=dst) / TCP(sport=sport, dport=dport, flags="PA", seq=seq, ack=acked[side],
                                                  window=5000) / Raw(b"d" * value)
             out.append((T0 + t_us * US, bytes(pkt)))
@@ -101,10 +103,14 @@ def test_gloo_like_turn_exact_numbers(tmp_path: Path) -> None:
     conn = _analyze(tmp_path, _gloo_like_turn().frames())["connections"][0]
     turns = conn["turns"]
     assert conn["a"] == "10.9.0.2:5000"   # B sent the first packet: B is side a, A's data is "b->a"
-    a_end, b_start, b_end = 20_900, 10_950, 30_850   # microseconds
+    # microseconds. A direction is busy until its sender has the ACK of its last segment (in flight): the ACK
+    # passes 20 us after the segment, and the round trip from the capture point to the sender and back (the
+    # other direction's data -> ACK time here) is 20 us more.
+    in_flight = 20 + 20
+    a_end, b_start, b_end = 20_900 + in_flight, 10_950, 30_850 + in_flight
     both = (a_end - b_start) * US
     a_alone = (b_start - 1000) * US
-    b_alone = (b_end - a_end + 30) * US           # B's notices form a 30 us run of their own
+    b_alone = (b_end - a_end + 30 + 20) * US      # B's notices (never ACKed) form a run of their own: 30 us + 20
     either = both + a_alone + b_alone
     assert turns["both_s"] == pytest.approx(both, abs=1e-6)
     assert turns["one_way_s"]["b->a"] == pytest.approx(a_alone, abs=1e-6)
@@ -113,7 +119,7 @@ def test_gloo_like_turn_exact_numbers(tmp_path: Path) -> None:
     assert turns["leader"] == "b->a"
     assert turns["leader_only_fraction"] == pytest.approx(a_alone / either, abs=2e-5)
     assert turns["follower_only_fraction"] == pytest.approx(b_alone / either, abs=2e-5)
-    assert turns["span_s"] == pytest.approx(b_end * US, abs=1e-6)
+    assert turns["span_s"] == pytest.approx((b_end - in_flight) * US, abs=1e-6)   # first to last data packet
     # one handoff: B waited for A's first 100 segments; A's 100th segment is the trigger, 50 us = 2.5 RTTs
     assert turns["handoff_count"] == 1 and turns["turn_taking"] is True
     event = turns["handoffs"][0]
@@ -151,8 +157,10 @@ def test_ring_connection_one_way_is_no_turn(tmp_path: Path) -> None:
             flow.data(1000 + i * 100 + 60, "B", 48, ack_after_us=None)
     turns = _analyze(tmp_path, flow.frames())["connections"][0]["turns"]
     assert turns["handoff_count"] == 0 and turns["turn_taking"] is False
-    assert turns["leader"] == "a->b" and turns["leader_only_fraction"] == pytest.approx(1.0)
-    assert turns["both_s"] == 0.0
+    # each notice is in flight until its sender could have an ACK (none comes here): a round trip (20 us);
+    # seven of them fall inside A's data, the eighth after A's last segment was acknowledged
+    assert turns["leader"] == "a->b" and turns["leader_only_fraction"] == pytest.approx(1.0, abs=0.01)
+    assert turns["both_s"] == pytest.approx(7 * 20 * US, abs=1e-6)
     # the notices sit in the middle of the peer's data, not after an own burst
     assert turns["control_frames"]["b->a"]["count"] == 8
     assert turns["control_frames"]["b->a"]["after_own_burst"] == 0
@@ -174,6 +182,22 @@ def test_ping_pong_handoffs_each_way(tmp_path: Path) -> None:
     assert all(e["delay_s"] == pytest.approx(100 * US, abs=1e-6) and not e["sender_continues"]
                for e in turns["handoffs"])
     assert conn["duplex_overlap"] == 0.0
+
+
+def test_super_segment_ping_pong_keeps_a_short_run_gap(tmp_path: Path) -> None:
+    """A sender-side capture with GSO: each 64 KiB message is one 65,160-byte super-segment and a 376-byte
+    tail, 5 ms apart per turn. Counted per packet, the gaps between them were the ping-pong's period and the
+    run gap rose to 50 ms, joining the turns (0.42); counted per wire segment the turns stay apart."""
+    flow = Flow()
+    t = 1000
+    for block in range(40):
+        side = "A" if block % 2 == 0 else "B"
+        flow.data(t, side, 65160)
+        flow.data(t + 5000, side, 376)
+        t += 5000 + 500
+    conn = _analyze(tmp_path, flow.frames())["connections"][0]
+    assert max(conn["run_gap_s"].values()) < 0.01, conn["run_gap_s"]
+    assert conn["duplex_overlap"] < 0.05, conn["duplex_overlap"]
 
 
 @pytest.mark.parametrize(("reaction_us", "handoffs"), [(5_000, 1), (2_000, 1), (40_000, 0)])

@@ -6,9 +6,10 @@
  *   - the pcap record walk (record headers -> data, caplen, ts_ns; either byte order, micro/nanoseconds),
  *   - the pcapng block walk for packet blocks (enhanced, simple, obsolete); section headers and interface
  *     descriptions go back to Python, which owns the interface table,
- *   - the per-record decode: link layer, IPv4/IPv6, skip reasons in the twin's order of precedence, TCP
- *     fields, the timestamp option in both layouts, SYN options, endpoint ids (first appearance, a hash
- *     table per address family).
+ *   - the per-record decode: link layer, IPv4/IPv6 (a jumbogram's hop-by-hop length, a super-segment's
+ *     length from the frame's original length), the TCP inside VXLAN, Geneve, GRE and IP-in-IP tunnels, skip
+ *     reasons in the twin's order of precedence, TCP fields, the timestamp option in both layouts, SYN
+ *     options, endpoint ids (first appearance, a hash table per address family).
  * Every read is checked against the record's caplen, and every record against the buffer: any bytes are safe.
  * Output goes straight into caller-allocated column arrays (the buffer protocol; no numpy C API), one call
  * per chunk of the file, with the GIL released for the loop.
@@ -66,8 +67,8 @@ static int supported_linktype(long lt)
 }
 
 /* The columns in reader.COLUMN_DTYPES order, and each one's item size. */
-enum { C_TS, C_SRC, C_DST, C_SEQ, C_ACK, C_PLEN, C_WIN, C_FLAGS, C_TSVAL, C_TSECR, C_HAS_TS, C_FRAME, NCOLS };
-static const Py_ssize_t column_itemsize[NCOLS] = {8, 4, 4, 4, 4, 4, 2, 1, 4, 4, 1, 8};
+enum { C_TS, C_SRC, C_DST, C_SEQ, C_ACK, C_PLEN, C_WIN, C_FLAGS, C_TSVAL, C_TSECR, C_HAS_TS, C_FRAME, C_TUNNEL, NCOLS };
+static const Py_ssize_t column_itemsize[NCOLS] = {8, 4, 4, 4, 4, 4, 2, 1, 4, 4, 1, 8, 1};
 
 typedef struct {
     int64_t *ts_ns;
@@ -79,6 +80,7 @@ typedef struct {
     uint32_t *tsval, *tsecr;
     uint8_t *has_ts;
     int64_t *frame;
+    uint8_t *tunnel;  /* the encapsulations the packet came through (T_* bits), 0: none */
     int64_t capacity; /* rows every column has room for */
 } Columns;
 
@@ -335,11 +337,131 @@ static int add_syn(Decoder *d, int64_t row, const uint8_t *opt, int64_t len)
     return ST_OK;
 }
 
+/* --- tunnels and IPv6 options ---------------------------------------------------------------------------- */
+
+/* The encapsulations whose inner TCP is decoded (bits of the tunnel column, pcapfile.TUNNELS). */
+enum { T_NONE = 0, T_VXLAN = 1, T_GENEVE = 2, T_GRE = 4, T_IPIP = 8, T_TRUNCATED = -1 };
+#define MAX_TUNNEL_DEPTH 3   /* tunnels inside tunnels followed at most this deep */
+#define VXLAN_PORT 4789      /* IANA; tshark's defaults too (Linux's own default 8472 is not decoded, as there) */
+#define GENEVE_PORT 6081
+
+static int ipv6_extension(unsigned next)
+{
+    return next == 0 || next == 43 || next == 60 || next == 51 || next == 50 || next == 135 || next == 139
+           || next == 140;
+}
+
+/* The Jumbo Payload option's length among hop-by-hop options (TLVs, Pad1 a single byte); -1 if absent. */
+static int64_t jumbo_length(const uint8_t *opt, int64_t len)
+{
+    int64_t off = 0;
+    while (off < len) {
+        if (opt[off] == 0) {
+            off++;
+            continue;
+        }
+        if (off + 1 >= len || off + 2 + opt[off + 1] > len)
+            return -1;
+        if (opt[off] == 0xC2 && opt[off + 1] == 4)
+            return be32(opt + off + 2);
+        off += 2 + opt[off + 1];
+    }
+    return -1;
+}
+
+/* An inner Ethernet frame at e (rem bytes captured): *net = the offset of its IP header, *version. */
+static int inner_ethernet(const uint8_t *e, int64_t rem, int64_t *net, int *version)
+{
+    if (rem < 14)
+        return T_TRUNCATED;
+    unsigned etype = be16(e + 12);
+    int64_t off = 14;
+    for (int tag = 0; tag < 2 && (etype == 0x8100 || etype == 0x88A8 || etype == 0x9100); tag++) {
+        if (rem < off + 4)
+            return T_TRUNCATED;
+        etype = be16(e + off + 2);
+        off += 4;
+    }
+    *version = ethertype_ip_version(etype);
+    *net = off;
+    return *version ? 1 : T_NONE;
+}
+
+/* What a protocol number or type says is inside: an Ethernet frame, or IPv4/IPv6 (GRE, Geneve). */
+static int inner_by_type(unsigned type, const uint8_t *at, int64_t rem, int64_t *net, int *version)
+{
+    if (type == 0x6558) /* transparent Ethernet bridging */
+        return inner_ethernet(at, rem, net, version);
+    *net = 0;
+    *version = ethertype_ip_version(type);
+    return *version ? 1 : T_NONE;
+}
+
+/* The packet a tunnel carries: VXLAN (UDP port 4789) and Geneve (6081) over UDP, GRE (IP protocol 47,
+ * version 0, IP or transparent Ethernet bridging inside), IP in IP (4, 41). ip: the outer IP header, l4: the
+ * offset of its payload. Returns the tunnel's bit with *inner = the inner IP header's offset from ip and
+ * *version, or T_NONE (not a tunnel, or not IP inside), or T_TRUNCATED (the capture ends inside the tunnel
+ * or inner link headers). Of two UDP ports the lower is tried first, as tshark does. */
+static int tunnel_inner(const uint8_t *ip, int64_t ip_caplen, int64_t l4, unsigned proto, int64_t *inner,
+                        int *version)
+{
+    const uint8_t *h = ip + l4;
+    int64_t rem = ip_caplen - l4;
+    int64_t net = 0;
+    int ok, kind;
+    if (proto == 4 || proto == 41) {
+        *inner = l4;
+        *version = proto == 4 ? 4 : 6;
+        return T_IPIP;
+    }
+    if (proto == 17) {
+        if (rem < 4)
+            return T_NONE;
+        unsigned a = be16(h), b = be16(h + 2);
+        unsigned lo = a < b ? a : b, hi = a < b ? b : a;
+        unsigned port = (lo == VXLAN_PORT || lo == GENEVE_PORT) ? lo : (hi == VXLAN_PORT || hi == GENEVE_PORT) ? hi : 0;
+        if (!port)
+            return T_NONE;
+        if (rem < 16)
+            return T_TRUNCATED;
+        if (port == VXLAN_PORT) {
+            ok = inner_ethernet(h + 16, rem - 16, &net, version);
+            net += 16;
+            kind = T_VXLAN;
+        } else { /* Geneve of any version: tshark decodes them all alike */
+            int64_t header = 16 + (int64_t)(h[8] & 0x3F) * 4;
+            if (rem < header)
+                return T_TRUNCATED;
+            ok = inner_by_type(be16(h + 10), h + header, rem - header, &net, version);
+            net += header;
+            kind = T_GENEVE;
+        }
+    } else if (proto == 47) {
+        if (rem < 4)
+            return T_TRUNCATED;
+        unsigned flags = be16(h);
+        if ((flags & 0x7) || (flags & 0x4000)) /* version 1 (PPTP) or source routing: not decoded */
+            return T_NONE;
+        int64_t header = 4 + ((flags & 0x8000) ? 4 : 0) + ((flags & 0x2000) ? 4 : 0) + ((flags & 0x1000) ? 4 : 0);
+        if (rem < header)
+            return T_TRUNCATED;
+        ok = inner_by_type(be16(h + 2), h + header, rem - header, &net, version);
+        net += header;
+        kind = T_GRE;
+    } else {
+        return T_NONE;
+    }
+    if (ok != 1)
+        return ok;
+    *inner = l4 + net;
+    return kind;
+}
+
 /* --- the per-record decode ------------------------------------------------------------------------------ */
 
 /* One record: p[0..caplen) are its captured bytes. Writes a row or counts the skip reason. */
-static inline int decode_record(Decoder *d, const uint8_t *p, int64_t caplen, int64_t ts_ns, int linktype,
-                                Columns *out, Counts *counts)
+static inline int decode_record(Decoder *d, const uint8_t *p, int64_t caplen, int64_t orig_len, int64_t ts_ns,
+                                int linktype, Columns *out, Counts *counts)
 {
     int64_t frame = d->first_frame + d->frames++;
     int64_t net;
@@ -399,49 +521,83 @@ static inline int decode_record(Decoder *d, const uint8_t *p, int64_t caplen, in
     if (!version)
         goto non_ip;
 
-    const uint8_t *ip = p + net;
-    int64_t ip_caplen = caplen - net;
-    int64_t tcp_off, ip_total;
-    if (version == 4) {
-        if (ip_caplen < 20) {
+    /* The IP layers: the outer one, and the packet inside each tunnel it carries (tunnel_inner), down to TCP. */
+    const int64_t reported = orig_len > caplen ? orig_len : caplen; /* the frame's length on the wire */
+    uint8_t tunnel = 0;
+    const uint8_t *ip;
+    int64_t ip_caplen, tcp_off, ip_total;
+    for (int depth = 0;; depth++) {
+        ip = p + net;
+        ip_caplen = caplen - net;
+        unsigned proto;
+        if (version == 4) {
+            if (ip_caplen < 20) {
+                counts->skip[SK_SHORT_IP]++;
+                return ST_OK;
+            }
+            tcp_off = (int64_t)(ip[0] & 0x0F) * 4;
+            if (tcp_off < 20) {
+                counts->skip[SK_BAD_IHL]++;
+                return ST_OK;
+            }
+            if (be16(ip + 6) & 0x3FFF) {
+                counts->skip[SK_FRAGMENT]++;
+                return ST_OK;
+            }
+            proto = ip[9];
+            ip_total = be16(ip + 2);
+            /* Total length 0: a TSO/GSO super-segment captured before the NIC cut it (or BIG TCP beyond 64 KiB).
+             * Its length is the frame's on the wire (pcap orig_len), known even when snaplen cut the capture:
+             * tshark's ip.tso_support (on by default) does the same. A tunnel's inner packet: what is left of
+             * the frame from its header on. */
+            if (ip_total == 0)
+                ip_total = reported - net;
+        } else {
+            if (ip_caplen < 40) {
+                counts->skip[SK_SHORT_IP]++;
+                return ST_OK;
+            }
+            proto = ip[6];
+            tcp_off = 40;
+            int64_t jumbo = -1;
+            if (proto == 0) { /* hop-by-hop options: a jumbogram's length is there (RFC 2675, IPv6 BIG TCP) */
+                int64_t hbh = ip_caplen >= 42 ? ((int64_t)ip[41] + 1) * 8 : 0;
+                if (!hbh || ip_caplen < 40 + hbh) {
+                    counts->skip[SK_SHORT_IP]++;
+                    return ST_OK;
+                }
+                jumbo = jumbo_length(ip + 42, hbh - 2);
+                proto = ip[40];
+                tcp_off = 40 + hbh;
+            }
+            if (proto == 44) {
+                counts->skip[SK_FRAGMENT]++;
+                return ST_OK;
+            }
+            if (ipv6_extension(proto)) {
+                counts->skip[SK_IPV6_EXT]++;
+                return ST_OK;
+            }
+            unsigned payload = be16(ip + 4);
+            ip_total = payload ? (int64_t)payload + 40 : jumbo >= 0 ? jumbo + 40 : 40;
+        }
+        /* No more than was on the wire (a length field beyond it is bogus; tshark cuts it there too). */
+        if (ip_total > reported - net)
+            ip_total = reported - net;
+        if (proto == 6)
+            break;
+        int64_t inner = 0;
+        int kind = depth < MAX_TUNNEL_DEPTH ? tunnel_inner(ip, ip_caplen, tcp_off, proto, &inner, &version) : T_NONE;
+        if (kind == T_TRUNCATED) {
             counts->skip[SK_SHORT_IP]++;
             return ST_OK;
         }
-        tcp_off = (int64_t)(ip[0] & 0x0F) * 4;
-        if (tcp_off < 20) {
-            counts->skip[SK_BAD_IHL]++;
-            return ST_OK;
-        }
-        if (be16(ip + 6) & 0x3FFF) {
-            counts->skip[SK_FRAGMENT]++;
-            return ST_OK;
-        }
-        if (ip[9] != 6) {
+        if (kind == T_NONE) {
             counts->skip[SK_NON_TCP]++;
             return ST_OK;
         }
-        ip_total = be16(ip + 2);
-    } else {
-        if (ip_caplen < 40) {
-            counts->skip[SK_SHORT_IP]++;
-            return ST_OK;
-        }
-        unsigned next = ip[6];
-        if (next == 44) {
-            counts->skip[SK_FRAGMENT]++;
-            return ST_OK;
-        }
-        if (next == 0 || next == 43 || next == 60 || next == 51 || next == 50 || next == 135 || next == 139
-            || next == 140) {
-            counts->skip[SK_IPV6_EXT]++;
-            return ST_OK;
-        }
-        if (next != 6) {
-            counts->skip[SK_NON_TCP]++;
-            return ST_OK;
-        }
-        ip_total = (int64_t)be16(ip + 4) + 40;
-        tcp_off = 40;
+        tunnel |= (uint8_t)kind;
+        net += inner;
     }
     if (ip_caplen < tcp_off + 20) {
         counts->skip[SK_SHORT_TCP]++;
@@ -491,6 +647,7 @@ static inline int decode_record(Decoder *d, const uint8_t *p, int64_t caplen, in
     out->tsecr[row] = tsecr;
     out->has_ts[row] = has_ts;
     out->frame[row] = frame;
+    out->tunnel[row] = tunnel;
     d->rows = row + 1;
     if (flags & 0x02) { /* SYN: its options shape the connection */
         int64_t header_bytes = thl < tcp_caplen ? thl : tcp_caplen;
@@ -539,16 +696,16 @@ static void prefault_columns(const ColumnViews *cv, int64_t lo, int64_t hi)
 #endif
 }
 
-/* The 12 column arrays (reader.COLUMN_DTYPES order), writable and contiguous; capacity = the shortest. */
+/* The 13 column arrays (reader.COLUMN_DTYPES order), writable and contiguous; capacity = the shortest. */
 static int get_columns(PyObject *seq, ColumnViews *cv, Columns *out)
 {
     cv->held = 0;
-    PyObject *fast = PySequence_Fast(seq, "columns must be a sequence of 12 arrays");
+    PyObject *fast = PySequence_Fast(seq, "columns must be a sequence of 13 arrays");
     if (!fast)
         return -1;
     if (PySequence_Fast_GET_SIZE(fast) != NCOLS) {
         Py_DECREF(fast);
-        PyErr_SetString(PyExc_ValueError, "columns must be a sequence of 12 arrays");
+        PyErr_SetString(PyExc_ValueError, "columns must be a sequence of 13 arrays");
         return -1;
     }
     int64_t capacity = INT64_MAX;
@@ -586,6 +743,7 @@ static int get_columns(PyObject *seq, ColumnViews *cv, Columns *out)
     out->tsecr = base[C_TSECR];
     out->has_ts = base[C_HAS_TS];
     out->frame = base[C_FRAME];
+    out->tunnel = base[C_TUNNEL];
     out->capacity = capacity;
     return 0;
 }
@@ -684,7 +842,7 @@ static PyObject *Decoder_pcap_chunk(Decoder *d, PyObject *args)
         if ((Py_ssize_t)caplen > stop - off - 16)
             break;
         int64_t ts_ns = (int64_t)rd32(h, big_endian) * 1000000000LL + (int64_t)rd32(h + 4, big_endian) * ns_per_tick;
-        status = decode_record(d, h + 16, caplen, ts_ns, linktype, &out, &counts);
+        status = decode_record(d, h + 16, caplen, rd32(h + 12, big_endian), ts_ns, linktype, &out, &counts);
         if (status)
             break;
         records++;
@@ -778,8 +936,9 @@ static int ticks_to_ns(const Interface *iface, uint64_t ticks, int64_t *ns)
 
 PyDoc_STRVAR(pcapng_blocks_doc,
 "pcapng_blocks(buf, off, big_endian, interfaces, table, used) -> (status, off, used)\n\n"
-"Walk pcapng blocks of buf from off, adding a (data offset, caplen, ts_ns, linktype) row to the int64\n"
-"arrays of table for each enhanced, simple or obsolete packet block; other blocks are checked and passed.\n"
+"Walk pcapng blocks of buf from off, adding a (data offset, caplen, ts_ns, linktype, original length) row to\n"
+"the five int64 arrays of table for each enhanced, simple or obsolete packet block; other blocks are checked\n"
+"and passed.\n"
 "Stops at the buffer's end (0), an incomplete block (1), a section header or interface description for\n"
 "Python to read (2), or a broken block (3 bad length, 4 inconsistent, 5 timestamp past 2262, 6 simple\n"
 "packet before any interface, 7 table full); off is where it stopped.");
@@ -792,7 +951,7 @@ static PyObject *pcapng_blocks(PyObject *Py_UNUSED(module), PyObject *args)
     PyObject *table;
     if (!PyArg_ParseTuple(args, "y*npy*On:pcapng_blocks", &buf, &off, &big, &ifaces_buf, &table, &used))
         return NULL;
-    Py_buffer tv[4];
+    Py_buffer tv[5];
     int held = 0;
     PyObject *fast = NULL;
     PyObject *result = NULL;
@@ -800,21 +959,21 @@ static PyObject *pcapng_blocks(PyObject *Py_UNUSED(module), PyObject *args)
         PyErr_SetString(PyExc_ValueError, "pcapng_blocks: bad offset, interfaces or row count");
         goto done;
     }
-    fast = PySequence_Fast(table, "table must be 4 int64 arrays");
+    fast = PySequence_Fast(table, "table must be 5 int64 arrays");
     if (!fast)
         goto done;
-    if (PySequence_Fast_GET_SIZE(fast) != 4) {
-        PyErr_SetString(PyExc_ValueError, "table must be 4 int64 arrays");
+    if (PySequence_Fast_GET_SIZE(fast) != 5) {
+        PyErr_SetString(PyExc_ValueError, "table must be 5 int64 arrays");
         goto done;
     }
     Py_ssize_t rows_cap = PY_SSIZE_T_MAX;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, i), &tv[i],
                                PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
             goto done;
         held++;
         if (tv[i].itemsize != 8) {
-            PyErr_SetString(PyExc_ValueError, "table must be 4 int64 arrays");
+            PyErr_SetString(PyExc_ValueError, "table must be 5 int64 arrays");
             goto done;
         }
         if (tv[i].len / 8 < rows_cap)
@@ -825,7 +984,7 @@ static PyObject *pcapng_blocks(PyObject *Py_UNUSED(module), PyObject *args)
         goto done;
     }
     {
-        int64_t *t_off = tv[0].buf, *t_caplen = tv[1].buf, *t_ts = tv[2].buf, *t_lt = tv[3].buf;
+        int64_t *t_off = tv[0].buf, *t_caplen = tv[1].buf, *t_ts = tv[2].buf, *t_lt = tv[3].buf, *t_orig = tv[4].buf;
         const uint8_t *data = buf.buf;
         Py_ssize_t n = buf.len;
         Interface ifaces_local[1];
@@ -885,6 +1044,7 @@ static PyObject *pcapng_blocks(PyObject *Py_UNUSED(module), PyObject *args)
                 t_caplen[used] = caplen;
                 t_ts[used] = ts_ns;
                 t_lt[used] = ifaces[iface_id].linktype;
+                t_orig[used] = rd32(b + 24, big);
                 used++;
             } else if (btype == 3) {
                 if (!n_ifaces) {
@@ -896,6 +1056,7 @@ static PyObject *pcapng_blocks(PyObject *Py_UNUSED(module), PyObject *args)
                     break;
                 }
                 uint64_t caplen = rd32(b + 8, big);
+                t_orig[used] = (int64_t)caplen; /* a simple packet block holds the original length */
                 uint64_t room = blen - 16;
                 uint64_t snap = ifaces[0].snaplen > 0 ? (uint64_t)ifaces[0].snaplen : caplen;
                 if (room < caplen)
@@ -924,27 +1085,28 @@ done:
 }
 
 PyDoc_STRVAR(decode_rows_doc,
-"decode_rows(buf, offsets, caplens, ts_ns, count, linktype, columns) -> skip_counts\n\n"
-"Decode count records of one link type whose data lie at buf[offsets[i]:offsets[i] + caplens[i]]\n"
-"(int64 arrays; a record outside buf is a ValueError before anything is decoded).");
+"decode_rows(buf, offsets, caplens, ts_ns, origs, count, linktype, columns) -> skip_counts\n\n"
+"Decode count records of one link type whose data lie at buf[offsets[i]:offsets[i] + caplens[i]], origs[i]\n"
+"bytes long on the wire (int64 arrays; a record outside buf is a ValueError before anything is decoded).");
 
 static PyObject *Decoder_decode_rows(Decoder *d, PyObject *args)
 {
-    Py_buffer buf, offs, caps, tss;
+    Py_buffer buf, offs, caps, tss, origs;
     Py_ssize_t count;
     int linktype;
     PyObject *columns;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*niO:decode_rows", &buf, &offs, &caps, &tss, &count, &linktype, &columns))
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*niO:decode_rows", &buf, &offs, &caps, &tss, &origs, &count, &linktype,
+                          &columns))
         return NULL;
     PyObject *result = NULL;
     ColumnViews cv;
     cv.held = 0;
-    if (count < 0 || offs.len / 8 < count || caps.len / 8 < count || tss.len / 8 < count
+    if (count < 0 || offs.len / 8 < count || caps.len / 8 < count || tss.len / 8 < count || origs.len / 8 < count
         || !supported_linktype(linktype)) {
         PyErr_SetString(PyExc_ValueError, "decode_rows: arrays shorter than count, or a bad link type");
         goto done;
     }
-    const int64_t *o = offs.buf, *c = caps.buf, *t = tss.buf;
+    const int64_t *o = offs.buf, *c = caps.buf, *t = tss.buf, *w = origs.buf;
     int64_t o_item, c_item;
     for (Py_ssize_t i = 0; i < count; i++) {
         memcpy(&o_item, (const char *)o + 8 * i, 8);
@@ -968,11 +1130,12 @@ static PyObject *Decoder_decode_rows(Decoder *d, PyObject *args)
         int64_t hi = d->rows + count;
         prefault_columns(&cv, d->rows, hi < out.capacity ? hi : out.capacity);
         for (Py_ssize_t i = 0; i < count; i++) {
-            int64_t ts_item;
+            int64_t ts_item, w_item;
             memcpy(&o_item, (const char *)o + 8 * i, 8);
             memcpy(&c_item, (const char *)c + 8 * i, 8);
             memcpy(&ts_item, (const char *)t + 8 * i, 8);
-            status = decode_record(d, data + o_item, c_item, ts_item, linktype, &out, &counts);
+            memcpy(&w_item, (const char *)w + 8 * i, 8);
+            status = decode_record(d, data + o_item, c_item, w_item, ts_item, linktype, &out, &counts);
             if (status)
                 break;
         }
@@ -989,6 +1152,7 @@ done:
     PyBuffer_Release(&offs);
     PyBuffer_Release(&caps);
     PyBuffer_Release(&tss);
+    PyBuffer_Release(&origs);
     return result;
 }
 

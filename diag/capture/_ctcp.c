@@ -395,6 +395,7 @@ typedef struct {
     EarlyAcks early;
     Ends ends;
     int64_t ack_map_max; /* the highest ACK target of this direction's data in ack_map (EMPTY: none) */
+    int64_t ack_max;     /* the highest ACK this direction sent, in its ack_local space (EMPTY: none) */
 } Direction;
 
 typedef struct {
@@ -584,7 +585,7 @@ typedef struct {
 } Spec;
 
 #define NINPUTS 11
-#define NOUTPUTS 15
+#define NOUTPUTS 16
 #define NBUFFERS (NINPUTS + NOUTPUTS)
 
 static const Spec SPECS[NBUFFERS] = {
@@ -614,6 +615,7 @@ static const Spec SPECS[NBUFFERS] = {
     {"window_bytes", SIGNED, 4, 1},
     {"ack_rtt_ns", SIGNED, 8, 1},
     {"ts_rtt_ns", SIGNED, 8, 1},
+    {"peer_in_flight", SIGNED, 4, 1},
 };
 
 static const char *kind_name(int kind) {
@@ -705,6 +707,7 @@ typedef struct {
     int32_t *window_bytes;
     int64_t *ack_rtt;
     int64_t *ts_rtt;
+    int32_t *peer_in_flight;
 } Columns;
 
 static int run(Analyzer *a, const Columns *c, Py_ssize_t n, Sink *sink) {
@@ -858,6 +861,21 @@ static int run(Analyzer *a, const Columns *c, Py_ssize_t n, Sink *sink) {
         c->in_flight[i] = in_flight;
         c->window_bytes[i] = (int32_t)(uint32_t)(uint64_t)window;
 
+        /* An ACK of reverse-direction data not acknowledged before (above this direction's highest ACK so
+         * far, which lay below the reverse direction's highest data end): the reverse direction's data still
+         * in flight after it. The busy runs of the duplex overlap read it (busy.py); -1 on other packets. */
+        int32_t peer_in_flight = -1;
+        if (has_ack) {
+            if (has_rev && d->ack_max > EMPTY && ack_local > d->ack_max && rev->data_end > EMPTY
+                && d->ack_max + anchor_of(d, rev) < rev->data_end) {
+                const int64_t left = rev->data_end - ack_rel;
+                peer_in_flight = left <= 0 ? 0 : left > INT32_MAX ? INT32_MAX : (int32_t)left;
+            }
+            if (ack_local > d->ack_max)
+                d->ack_max = ack_local;
+        }
+        c->peer_in_flight[i] = peer_in_flight;
+
         /* RTTs: data -> the first ACK of exactly its end (Karn: never retransmitted), TSval -> first echo. */
         if (plen > 0 && !retransmission && data_end_seen(a, sink, (uint32_t)g, end_rel, ts) < 0)
             return -1;
@@ -975,6 +993,7 @@ static int Analyzer_init(Analyzer *a, PyObject *args, PyObject *kwargs) {
         a->dirs[g].nextseq = EMPTY;
         a->dirs[g].data_end = EMPTY;
         a->dirs[g].ack_map_max = EMPTY;
+        a->dirs[g].ack_max = EMPTY;
     }
     a->ngroups = ngroups;
     a->spill_window = (size_t)spill_window;
@@ -1003,14 +1022,14 @@ static PyObject *Analyzer_feed(Analyzer *a, PyObject *args, PyObject *kwargs) {
         "conn", "direction", "ts_ns", "seq", "ack", "plen", "win", "flags", "tsval", "tsecr", "has_ts",
         "seq_rel", "end_rel", "new_bytes", "retransmission", "fast_retransmission", "spurious_retransmission",
         "out_of_order", "lost_segment", "dup_ack", "zero_window", "window_full", "in_flight", "window_bytes",
-        "ack_rtt_ns", "ts_rtt_ns", NULL,
+        "ack_rtt_ns", "ts_rtt_ns", "peer_in_flight", NULL,
     }; /* the names of SPECS, in order */
     PyObject *objs[NBUFFERS];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOOOOOOOOOOOOOOOOO:feed", kwlist, &objs[0], &objs[1],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOOOOOOOOOOOOOOOOOO:feed", kwlist, &objs[0], &objs[1],
                                      &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7], &objs[8],
                                      &objs[9], &objs[10], &objs[11], &objs[12], &objs[13], &objs[14], &objs[15],
                                      &objs[16], &objs[17], &objs[18], &objs[19], &objs[20], &objs[21],
-                                     &objs[22], &objs[23], &objs[24], &objs[25]))
+                                     &objs[22], &objs[23], &objs[24], &objs[25], &objs[26]))
         return NULL;
     if (!a->dirs) {
         PyErr_SetString(PyExc_RuntimeError, "Analyzer was not initialised");
@@ -1060,6 +1079,7 @@ static PyObject *Analyzer_feed(Analyzer *a, PyObject *args, PyObject *kwargs) {
         (uint8_t *)views[14].buf, (uint8_t *)views[15].buf, (uint8_t *)views[16].buf, (uint8_t *)views[17].buf,
         (uint8_t *)views[18].buf, (uint8_t *)views[19].buf, (uint8_t *)views[20].buf, (uint8_t *)views[21].buf,
         (int64_t *)views[22].buf, (int32_t *)views[23].buf, (int64_t *)views[24].buf, (int64_t *)views[25].buf,
+        (int32_t *)views[26].buf,
     };
     Sink sink = {a->rows, c.ack_rtt, c.ts_rtt, {NULL, 0, 0}, {NULL, 0, 0}};
     int rc;
@@ -1104,11 +1124,12 @@ static PyMethodDef Analyzer_methods[] = {
     {"feed", (PyCFunction)(void (*)(void))Analyzer_feed, METH_VARARGS | METH_KEYWORDS,
      "feed(conn, direction, ts_ns, seq, ack, plen, win, flags, tsval, tsecr, has_ts, seq_rel, end_rel, "
      "new_bytes, retransmission, fast_retransmission, spurious_retransmission, out_of_order, lost_segment, "
-     "dup_ack, zero_window, window_full, in_flight, window_bytes, ack_rtt_ns, ts_rtt_ns) -> (late_ack_rtt, "
-     "late_ts_rtt)\n\n"
+     "dup_ack, zero_window, window_full, in_flight, window_bytes, ack_rtt_ns, ts_rtt_ns, peer_in_flight) -> "
+     "(late_ack_rtt, late_ts_rtt)\n\n"
      "Analyze the next packets (reader column dtypes: int32 conn, int8 direction, int64 ts_ns, uint32 seq/ack/"
      "tsval/tsecr, int32 plen, uint16 win, uint8 flags, bool has_ts) into the PacketState arrays given (same "
-     "length; int64, bool, int32 window_bytes). Returns the RTT samples that fall on rows of earlier feeds, "
+     "length; int64, bool, int32 window_bytes and peer_in_flight). Returns the RTT samples that fall on rows of "
+     "earlier feeds, "
      "as lists of (row, ns). seq_rel and end_rel may be None: then they are not written."},
     {NULL, NULL, 0, NULL},
 };

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from diag.capture.busy import BusyRuns, DataStream, duplex
+from diag.capture.busy import BusyRuns, DataStream, duplex, flight_events, p95_s, round_trip_s, stall_limit_s
 from diag.capture.document import (
     DEFAULT_MSS,
     MAX_BINS,
@@ -53,7 +53,7 @@ def _want_median_p95(stats: OrderStats) -> None:
 
 
 class Direction:
-    def __init__(self, idle_gap_s: float, chunked: bool) -> None:
+    def __init__(self, idle_gap_s: float, chunked: bool, mss: int) -> None:
         self.packets = 0
         self.data_packets = 0
         self.payload_bytes = 0
@@ -76,7 +76,7 @@ class Direction:
         self.in_flight_max: int | None = None
         self.rtt = OrderStats(np.int64)
         self.ts_rtt = OrderStats(np.int64)
-        self.stream = DataStream(idle_gap_s)
+        self.stream = DataStream(idle_gap_s, mss)
         self.data_descents = Descents(chunked)  # the data packets' times, for the turn analysis' lookups
         self.series: np.ndarray | None = None
         self.first_data_s: float | None = None   # the first and last data packet's time (turns' span)
@@ -86,9 +86,9 @@ class Direction:
 class Connection:
     """One connection within one aggregation (the whole capture, or one record phase)."""
 
-    def __init__(self, c: int, idle_gap_s: float, chunked: bool) -> None:
+    def __init__(self, c: int, idle_gap_s: float, chunked: bool, mss: tuple[int, int]) -> None:
         self.c = c
-        self.dirs = (Direction(idle_gap_s, chunked), Direction(idle_gap_s, chunked))
+        self.dirs = (Direction(idle_gap_s, chunked, mss[0]), Direction(idle_gap_s, chunked, mss[1]))
         self.t0_ns: int | None = None
         self.t1_ns: int | None = None
         self.turns: Turns | None = None
@@ -157,7 +157,9 @@ class Aggregation:
             if connection is None:
                 if step is not Pass.COUNTS:
                     raise AssertionError("a connection appeared after Pass.COUNTS")
-                connection = self.connections[c] = Connection(c, self.top.idle_gap_s, not self.top.streamer.source.single)
+                mss = (self.top.streamer.mss_of(c, 0) or DEFAULT_MSS, self.top.streamer.mss_of(c, 1) or DEFAULT_MSS)
+                connection = self.connections[c] = Connection(c, self.top.idle_gap_s,
+                                                              not self.top.streamer.source.single, mss)
             self._connection(step, connection, chunk, [ab, ba])
 
     def _capture_point(self, chunk: Chunk, rows: np.ndarray | None) -> None:
@@ -205,7 +207,7 @@ class Aggregation:
                 self._state_direction(conn, d, chunk, rows[d], data_rows[d], data_ts[d], data_size[d])
         elif step is Pass.RUNS:
             for d in (0, 1):
-                self._runs_direction(conn, d, chunk, rows[d], data_rows[d], data_ts[d])
+                self._runs_direction(conn, d, chunk, rows[d], data_rows[d], rows[1 - d])
         elif step is Pass.OVERLAP:
             for d in (0, 1):
                 conn.dirs[d].stream.add_overlap(data_ts[d], data_size[d], conn.dirs[1 - d].stream)
@@ -283,9 +285,10 @@ class Aggregation:
             (target.ts_rtt.add if add else target.ts_rtt.collect)(ts_rtt)
 
     def _runs_direction(self, conn: Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
-                    data_ts: np.ndarray) -> None:
+                    peer_rows: np.ndarray) -> None:
         self._order_stats(conn, d, chunk, idx, data_rows, add=False)
-        conn.dirs[d].stream.add_runs(data_ts)
+        assert chunk.state is not None
+        conn.dirs[d].stream.add_runs(*flight_events(chunk.ts_ns, chunk.state, data_rows, peer_rows))
 
     def _order_stats(self, conn: Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
                      add: bool) -> None:
@@ -395,8 +398,16 @@ class Aggregation:
                 assert conn.turns is not None
                 conn.turns.settle_run_gaps()
         elif step is Pass.RUNS:
-            for stream in streams:
-                stream.settle_runs()
+            for conn in self.connections.values():
+                for d, direction in enumerate(conn.dirs):
+                    peer = conn.dirs[1 - d]  # its RTTs: packets toward d's sender, answered by it
+                    back = round_trip_s((peer.rtt, peer.ts_rtt))
+                    stall = stall_limit_s(direction.stream.run_gap, p95_s(direction.rtt), back)
+                    direction.stream.settle_runs(stall, back)
+            for host in self.hosts.values():
+                for stream in (host.tx,) if host.rx is host.tx else (host.tx, host.rx):
+                    stream.settle_runs()
+            self._hosts_in_flight()
             for conn in self.connections.values():
                 assert conn.turns is not None
                 conn.turns.settle_lookups()
@@ -404,6 +415,25 @@ class Aggregation:
             for conn in self.connections.values():
                 assert conn.turns is not None
                 conn.turns.settle_handoffs()
+
+    def _hosts_in_flight(self) -> None:
+        """A host transmits (receives) while a connection direction it sends (receives) is busy, in flight
+        included: its busy runs join theirs (after Pass.RUNS)."""
+        streamer = self.top.streamer
+        joined: dict[tuple[int, bool], list[tuple[np.ndarray, np.ndarray]]] = {}
+        for conn in self.connections.values():
+            ends = (streamer.connections.conn_a[conn.c], streamer.connections.conn_b[conn.c])
+            for d in (0, 1):
+                sender, receiver = (int(streamer.address_of_endpoint[ends[k]]) for k in (d, 1 - d))
+                runs = conn.dirs[d].stream.intervals
+                joined.setdefault((sender, True), []).append(runs)
+                joined.setdefault((receiver, False), []).append(runs)
+        for index, host in self.hosts.items():
+            if host.rx is host.tx:
+                host.tx.join(joined.get((index, True), []) + joined.get((index, False), []))
+            else:
+                host.tx.join(joined.get((index, True), []))
+                host.rx.join(joined.get((index, False), []))
 
     # -- the JSON ----------------------------------------------------------------------------------------
 
@@ -490,7 +520,8 @@ class Aggregation:
         assert conn.turns is not None
         turns = conn.turns.json((dup["x_active_s"], dup["y_active_s"]), dup["overlap_s"], dup["active_s"], rtts)
         return connection_json(conn.c, endpoint_text(streamer.endpoints, streamer.connections.conn_a[conn.c]),
-                               endpoint_text(streamer.endpoints, streamer.connections.conn_b[conn.c]), dirs, dup, turns)
+                               endpoint_text(streamer.endpoints, streamer.connections.conn_b[conn.c]), dirs, dup, turns,
+                               streamer.tunnel_of(conn.c))
 
     def _hosts_json(self, observed: set[str]) -> list[dict[str, Any]]:
         names = self.top.streamer.addresses

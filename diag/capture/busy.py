@@ -1,7 +1,24 @@
 """A stream of data packets (a direction, or a host's transmit or receive) and its busy runs: the duplex
 overlap of two streams.
 
-A stream is busy from one data packet to the next while they are at most its run gap apart. The run gap is
+A direction is busy while it moves data: while its data passes the capture point, and while data it sent
+is in flight -- sent and not yet acknowledged to its sender, the TCP state's bytes in flight (tshark's
+tcp.analysis.bytes_in_flight, tcptrace's outstanding data). Where the capture is taken does not matter then:
+upstream of a bottleneck a sender's segments pass in line-rate bursts with silences between them while they
+queue, but its data stays in flight through those silences; downstream of it (at the receiver) the data
+passes smoothly and is acknowledged within microseconds, and the ACK still has the way back to the sender
+to go. So a direction's busy runs are built from the events of its flight in file order -- its data packets,
+and the peer's ACKs of new bytes of it -- joined where they are at most the run gap apart (as data packets
+alone were before) and, across a longer silence, where data was in flight after the event before it and the
+silence is at most the stall limit (stall_limit_s); each run then lasts until its sender has the ACK: the
+round trip from the capture point to the sender and back (round_trip_s; ~0 at the sender's own NIC, the
+path's RTT at the receiver's) is added to its end. Every capture point then sees the sender's in-flight
+time, shifted by the sender's one-way delay to it. A longer silence with data in flight is a stall, not
+motion: a loss the sender waits out (retransmission timeout), or an ACK the capture did not see; it does not
+count as busy. A host's transmit and receive are busy while its data passes, and while a connection
+direction it sends (receives) is busy.
+
+A stream is busy from one event to the next while they are at most its run gap apart. The run gap is
 idle_gap_s, or longer where the stream's own cadence says a silence of that length is part of moving data:
 a shaped sender is bursty (tbf lets a bucket of frames go at once and then waits for tokens), so a stream
 that never stops moving data is silent for several packet times now and then -- at 20 Mbit/s with an
@@ -13,7 +30,7 @@ has no bulk gaps and keeps idle_gap_s. Fed chunk by chunk by the passes (source.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,10 +39,12 @@ from diag.capture.document import (
     CADENCE_FACTOR,
     CADENCE_MIN_GAPS,
     CADENCE_QUANTILE,
+    DEFAULT_MSS,
     MAX_RUN_GAP_S,
     PACING_PACKETS,
+    STALL_RTT_FACTOR,
 )
-from diag.capture.quantile import OrderStats
+from diag.capture.quantile import OrderStats, np_median, np_percentile
 from diag.capture.turns import CONTROL_MAX_BYTES
 
 
@@ -40,6 +59,67 @@ def coverage(lists: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[float, flo
     depth = np.cumsum(steps)[:-1]
     lengths = np.diff(times)
     return float(lengths[depth >= len(lists)].sum()), float(lengths[depth >= 1].sum())
+
+
+def union(lists: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The disjoint sorted intervals covered by any of the interval lists (touching intervals merge)."""
+    starts = np.concatenate([s for s, _ in lists])
+    ends = np.concatenate([e for _, e in lists])
+    if starts.size == 0:
+        return np.zeros(0), np.zeros(0)
+    order = np.argsort(starts, kind="stable")
+    starts, reach = starts[order], np.maximum.accumulate(ends[order])
+    first = np.flatnonzero(np.r_[True, starts[1:] > reach[:-1]])
+    return starts[first], reach[np.r_[first[1:] - 1, starts.size - 1]]
+
+
+def stall_limit_s(run_gap_s: float, rtt_p95_s: float | None, round_trip: float = 0.0) -> float:
+    """The longest silence a direction with data in flight is still busy through: STALL_RTT_FACTOR times its
+    path's RTT -- the 95th percentile of its data -> ACK RTT at the capture point plus the round trip from
+    there to its sender (round_trip_s) --, never less than its run gap. A sender whose data moves hears an
+    ACK of new data within about one RTT of sending (upstream of a bottleneck that RTT holds the queueing
+    delay); twice the RTT is where its tail loss probe fires (RFC 8985) and below its retransmission timeout
+    (at least 200 ms on Linux)."""
+    path_rtt = (rtt_p95_s or 0.0) + round_trip
+    return max(run_gap_s, STALL_RTT_FACTOR * path_rtt)
+
+
+def round_trip_s(toward_sender: Sequence[OrderStats]) -> float:
+    """The round trip from the capture point to a direction's sender and back, in seconds: the smallest
+    median of the given RTTs of packets toward the sender answered by it (the reverse direction's data ->
+    ACK RTT and its TSval -> echo RTT at the capture point, in ns); 0 when none is known."""
+    medians = [np_median(stats) for stats in toward_sender if stats.n]
+    return min(medians) / 1e9 if medians else 0.0
+
+
+def p95_s(stats: OrderStats) -> float | None:
+    """The 95th percentile of ns values in seconds (None without values)."""
+    return np_percentile(stats, 95) / 1e9 if stats.n else None
+
+
+Flying = Callable[[np.ndarray], np.ndarray]
+
+
+def flight_events(ts_ns: np.ndarray, state: dict[str, np.ndarray], own_data: np.ndarray, peer_rows: np.ndarray
+                  ) -> tuple[np.ndarray, Flying]:
+    """The events of one direction's flight among a chunk's rows, in file order: its data packets (rows
+    own_data) and the peer's ACKs of new bytes of it (the rows of peer_rows whose peer_in_flight is set).
+    -> (their times in seconds, flying(indexes): whether data was in flight after those events). Only the
+    events before a silence longer than the run gap are asked (a few), so the flight is looked up only for
+    them; flying reads this chunk's state, so it is used before the next chunk."""
+    in_flight, peer = state["in_flight"], state["peer_in_flight"]
+    acks = peer_rows[peer[peer_rows] >= 0] if peer_rows.size else peer_rows
+    if not acks.size:
+        return ts_ns[own_data] / 1e9, lambda at: in_flight[own_data[at]] != 0  # -1 (unknown) counts as flying
+    merged = np.concatenate([own_data, acks])
+    order = np.argsort(merged, kind="stable")  # two sorted runs: a merge
+    rows = merged[order]
+
+    def flying(at: np.ndarray) -> np.ndarray:
+        row = rows[at]
+        return np.where(order[at] >= own_data.size, peer[row], in_flight[row]) != 0
+
+    return ts_ns[rows] / 1e9, flying
 
 
 
@@ -67,17 +147,22 @@ def duplex_result(both: float, either: float, active: tuple[float, float], over:
 
 class BusyRuns:
     """Busy runs (starts, ends) of times in file order at a fixed gap, built chunk by chunk; with keep_gaps
-    also the silences that end them."""
+    also the silences that end them. Times given with whether data was in flight after each (add's flying)
+    also note, per silence, whether data was in flight across it: arrays(stall_s) then joins the runs across
+    such silences of at most stall_s."""
 
     def __init__(self, gap: float, keep_gaps: bool = False) -> None:
         self.gap = gap
         self.starts: list[np.ndarray] = []
         self.ends: list[np.ndarray] = []
         self.idle: list[np.ndarray] = []
+        self.flying: list[np.ndarray] = []  # per silence: data in flight across it (times given with flying)
         self.keep_gaps = keep_gaps
         self.last: float | None = None
+        self.last_flying = False
 
-    def add(self, ts: np.ndarray) -> None:
+    def add(self, ts: np.ndarray, flying: Flying | None = None) -> None:
+        """ts: times in file order; flying: whether data was in flight after the events at given indexes."""
         if ts.size == 0:
             return
         if self.last is None:
@@ -93,13 +178,27 @@ class BusyRuns:
             self.starts.append(base[breaks + 1])
             if self.keep_gaps:
                 self.idle.append(gaps[breaks])
+            if flying is not None:  # the event before each silence: base[k] (the last one carried over)
+                if self.last is None:
+                    self.flying.append(flying(breaks))
+                else:
+                    flags = np.full(breaks.size, self.last_flying)
+                    inside = breaks >= 1
+                    flags[inside] = flying(breaks[inside] - 1)
+                    self.flying.append(flags)
         self.last = float(ts[-1])
+        if flying is not None:
+            self.last_flying = bool(flying(np.array([ts.size - 1]))[0])
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+    def arrays(self, stall_s: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         if self.last is None:
             return np.zeros(0), np.zeros(0)
         starts = np.concatenate(self.starts)
         ends = np.concatenate([*self.ends, np.array([self.last])])
+        if stall_s is not None and self.flying:
+            flying = np.concatenate(self.flying)
+            keep = ~(flying & (starts[1:] - ends[:-1] <= stall_s))  # a silence in flight and short: one run
+            starts, ends = starts[np.r_[True, keep]], ends[np.r_[keep, True]]
         return starts, ends
 
     def idle_gaps(self) -> np.ndarray:
@@ -109,8 +208,10 @@ class BusyRuns:
 class DataStream:
     """The data packets of one direction, or one host's transmit or receive."""
 
-    def __init__(self, idle_gap_s: float) -> None:
+    def __init__(self, idle_gap_s: float, mss: int = DEFAULT_MSS) -> None:
         self.idle_gap_s = idle_gap_s
+        self.mss = max(int(mss), 1)
+        self._last_segments = 1
         self.n = 0
         self.bytes = 0
         self.pairs = 0
@@ -123,14 +224,29 @@ class DataStream:
         self.bytes_inside_other = 0
 
     def _bulk_gaps(self, ts: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """The gaps after bulk segments followed by bulk segments, per wire segment: a super-segment (TSO/GSO
+        on the sender's side, GRO on the receiver's) stands for the k = size / MSS segments it is cut into,
+        and the gap after it for k gaps of a k-th of it. (Without that, a sender-side capture of 64 KiB
+        messages sent as one super-segment and a tail segment each read a ping-pong's period as its
+        cadence: a 50 ms run gap that joined the turns.)"""
         bulk = nbytes > CONTROL_MAX_BYTES
+        # segments per packet: 1 unless the chunk holds a super-segment (the usual case: no division)
+        supers = int(nbytes.max()) > self.mss
+        segments = (nbytes + (self.mss - 1)) // self.mss if supers else None
         if self._last_ts is None:
             gaps, pairs = np.diff(ts), bulk[:-1] & bulk[1:]
         else:
             gaps = np.diff(np.concatenate([np.array([self._last_ts]), ts]))
             pairs = np.concatenate([np.array([self._last_bulk]), bulk[:-1]]) & bulk
+        gaps = gaps[pairs]
+        if supers or self._last_segments > 1:
+            every = np.ones(ts.size, dtype=np.int64) if segments is None else segments
+            before = every[:-1] if self._last_ts is None else np.concatenate([[self._last_segments], every[:-1]])
+            before = before[pairs]
+            gaps = np.repeat(gaps / before, before)
         self._last_ts, self._last_bulk = float(ts[-1]), bool(bulk[-1])
-        return gaps[pairs]
+        self._last_segments = int(segments[-1]) if segments is not None else 1
+        return gaps
 
     def count(self, ts: np.ndarray, nbytes: np.ndarray) -> None:
         if ts.size == 0:
@@ -165,14 +281,25 @@ class DataStream:
         self.gaps = OrderStats(np.float64)  # its counts are no longer needed
         self.runs = BusyRuns(self.run_gap)
 
-    def add_runs(self, ts: np.ndarray) -> None:
+    def add_runs(self, ts: np.ndarray, flying: Flying | None = None) -> None:
+        """Pass.RUNS: the stream's events (data packets; for a direction, the events of its flight and
+        whether data was in flight after them: flight_events)."""
         assert self.runs is not None
-        self.runs.add(ts)
+        self.runs.add(ts, flying)
 
-    def settle_runs(self) -> None:
+    def settle_runs(self, stall_s: float | None = None, round_trip: float = 0.0) -> None:
+        """After Pass.RUNS: the busy runs, joined across silences with data in flight up to stall_s, each
+        until its sender has the ACK: round_trip (round_trip_s) after its end."""
         assert self.runs is not None
-        self.intervals = self.runs.arrays()
+        self.intervals = self.runs.arrays(stall_s)
         self.runs = None
+        if round_trip > 0 and self.intervals[0].size:
+            self.intervals = union([(self.intervals[0], self.intervals[1] + round_trip)])
+
+    def join(self, others: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Busy also where the given busy runs are (a host: while its connection directions are)."""
+        if others:
+            self.intervals = union([self.intervals, *others])
 
     def add_overlap(self, ts: np.ndarray, nbytes: np.ndarray, other: DataStream) -> None:
         starts, ends = other.intervals

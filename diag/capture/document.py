@@ -36,6 +36,9 @@ CADENCE_FACTOR = 3.0
 PACING_PACKETS = 16
 CADENCE_MIN_GAPS = 20
 MAX_RUN_GAP_S = 0.05
+# A direction with data in flight stays busy through a silence of up to this many times its 95th percentile
+# data -> ACK RTT (busy.stall_limit_s); longer is a stall (a retransmission timeout, an ACK not captured).
+STALL_RTT_FACTOR = 2.0
 
 
 @dataclass
@@ -60,13 +63,15 @@ def endpoint_text(endpoints: list[tuple[str, int]], index: int) -> str:
 # --- objects -------------------------------------------------------------------------------------
 
 
-def connection_json(c: int, a: str, b: str, dirs: dict[str, Any], dup: dict[str, Any], turns: dict[str, Any]
-                    ) -> dict[str, Any]:
-    """One connection's object from its directions, its duplex() and its turns."""
+def connection_json(c: int, a: str, b: str, dirs: dict[str, Any], dup: dict[str, Any], turns: dict[str, Any],
+                    tunnel: list[str] | None = None) -> dict[str, Any]:
+    """One connection's object from its directions, its duplex() and its turns; tunnel: the encapsulations its
+    packets came through (None: none; a and b are then the inner TCP's endpoints)."""
     return {
         "stream": c,
         "a": a,
         "b": b,
+        "tunnel": tunnel,
         "directions": dirs,
         "duplex_overlap": dup["duplex_overlap"],
         "active_s": dup["active_s"],
@@ -174,7 +179,7 @@ def document(paths: Sequence[str | os.PathLike[str]], results: list[ReadResult],
                     "frames": int(sum(r.frames for r in results))},
         "parameters": {"bin_s": bin_s, "idle_gap_s": idle_gap_s, "cadence_factor": CADENCE_FACTOR,
                        "cadence_quantile": CADENCE_QUANTILE, "pacing_packets": PACING_PACKETS,
-                       "max_run_gap_s": MAX_RUN_GAP_S,
+                       "max_run_gap_s": MAX_RUN_GAP_S, "stall_rtt_factor": STALL_RTT_FACTOR,
                        "control_max_bytes": CONTROL_MAX_BYTES},
         "capture_point": sorted(observed),
         "connections": connections,

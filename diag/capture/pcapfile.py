@@ -24,7 +24,7 @@ MAX_RECORD_BYTES = 1 << 20
 MIN_BLOCK_BYTES = {0x0A0D0D0A: 28, 1: 20, 2: 32, 3: 16, 5: 28, 6: 32}
 # Packet times are int64 nanoseconds since the epoch (as numpy's datetime64[ns]): up to the year 2262.
 MAX_TIMESTAMP_NS = (1 << 63) - 1
-COLUMN_BYTES_PER_PACKET = 8 + 4 + 4 + 4 + 4 + 4 + 2 + 1 + 4 + 4 + 1 + 8  # the COLUMN_DTYPES, in order
+COLUMN_BYTES_PER_PACKET = 8 + 4 + 4 + 4 + 4 + 4 + 2 + 1 + 4 + 4 + 1 + 8 + 1  # the COLUMN_DTYPES, in order
 
 # TCP flag bits (the low byte of the TCP flags field).
 FIN, SYN, RST, PSH, ACK, URG, ECE, CWR = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x80
@@ -56,8 +56,11 @@ GZIP_MAGIC = b"\x1f\x8b"
 COLUMN_DTYPES: dict[str, Any] = {
     "ts_ns": np.int64, "src": np.int32, "dst": np.int32, "seq": np.uint32, "ack": np.uint32,
     "plen": np.int32, "win": np.uint16, "flags": np.uint8, "tsval": np.uint32, "tsecr": np.uint32,
-    "has_ts": np.bool_, "frame": np.int64,
+    "has_ts": np.bool_, "frame": np.int64, "tunnel": np.uint8,
 }
+# The tunnel column's bits: the encapsulations a TCP packet was decoded from (VXLAN on UDP port 4789, Geneve
+# on 6081, GRE version 0 with IP or Ethernet inside, IP in IP), 0 for none; names as the JSON writes them.
+TUNNELS = {1: "vxlan", 2: "geneve", 4: "gre", 8: "ip-in-ip"}
 
 
 @dataclass(slots=True)

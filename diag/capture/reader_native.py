@@ -295,7 +295,7 @@ def _interface_table(interfaces: list[_Interface]) -> bytes:
 
 def read_pcapng(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: Path) -> None:
     """pcapng blocks in the twin's chunks: the kernel walks packet blocks into a table (offset, caplen, ts_ns,
-    link type) and decodes it; section headers and interface descriptions are read here, as the twin does."""
+    link type, original length) and decodes it; section headers and interface descriptions are read here, as the twin does."""
     kernel = builder.kernel
     interfaces: list[_Interface] = []
     interface_table = b""
@@ -304,7 +304,7 @@ def read_pcapng(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: P
     consumed = 0  # file offset of buf[0], for messages
     # Room for every packet block a chunk can hold (the smallest is 16 bytes); rows are written only as found.
     table = [np.empty((pcapfile.CHUNK_BYTES + MAX_RECORD_BYTES + 64) // 16 + 1, dtype=np.int64)
-             for _ in range(4)]
+             for _ in range(5)]
     for data in _chunks(handle, magic):
         buf = carry + data if carry else data
         file_offset = consumed - len(carry)
@@ -345,7 +345,7 @@ def read_pcapng(handle: IO[bytes], magic: bytes, builder: NativeBuilder, path: P
 def _decode_table(builder: NativeBuilder, buf: bytes, table: list[np.ndarray]) -> None:
     """Decode a chunk's packet blocks one link type at a time, link types ascending, as the twin does
     (so with several link types in one chunk the frame numbers follow that order, not the file's)."""
-    offsets, caplens, stamps, linktypes = table
+    offsets, caplens, stamps, linktypes, origs = table
     if (linktypes == linktypes[0]).all():
         groups: list[tuple[int, np.ndarray | None]] = [(int(linktypes[0]), None)]
     else:
@@ -356,7 +356,8 @@ def _decode_table(builder: NativeBuilder, buf: bytes, table: list[np.ndarray]) -
             builder.skip(f"unsupported_linktype_{linktype}", count)
             builder.decoder.skip_frames(count)
             continue
-        rows = (offsets, caplens, stamps) if pick is None else (offsets[pick], caplens[pick], stamps[pick])
+        rows = ((offsets, caplens, stamps, origs) if pick is None
+                else (offsets[pick], caplens[pick], stamps[pick], origs[pick]))
         columns = builder.reserve(count)
         counts = builder.decoder.decode_rows(buf, *rows, count, linktype, columns)
         builder.linktypes.add(linktype)

@@ -11,6 +11,12 @@ Schema history (``ANALYSIS_SCHEMA``, the ``schema`` key of the document):
      without a ``schema`` key is read as 1). Keys added since, within version 1 (older files lack them and
      read as their defaults): capture_point, turn_summary; per connection run_gap_s and turns; per host
      nic_observed and seen_traffic_overlap (duplex_overlap null where the NIC is not seen).
+     parameters.stall_rtt_factor marks the busy runs by data in flight: from then on a direction is busy
+     while its data passes the capture point and while it is in flight (unacknowledged) up to the stall
+     limit, so duplex_overlap, active_s, overlap_s, the rates and the turns' time split read the same
+     upstream and downstream of a bottleneck; a file without that parameter counted packets passing only.
+     Per connection tunnel: the encapsulations (VXLAN, Geneve, GRE, IP in IP) its TCP was decoded from, null
+     for none (older files: the key is absent and tunnelled TCP was skipped as non_tcp).
 """
 
 from __future__ import annotations
@@ -128,6 +134,9 @@ class Turns:
 class Connection:
     a: str = "?"
     b: str = "?"
+    # the tunnels its packets came through (vxlan, geneve, gre, ip-in-ip; plus "plain" where some came
+    # through none): a and b are the inner TCP's endpoints. None: no tunnel.
+    tunnel: list[str] | None = None
     directions: dict[str, Direction] = field(default_factory=dict)
     duplex_overlap: float | None = None
     stream: int | None = None

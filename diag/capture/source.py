@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from diag.capture import native
-from diag.capture.pcapfile import ACK, COLUMN_DTYPES, SYN, CaptureChunk, ReadResult
+from diag.capture.pcapfile import ACK, COLUMN_DTYPES, SYN, TUNNELS, CaptureChunk, ReadResult
 from diag.capture.reader import read_capture, stream_capture
 from diag.capture.tcpstate import PacketState, analyze_packets
 
@@ -37,7 +37,8 @@ VERDICTS = ("retransmission", "fast_retransmission", "spurious_retransmission", 
 VERDICT_KEYS = ("retransmissions", "fast_retransmissions", "spurious_retransmissions", "out_of_order",
                 "lost_segments", "dup_acks", "zero_windows", "window_full")
 _STATE_DTYPES = {"new_bytes": np.int64, **{name: np.bool_ for name in VERDICTS}, "in_flight": np.int64,
-                 "window_bytes": np.int32, "ack_rtt_ns": np.int64, "ts_rtt_ns": np.int64}
+                 "window_bytes": np.int32, "ack_rtt_ns": np.int64, "ts_rtt_ns": np.int64,
+                 "peer_in_flight": np.int32}
 _KERNEL_INPUTS = {"ts_ns": np.int64, "seq": np.uint32, "ack": np.uint32, "plen": np.int32, "win": np.uint16,
                   "flags": np.uint8, "tsval": np.uint32, "tsecr": np.uint32, "has_ts": np.bool_}
 # The TCP state kernel keeps every data segment's end (a retransmission or late ACK of any age must find
@@ -267,6 +268,8 @@ class Streamer:
         self.syn_time = np.zeros(0, dtype=np.int64)      # the most recent SYN without ACK
         self.packets = np.zeros(0, dtype=np.int64)
         self.payload = np.zeros(0, dtype=np.int64)
+        self.tunnel_bits = np.zeros(0, dtype=np.uint8)   # the tunnels its packets came through (TUNNELS bits)
+        self.tunnelled = np.zeros(0, dtype=np.int64)     # its packets that came through one
         self.host_bytes = np.zeros(0, dtype=np.int64)    # per address: data bytes sent and received
         self.listed: np.ndarray | None = None            # connections analyzed in full (None: all)
         self.listed_hosts: np.ndarray | None = None
@@ -387,11 +390,21 @@ class Streamer:
             grow = max(nconn, 2 * self.packets.size)
             self.packets, self.payload, self.syn_time = (_grown(a, grow) for a in (self.packets, self.payload,
                                                                                  self.syn_time))
+            self.tunnel_bits, self.tunnelled = _grown(self.tunnel_bits, grow), _grown(self.tunnelled, grow)
             self.syn_seen, self.mss = _grown(self.syn_seen, grow), _grown(self.mss, grow)
             self.offered = _grown(self.offered, grow, fill=-1)
         plen = raw.columns["plen"]
         self.packets[:nconn] += np.bincount(conn, minlength=nconn)
         self.payload[:nconn] += np.bincount(conn, weights=plen, minlength=nconn).astype(np.int64)
+        tunnel = raw.columns["tunnel"]
+        if tunnel.any():
+            inside = tunnel != 0
+            self.tunnelled[:nconn] += np.bincount(conn[inside], minlength=nconn)
+            for bit in TUNNELS:
+                hit = (tunnel & bit) != 0
+                if hit.any():
+                    self.tunnel_bits[:nconn] |= np.where(np.bincount(conn[hit], minlength=nconn) > 0, bit, 0
+                                                         ).astype(np.uint8)
         data = plen > 0
         if data.any():
             naddresses = len(self.addresses)
@@ -479,6 +492,15 @@ class Streamer:
 
     def mss_of(self, c: int, d: int) -> int:
         return int(self.mss[c, d])
+
+    def tunnel_of(self, c: int) -> list[str] | None:
+        """The tunnels connection c's packets came through (pcapfile.TUNNELS names; "plain" where some of its
+        packets came through none); None where none did."""
+        bits = int(self.tunnel_bits[c]) if c < self.tunnel_bits.size else 0
+        if not bits:
+            return None
+        names = [name for bit, name in TUNNELS.items() if bits & bit]
+        return names + (["plain"] if self.tunnelled[c] < self.packets[c] else [])
 
 
 def _grown(array: np.ndarray, rows: int, fill: int = 0) -> np.ndarray:

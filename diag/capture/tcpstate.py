@@ -37,6 +37,9 @@ class PacketState:
     window_bytes: np.ndarray    # advertised window scaled by the known shift (raw where unknown)
     ack_rtt_ns: np.ndarray      # data -> ACK RTT, attributed to the ACK packet (-1 where none)
     ts_rtt_ns: np.ndarray       # TSval -> TSecr RTT, attributed to the echoing packet (-1 where none)
+    # on an ACK of reverse-direction data not acknowledged before: that direction's data still in flight
+    # after it (int32, saturated); -1 on every other packet (busy.py's busy runs read it)
+    peer_in_flight: np.ndarray
 
 
 def analyze_packets(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray,
@@ -60,7 +63,8 @@ _KERNEL_OUTPUTS = {"seq_rel": np.int64, "end_rel": np.int64, "new_bytes": np.int
                    "fast_retransmission": np.bool_, "spurious_retransmission": np.bool_,
                    "out_of_order": np.bool_, "lost_segment": np.bool_, "dup_ack": np.bool_,
                    "zero_window": np.bool_, "window_full": np.bool_, "in_flight": np.int64,
-                   "window_bytes": np.int32, "ack_rtt_ns": np.int64, "ts_rtt_ns": np.int64}
+                   "window_bytes": np.int32, "ack_rtt_ns": np.int64, "ts_rtt_ns": np.int64,
+                   "peer_in_flight": np.int32}
 
 
 def analyze_packets_native(kernel: ModuleType, cols: dict[str, np.ndarray], conn: np.ndarray,
