@@ -205,16 +205,17 @@ def test_faults_round_trip_through_the_labs_json() -> None:
     again = Lab.from_json(document)
     assert again == lab and again.config.shape_key() == config.shape_key()
     h0, h1, h2 = document["hosts"]
-    assert h0["fault"] is None and h0["cpu_cgroup"] is None
+    # the scenario's all:cc=reno reaches every host; each host's own keys win over it
+    assert h0["fault"] == {"cc": "reno"} and h0["cpu_cgroup"] is None
     assert h1["fault"] == {"rate": "25%", "rx-queue": 16384, "tcp_rmem": [4096, 16384, 65536], "cc": "reno",
                            "slow_start_after_idle": False, "cpu": 0.3}
     assert h1["link"]["rate_bps"] == 50e6 and h1["link"]["rx_queue_bytes"] == 16384
     assert h1["cpu_cgroup"] == "/sys/fs/cgroup/cpu/diag-x-h1"
-    assert h2["fault"] == {"mtu": 9000, "tcp_wmem": [4096, 8192, 16384]} and h2["link"]["mtu"] == 9000
-    assert document["faulty_hosts"] == ["h1", "h2"]
+    assert h2["fault"] == {"mtu": 9000, "tcp_wmem": [4096, 8192, 16384], "cc": "reno"} and h2["link"]["mtu"] == 9000
+    assert document["faulty_hosts"] == ["h0", "h1", "h2"]
     assert document["scenario"]["name"] == "shallow-buffer"
     # the command line flag's spelling and the file's agree: the same fault from either
-    assert config.faults[0].sysctls() == {"net.ipv4.tcp_rmem": "4096 16384 65536",
+    assert config.fault_for(1).sysctls() == {"net.ipv4.tcp_rmem": "4096 16384 65536",
                                           "net.ipv4.tcp_congestion_control": "reno",
                                           "net.ipv4.tcp_slow_start_after_idle": "0"}
 
@@ -313,3 +314,11 @@ def test_a_pairs_goodput_bound_is_its_slower_link_at_the_smaller_mtu() -> None:
     assert lab.expected_goodput_between("h0", "h1") == pytest.approx(lab.expected_goodput_Bps)   # MSS of 1500
     assert lab.expected_goodput_between("h0", "h2") == pytest.approx(40e6 / 8 * 1448 / 1538)
     assert lab.expected_goodput_between("h2", "h1") == pytest.approx(40e6 / 8 * 8948 / 9038)    # both jumbo
+
+
+def test_a_fault_for_all_hosts_reaches_each_under_its_own() -> None:
+    config = LabConfig(name="x", hosts=3, rate="200mbit").with_faults(["all:cc=reno,mtu=9000", "h2:cc=bbr"])
+    assert [(f.host, f.congestion_control, f.mtu) for f in config.faults] == [
+        ("h0", "reno", 9000), ("h1", "reno", 9000), ("h2", "bbr", 9000)]
+    with pytest.raises(DiagError, match="bad host 'every'"):
+        LabConfig(name="x", hosts=3).with_faults(["every:cc=reno"])

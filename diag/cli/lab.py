@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="give one host its own settings (repeatable): rate=100mbit|25%%, rx-queue=BYTES, "
                          "tx-queue=BYTES, mtu=N, \"tcp_rmem=MIN DEF MAX\" (or MIN/DEF/MAX), tcp_wmem=..., "
                          "cc=ALGORITHM (e.g. reno), slow_start_after_idle=0|1, cpu=0.3 (CPUs of time); e.g. "
-                         "h2:rate=100mbit,mtu=9000 (docs/lab.md, \"Per-host faults\")")
+                         "h2:rate=100mbit,mtu=9000; HOST 'all' sets it on every host under each host's own, e.g. "
+                         "all:cc=reno (docs/lab.md, \"Per-host faults\")")
     up.add_argument("--scenario", metavar="FILE|NAME", default=None,
                     help="faults from a scenario file (.json, or .toml on Python 3.11+) or a built-in scenario "
                          "(slow-nic, shallow-buffer, small-windows, jumbo-host, slow-cpu); --fault keys override "

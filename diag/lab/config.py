@@ -14,6 +14,7 @@ from diag.errors import DiagError
 from diag.lab.faults import (
     HostFault,
     ScenarioLabel,
+    expand_all,
     load_scenario,
     merge_faults,
     override_faults,
@@ -145,7 +146,8 @@ class LabConfig:
             loaded = load_scenario(scenario, scenario_flag)
             label, base = loaded.label, override_faults(self.faults, loaded.faults)
         given = merge_faults((parse_fault(text, flag) for text in fault_args), flag)
-        return replace(self, faults=override_faults(base, given), scenario=label).validated()
+        faults = expand_all(override_faults(base, given), self.hosts)
+        return replace(self, faults=faults, scenario=label).validated()
 
     def fault_for(self, index: int) -> HostFault | None:
         return next((fault for fault in self.faults if fault.index == index), None)

@@ -78,7 +78,8 @@ class HostFault:
 
     @property
     def index(self) -> int:
-        return int(self.host[1:])
+        """The host's number; -1 for the ``all`` fault (it sorts first, and expand_all replaces it)."""
+        return -1 if self.host == ALL_HOSTS else int(self.host[1:])
 
     def asked(self) -> dict[str, Any]:
         """The fields this fault sets (field name -> value), in declaration order."""
@@ -171,12 +172,28 @@ def canonical_key(key: str, where: str) -> str:
     return field_name
 
 
+ALL_HOSTS = "all"   # a fault for every host of the lab (a lab-wide setting, e.g. all:cc=reno)
+
+
 def parse_host(text: str, where: str) -> str:
-    """'h2' or '2' -> 'h2'."""
+    """'h2' or '2' -> 'h2'; 'all' stays 'all' (every host: see expand_all)."""
+    if text.strip().lower() == ALL_HOSTS:
+        return ALL_HOSTS
     match = _HOST_RE.fullmatch(text.strip())
     if not match:
-        raise DiagError(f"{where}: bad host {text.strip()!r}: name it h0, h1, ... (or 0, 1, ...)")
+        raise DiagError(f"{where}: bad host {text.strip()!r}: name it h0, h1, ... (or 0, 1, ..., or all)")
     return f"h{int(match.group(1))}"
+
+
+def expand_all(faults: Sequence[HostFault], hosts: int) -> tuple[HostFault, ...]:
+    """The ``all`` fault given to each of ``hosts`` hosts, under each host's own (which wins key by key)."""
+    common = next((fault for fault in faults if fault.host == ALL_HOSTS), None)
+    if common is None:
+        return tuple(faults)
+    own = {fault.host: fault for fault in faults if fault.host != ALL_HOSTS}
+    merged = [replace(common, host=f"h{i}").overridden_by(own[f"h{i}"]) if f"h{i}" in own
+              else replace(common, host=f"h{i}") for i in range(hosts)]
+    return tuple(merged) + tuple(fault for host, fault in own.items() if int(host[1:]) >= hosts)
 
 
 def parse_value(name: str, value: Any, where: str) -> Any:
