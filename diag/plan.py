@@ -43,6 +43,12 @@ class Step:
     trial: TrialSpec | None = None       # an interleaved trial (backend "trial"): its arms, comparisons
     budget_share: float = 0.0            # of the plan's trial budget
 
+    @property
+    def kind(self) -> str:
+        """"sweep" (every N), "trial" (an interleaved N=2 trial) or "knob" (a raw knob row at N=2): what
+        --skip names."""
+        return "trial" if self.trial is not None else ("sweep" if self.at == "every_n" else "knob")
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["trial"] = self.trial.to_json() if self.trial else None
@@ -63,6 +69,7 @@ class Plan:
     steps: tuple[Step, ...] = ()
     trial_budget_s: float = 90.0        # all trials together; each stops sooner once its verdicts are decided
     backend: str = "gloo"               # the backend under test (see under_test)
+    advise: bool = True                 # measure gloo's workarounds at N=2 after the steps
 
     def world_sizes_of(self, step: Step) -> tuple[int, ...]:
         return self.world_sizes if step.at == "every_n" else (2,)
@@ -188,10 +195,18 @@ def per_rank_size(volume: int, world_size: int, element: int = 4) -> int:
     return max(element, volume // (world_size - 1) // element * element)
 
 
-def resolve_plan(quick: bool, max_n: int | None, volumes: list[int] | None, backend: str = "gloo") -> Plan:
+SKIPPABLE = ("trials", "knobs", "advise")
+
+
+def resolve_plan(quick: bool, max_n: int | None, volumes: list[int] | None, backend: str = "gloo",
+                 skip: tuple[str, ...] = ()) -> Plan:
     """The quick or full plan with the user's --max-n, --volumes (the experiments then run at the largest
-    volume) and --backend applied."""
+    volume), --backend and --skip applied (the sweeps at every N always run: every rule reads them)."""
+    unknown = [kind for kind in skip if kind not in SKIPPABLE]
+    if unknown:
+        raise DiagError(f"--skip {unknown[0]!r}: choose from {', '.join(SKIPPABLE)}")
     plan = under_test(QUICK if quick else FULL, backend)
+    plan = replace(plan, steps=tuple(s for s in plan.steps if f"{s.kind}s" not in skip), advise="advise" not in skip)
     if volumes:
         largest = tuple(sorted(set(volumes))[-2:])
         plan = replace(plan, volumes=tuple(volumes), exchange_sizes=(max(volumes),), knob_volumes=largest)

@@ -44,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="gloo", choices=["gloo", "diag_tcp"],
                         help="the backend under test (default gloo); diag_tcp takes no turns on a connection: "
                              "the negative control of the N=2 anomaly, where a lab fault is the only slowdown")
+    parser.add_argument("--skip", default="", metavar="KINDS",
+                        help="leave out step kinds, comma list of trials (the interleaved N=2 experiments), knobs "
+                             "(raw knob rows), advise (the workarounds); the sweeps at every N and the link probe "
+                             "always run (a health check: --skip trials,knobs,advise)")
+    parser.add_argument("--probe-seconds", type=int, default=2, metavar="S",
+                        help="seconds of each phase of the link probe, 1..60 (default 2; a K=4 matrix is 9 phases)")
     parser.add_argument("--iface", help="in place: the network interface of the job's traffic (sets "
                                         "GLOO_SOCKET_IFNAME; default: GLOO_SOCKET_IFNAME, else the route to "
                                         "MASTER_ADDR)")
@@ -69,14 +75,18 @@ def run(args: argparse.Namespace) -> int:
     from diag.units import parse_size_list
 
     volumes = parse_size_list(args.volumes) if args.volumes else None
-    if args.max_n is not None and args.max_n < 2:
-        from diag.errors import DiagError
+    from diag.errors import DiagError
 
+    if args.max_n is not None and args.max_n < 2:
         raise DiagError("--max-n must be at least 2")
+    if not 1 <= args.probe_seconds <= 60:
+        raise DiagError("--probe-seconds must be 1..60 (iperf3 takes whole seconds)")
     if args.out is not None:
         from diag import validate
 
         validate.output_dir(args.out, "--out")
     return run_reproduce(args.quick, args.out, args.rate, args.max_n, keep_going=not args.stop_on_error,
                          volumes=volumes, iface=args.iface, keep_pcaps=args.keep_pcaps,
-                         lab_faults=tuple(args.lab_fault), lab_scenario=args.lab_scenario, backend=args.backend)
+                         lab_faults=tuple(args.lab_fault), lab_scenario=args.lab_scenario, backend=args.backend,
+                         skip=tuple(k.strip() for k in args.skip.split(",") if k.strip()),
+                         probe_seconds=args.probe_seconds)

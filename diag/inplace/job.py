@@ -62,6 +62,8 @@ class JobOptions:
     keep_pcaps: bool = False
     keep_going: bool = True
     backend: str = "gloo"                 # the backend under test (diag.plan.under_test)
+    skip: tuple[str, ...] = ()            # step kinds left out (diag.plan.SKIPPABLE)
+    probe_seconds: int = 2                # each phase of the link probe
     mode: str = "in-place"
     lab: dict[str, Any] | None = None     # the lab's description for run.json (lab mode)
     token: str | None = None              # the raw transport's run token; None: rank 0 publishes one
@@ -92,6 +94,7 @@ class JobOptions:
             data = json.loads(handle.read())
         data["volumes"] = tuple(data["volumes"]) if data.get("volumes") else None
         data["argv"] = tuple(data.get("argv") or ())
+        data["skip"] = tuple(data.get("skip") or ())
         return cls(**data)
 
 
@@ -332,7 +335,7 @@ class InPlaceJob:
         backend under test is not gloo (the workarounds are gloo's)."""
         from diag.advise import advise_specs
 
-        if self.plan.backend != "gloo":
+        if self.plan.backend != "gloo" or not self.plan.advise:
             return []
         size = per_rank_size(max(self.plan.knob_volumes), 2)
         from diag.runner import transport_tag
@@ -347,7 +350,7 @@ class InPlaceJob:
         """Every node analyses its captures; the nodes' files reach the run directory; advise.json."""
         self.world.barrier("after the last step")
         self.state.update(status="analyzing")
-        if self.rank == 0 and self.plan.backend == "gloo":
+        if self.rank == 0 and self.plan.backend == "gloo" and self.plan.advise:
             self._write_advise()
         records = self._records_for_analysis()
         if self.node_work is not None and records:
@@ -454,7 +457,7 @@ def run_in_place(options: JobOptions) -> int:
         world.topology = topology
         max_n = min(options.max_n or world_size, world_size)
         plan = resolve_plan(options.quick, max_n, list(options.volumes) if options.volumes else None,
-                            options.backend)
+                            options.backend, options.skip)
         plan = replace(plan, world_sizes=tuple(n for n in plan.world_sizes if n <= world_size))
         say(f"diag reproduce ({options.mode}): {world_size} ranks on {len(topology.nodes)} node(s) "
             f"({', '.join(n.name for n in topology.nodes)}); N = {', '.join(map(str, plan.world_sizes))}; "

@@ -11,9 +11,6 @@ from diag.goodput import RING_PATTERN_CPU_LIMIT
 
 # A single TCP stream below this fraction of the shaped goodput means the CPU, not the link, limits the lab.
 CPU_BOUND_LINK_FRACTION = 0.85
-# Each phase of the matrix and each N's ring pattern runs this long (0.5 s of it warm-up): a K=4 matrix is 3
-# rounds x 3 phases, K=8 7 x 3; the ring patterns add one phase per N.
-LINK_SECONDS = 2.0
 # The probe's own group waits at most this long for a node (a stuck tool or peer fails every rank at once).
 PROBE_TIMEOUT_S = 60.0
 
@@ -32,13 +29,16 @@ def measure_links(job: Any) -> None:
     job.say(f"[link] the pairwise link matrix between {len(nodes)} nodes, then the ring pattern of every N")
     coord = GroupCoordinator.gloo(PROBE_TIMEOUT_S)
     try:
-        matrix = measure_matrix(coord, nodes, seconds=LINK_SECONDS)
+        # Each phase of the matrix and each N's ring pattern runs this long (0.5 s of it warm-up): a K=4 matrix
+        # is 3 rounds x 3 phases, K=8 7 x 3; the ring patterns add one phase per N.
+        seconds = job.options.probe_seconds
+        matrix = measure_matrix(coord, nodes, seconds=seconds)
         rings = {}
         for n in job.plan.world_sizes:
             ring = topology.nodes_of(topology.members(n))
             if len(ring) == n:   # a ring with two ranks on one host is not a ring of hosts
                 rings[str(n)] = measure_ring_pattern(coord, [nodes[topology.nodes.index(r)] for r in ring],
-                                                     seconds=LINK_SECONDS).to_json()
+                                                     seconds=seconds).to_json()
     except DiagError as exc:
         job._note([f"the link probe failed: {exc}"])
         return
@@ -47,7 +47,7 @@ def measure_links(job: Any) -> None:
     first = matrix.edge(nodes[0].name, nodes[1].name)
     second = matrix.edge(nodes[1].name, nodes[0].name)
     job.run.meta["link"] = {"single_stream_Bps": first.alone_Bps, "bidir_Bps": [first.bidir_Bps, second.bidir_Bps],
-                            "tool": matrix.tool, "seconds": LINK_SECONDS, "ring_pattern": rings,
+                            "tool": matrix.tool, "seconds": seconds, "ring_pattern": rings,
                             "matrix": matrix.to_json()}
     job.run.save()
     job.say(f"[link] {nodes[0].name} -> {nodes[1].name}: one stream {first.alone_Bps / 1e6:.1f} MB/s, both ways "
