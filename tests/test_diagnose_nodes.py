@@ -302,6 +302,32 @@ def test_cpu_starved_ranks_name_their_host(tmp_path: Path) -> None:
     assert "of its CPU quota (0.5 cores)" in starved[0].text
 
 
+def quota_samples(throttled: list[int], periods_per_sample: int = 20, cores: float = 0.1) -> list[dict[str, Any]]:
+    """The observers' cpu_quota samples: cumulative enforcement periods and the ones whose quota ran out."""
+    return [{"kind": "cpu_quota", "t_ns": 1_000_000_000 + i * 200_000_000, "cgroup": "/diag-lab-h2",
+             "quota_cores": cores, "periods": 1000 + i * periods_per_sample, "throttled_periods": 300 + held,
+             "throttled_s": held * 0.009} for i, held in enumerate(throttled)]
+
+
+def test_ranks_held_by_their_quota_are_starved_though_no_thread_reads_busy(tmp_path: Path) -> None:
+    """Threads at ~8% of a core under a 0.1-core quota read idle; the kernel's throttling counters say the
+    quota ran out in most periods, while the NIC carried a trickle: h2 is named."""
+    observe = {n: {"gloo-all_gather--gloo-all_gather-n4": rank_cpu(0.08 if n == "h2" else 0.7)
+                   + nic_samples(2.0e6 if n == "h2" else LAB_Bps) + host_cpu_samples(35.0, cpus=16)} for n in NODES}
+    observe["h2"]["gloo-all_gather--gloo-all_gather-n4"] += quota_samples([0, 15, 31, 46, 62, 77, 93, 108])
+    root = write_inplace_run(tmp_path / "run", ring_records(HEALTHY), observe=observe, matrix=link_matrix())
+    [found] = cpu_bound(load_run([root]))
+    assert found.status == "fired" and found.statement.startswith("h2's ranks are CPU-starved")
+    assert any("CPU quota (0.1 cores) ran out in 77% of 140 enforcement periods" in e.text for e in found.evidence)
+    # the same quota, seldom reached: not starved
+    observe["h2"]["gloo-all_gather--gloo-all_gather-n4"] = [
+        s for s in observe["h2"]["gloo-all_gather--gloo-all_gather-n4"] if s["kind"] != "cpu_quota"
+    ] + quota_samples([0, 1, 1, 2, 2, 3, 3, 4])
+    root = write_inplace_run(tmp_path / "calm", ring_records(HEALTHY), observe=observe, matrix=link_matrix())
+    [found] = cpu_bound(load_run([root]))
+    assert found.status == "clear"
+
+
 def test_a_busy_cpu_that_keeps_its_link_up_or_no_quota_is_not_starved(tmp_path: Path) -> None:
     [found] = cpu_bound(load_run([cpu_run(tmp_path / "up", h2_nic_Bps=0.9 * LAB_Bps)]))
     assert found.status == "clear" and "busy but keeping its link up: h2" in found.statement

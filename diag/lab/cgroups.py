@@ -130,6 +130,25 @@ def procs_file(cgroup: str) -> str:
     return os.path.join(cgroup, "cgroup.procs")
 
 
+# `ip netns exec` gives the command a fresh /sys, where no cgroup filesystem is mounted: a rank there could not
+# read its own quota, as a real node's can (the node fingerprint and the observers read it). In the command's
+# own mount namespace (ip netns exec's, private to it), mount the cpu hierarchy back where a real node has it;
+# a failure only leaves the quota unread.
+VIEW_ARGV0 = "diag-cgroup-view"
+VIEW_SCRIPTS = {
+    1: ('{ mount -t tmpfs -o mode=755 cgroup_root /sys/fs/cgroup && mkdir -p "/sys/fs/cgroup/$1" && '
+        'mount -t cgroup -o "$1" cgroup "/sys/fs/cgroup/$1"; } 2>/dev/null; shift; exec "$@"'),
+    2: '{ mount -t cgroup2 cgroup2 /sys/fs/cgroup; } 2>/dev/null; shift; exec "$@"',
+}
+
+
+def view_prefix(cgroup: str) -> list[str]:
+    """argv run inside the namespace that shows the cpu cgroup hierarchy at /sys/fs/cgroup, then execs the rest."""
+    version = version_of(cgroup)
+    hierarchy = os.path.basename(os.path.dirname(cgroup))   # v1: the mount's name, e.g. "cpu" or "cpu,cpuacct"
+    return [SHELL, "-c", VIEW_SCRIPTS[version], VIEW_ARGV0, hierarchy if version == 1 else "-"]
+
+
 def join_prefix(cgroup: str) -> list[str]:
     """argv that moves itself into cgroup, then execs the rest of the command line."""
     return [SHELL, "-c", JOIN_SCRIPT, JOIN_ARGV0, procs_file(cgroup)]

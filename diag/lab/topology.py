@@ -81,10 +81,13 @@ class Lab:
 
     def exec_prefix(self, host: LabHost | int | str) -> list[str]:
         """argv prefix that runs a command on host: ["ip", "netns", "exec", netns]; on a host with a cpu=
-        fault, a shell that first joins the host's cgroup comes before it (diag/lab/cgroups.py)."""
+        fault, a shell that first joins the host's cgroup comes before it, and one that shows the cgroup
+        hierarchy inside the namespace after it (diag/lab/cgroups.py)."""
         chosen = self.host(host)
-        join = cgroups.join_prefix(chosen.cpu_cgroup) if chosen.cpu_cgroup else []
-        return [*join, "ip", "netns", "exec", chosen.netns]
+        if not chosen.cpu_cgroup:
+            return ["ip", "netns", "exec", chosen.netns]
+        return [*cgroups.join_prefix(chosen.cpu_cgroup), "ip", "netns", "exec", chosen.netns,
+                *cgroups.view_prefix(chosen.cpu_cgroup)]
 
     def host(self, which: LabHost | int | str) -> LabHost:
         """A host by LabHost, index, name ("h1"), bare number ("1") or address."""

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Where this mount namespace shows no cgroup filesystem (``ip netns exec`` mounts a fresh /sys for the network
+# namespace, and a container may hide it), root reads it through the first process's view of the machine.
+FALLBACK_ROOTS = (Path("/proc/1/root/sys/fs/cgroup"),)
 
 
 @dataclass(frozen=True)
@@ -55,15 +58,26 @@ def cgroup_of(pid: int) -> tuple[str, str] | None:
     return ("v2", unified) if unified is not None else None
 
 
+def _root() -> Path | None:
+    for root in (CGROUP_ROOT, *FALLBACK_ROOTS):
+        try:
+            if any(root.iterdir()):
+                return root
+        except OSError:
+            continue
+    return None
+
+
 def cpu_allowance(pid: int) -> CgroupCpu | None:
     found = cgroup_of(pid)
-    if found is None:
+    root = _root()
+    if found is None or root is None:
         return None
     version, path = found
     relative = path.lstrip("/")
     if version == "v1":
-        base = next((CGROUP_ROOT / name / relative for name in ("cpu", "cpu,cpuacct", "cpuacct,cpu")
-                     if (CGROUP_ROOT / name).is_dir()), None)
+        base = next((root / name / relative for name in ("cpu", "cpu,cpuacct", "cpuacct,cpu")
+                     if (root / name).is_dir()), None)
         if base is None:
             return None
         quota, period = _read(base / "cpu.cfs_quota_us"), _read(base / "cpu.cfs_period_us")
@@ -72,7 +86,7 @@ def cpu_allowance(pid: int) -> CgroupCpu | None:
         throttled_ns = stat.get("throttled_time")
         return CgroupCpu(path, cores, stat.get("nr_periods"), stat.get("nr_throttled"),
                          throttled_ns / 1e9 if throttled_ns is not None else None)
-    base = CGROUP_ROOT / relative if (CGROUP_ROOT / "cgroup.controllers").exists() else CGROUP_ROOT / "unified" / relative
+    base = root / relative if (root / "cgroup.controllers").exists() else root / "unified" / relative
     limit = (_read(base / "cpu.max") or "max").split()
     cores = int(limit[0]) / int(limit[1]) if len(limit) == 2 and limit[0].isdigit() and limit[1].isdigit() else None
     stat = _stat(_read(base / "cpu.stat"))

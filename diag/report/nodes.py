@@ -13,7 +13,7 @@ import json
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from diag.capture.schema import Direction
@@ -153,6 +153,8 @@ class NodeCpu:
     threads: tuple[ThreadCpu, ...]
     ranks_cores: dict[str, tuple[float, ...]]    # capture tag -> per sampling instant, cores its ranks used
     nic_Bps: dict[str, float]                    # capture tag -> median rate of its busier NIC direction
+    throttled: dict[str, tuple[float, float, int]] = field(default_factory=dict)
+    # capture tag -> (quota in cores, share of the quota's enforcement periods that ran out, periods)
 
 
 def node_cpu(run: RunData) -> list[NodeCpu]:
@@ -161,8 +163,22 @@ def node_cpu(run: RunData) -> list[NodeCpu]:
               else [(None, list(run.captures.values()))])
     return [NodeCpu(node, tuple(machines_of(captures).values()), tuple(threads_of(captures)),
                     {c.tag: _ranks_cores(c) for c in captures if _ranks_cores(c)},
-                    {c.tag: rate for c in captures if (rate := _nic_Bps(c)) is not None})
+                    {c.tag: rate for c in captures if (rate := _nic_Bps(c)) is not None},
+                    {c.tag: held for c in captures if (held := _throttled(c)) is not None})
             for node, captures in points]
+
+
+def _throttled(capture: CaptureSet) -> tuple[float, float, int] | None:
+    """Over the step, the CPU quota of the node's ranks and the share of its enforcement periods in which it
+    ran out (the kernel's cumulative cpu.stat counters, first sample to last); None without a quota."""
+    samples = sorted((s for s in capture.observe if s.get("kind") == "cpu_quota"
+                      and isinstance(s.get("periods"), int) and isinstance(s.get("throttled_periods"), int)),
+                     key=lambda s: s.get("t_ns", 0))
+    if len(samples) < 2:
+        return None
+    periods = samples[-1]["periods"] - samples[0]["periods"]
+    held = samples[-1]["throttled_periods"] - samples[0]["throttled_periods"]
+    return (float(samples[-1].get("quota_cores") or 0.0), held / periods, periods) if periods > 0 else None
 
 
 def _ranks_cores(capture: CaptureSet) -> tuple[float, ...]:

@@ -78,6 +78,9 @@ LOSS_HOST_SHARE = _t("LOSS_HOST_SHARE", 0.8, "share of all retransmitted segment
                      "of) one host at or above which the loss is that host's")
 CWND_CUT_FACTOR = _t("CWND_CUT_FACTOR", 0.75, "cwnd falling to this fraction of its peak or below is a cut: a loss's "
                      "multiplicative decrease (CUBIC cuts to 0.7, Reno to 0.5), or a timeout's collapse")
+QUOTA_THROTTLED_SHARE = _t("QUOTA_THROTTLED_SHARE", 0.5, "a node's ranks under a cgroup CPU quota that ran out in at "
+                           "least this share of its enforcement periods during a step (the observers' cpu_quota "
+                           "samples): their CPU was full though no thread reads near a core")
 CPU_STARVED_LINK_SHARE = _t("CPU_STARVED_LINK_SHARE", 0.5, "a node whose CPU is saturated while its NIC carries "
                             "less than this share of its link rate is CPU-starved: the link waits on the CPU")
 ALPHA = _t("ALPHA", _ALPHA, "significance level of Welch's t-test: a difference with p below it is confirmed")
@@ -86,7 +89,7 @@ TABLE: tuple[Threshold, ...] = (
     N2_DIP_RATIO, N2_DIP_STRONG, LARGE_SIZE_BYTES, BACKEND_RAW_EFFICIENCY, BIDIR_MIN_BYTES, DUPLEX_OVERLAP_LOW,
     ORDER_EFFECT, CONN_SPLIT_EFFECT, RWND_LIMITED_FRACTION, SNDBUF_LIMITED_FRACTION, WINDOW_FULL_RATE,
     WINDOW_FULL_MIN_COUNT, RETRANS_RATE,
-    RETRANS_MIN_COUNT, IDLE_RESTART_S, IDLE_FRACTION, TURN_GAP_SHARE, CWND_COLLAPSE_SEGMENTS, CPU_PINNED_PCT, CPU_PINNED_SHARE, CPU_MIN_SAMPLES,
+    RETRANS_MIN_COUNT, IDLE_RESTART_S, IDLE_FRACTION, TURN_GAP_SHARE, CWND_COLLAPSE_SEGMENTS, CPU_PINNED_PCT, CPU_PINNED_SHARE, CPU_MIN_SAMPLES, QUOTA_THROTTLED_SHARE,
     CPU_SATURATED_PCT, CPU_LINK_REACHED, TURN_TAKING_GAP, HALF_DUPLEX_MATCH, SLOW_LINK_RATIO, LOCALIZE_MIN_NODES,
     PACED_TOLERANCE, LOSS_HOST_SHARE, CWND_CUT_FACTOR, CPU_STARVED_LINK_SHARE, ALPHA, CONTROL_DIP, SHOWN_SHARE,
     RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED,

@@ -27,6 +27,7 @@ from diag.report.thresholds import (
     CPU_PINNED_SHARE,
     CPU_SATURATED_PCT,
     CPU_STARVED_LINK_SHARE,
+    QUOTA_THROTTLED_SHARE,
     used,
 )
 from diag.units import human_rate
@@ -177,7 +178,8 @@ def per_node(run: RunData) -> list[Finding]:
     """cpu_bound with nodes: each node's saturation judged against what its NIC carried meanwhile (a CPU that
     is full while the link idles starves the link); a machine several nodes share judged once (one_point)."""
     name = "cpu_bound"
-    limits = (CPU_PINNED_PCT, CPU_PINNED_SHARE, CPU_SATURATED_PCT, CPU_MIN_SAMPLES, CPU_STARVED_LINK_SHARE)
+    limits = (CPU_PINNED_PCT, CPU_PINNED_SHARE, CPU_SATURATED_PCT, CPU_MIN_SAMPLES, CPU_STARVED_LINK_SHARE,
+              QUOTA_THROTTLED_SHARE)
     thresholds = used(*limits)
     points = node_cpu(run)
     if not any(p.machines or p.threads for p in points):
@@ -261,6 +263,10 @@ def _signals(run: RunData, point: NodeCpu, shared: bool) -> list[Saturation]:
                 if share >= CPU_PINNED_SHARE.value:
                     out.append(Saturation(captures[tag], f"its ranks used >= {CPU_SATURATED_PCT.value:.0f}% of its "
                                           f"CPU quota ({quota:g} cores) in {share:.0%} of {len(cores)} samples", share))
+    for tag, (cores, share, periods) in point.throttled.items():
+        if share >= QUOTA_THROTTLED_SHARE.value:
+            out.append(Saturation(captures[tag], f"its ranks' CPU quota ({cores:g} cores) ran out in {share:.0%} of "
+                                  f"{periods} enforcement periods", share))
     for thread, share in pinned(threads_of(captures.values())):
         out.append(Saturation(captures[thread.tag], f"thread {thread.name} (pid {thread.pid}, tid {thread.tid}) at >= "
                               f"{CPU_PINNED_PCT.value:.0f}% of a core in {share:.0%} of {len(thread.cpu_pct)} samples",

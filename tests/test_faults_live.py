@@ -1,0 +1,36 @@
+"""Each lab fault through the real main job, named with its host (issue 20): ``diag reproduce`` on a lab with
+one built-in scenario on h1, the backend under test diag_tcp (it takes no turns, so the fault is the only
+slowdown), the lightest plan that still runs every N (the sweeps and the link probe). The fault's rule must
+fire and name h1 and only h1, no other host rule may name another host, the N=2 mechanism must not fire and
+the negative control must stay clean. The longer, fuller command is `python -m diag.bench.fault_scenarios`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from diag.bench.fault_scenarios import EXPECTED, FAULTY_HOST, read_outcome
+from tests.lab_helpers import requires_root
+
+pytestmark = [requires_root, pytest.mark.slow]
+
+LIGHT_PLAN = ["--quick", "--max-n", "3", "--volumes", "4M", "--rate", "200mbit", "--backend", "diag_tcp",
+              "--skip", "trials,knobs,advise", "--probe-seconds", "1"]
+
+
+@pytest.mark.parametrize("scenario", ["slow-nic", "shallow-buffer", "small-windows", "jumbo-host"])
+def test_a_fault_is_named_with_its_host(scenario, tmp_path):
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "diag", "reproduce", *LIGHT_PLAN, "--lab-scenario", scenario,
+                           "--out", str(run_dir)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert FAULTY_HOST in meta["lab"]["faulty_hosts"] and meta["lab"]["scenario"]["name"] == scenario
+    outcome = read_outcome(scenario, "diag_tcp", run_dir, 0.0, done.returncode)
+    findings = {f["rule"]: f for f in json.loads((run_dir / "report" / "findings.json").read_text())["findings"]}
+    detail = {rule: findings[rule]["statement"][:300] for rule in (*EXPECTED[scenario], "cpu_bound") if rule in findings}
+    assert outcome.right(), (outcome, detail)
