@@ -6,6 +6,7 @@ mechanism. Inputs are run directories written by code (node_helpers, report_help
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from node_helpers import (
     ADDRESS,
