@@ -329,6 +329,20 @@ def test_ranks_held_by_their_quota_are_starved_though_no_thread_reads_busy(tmp_p
     assert found.status == "clear"
 
 
+def test_a_starved_node_s_slow_edges_are_not_called_a_slow_link(tmp_path: Path) -> None:
+    """The probe's iperf3 on a CPU-starved node reads its edges slow: the CPU is named, not its link."""
+    observe = {n: {"gloo-all_gather--gloo-all_gather-n4": rank_cpu(0.08 if n == "h2" else 0.7)
+                   + nic_samples(2.0e6 if n == "h2" else LAB_Bps) + host_cpu_samples(35.0, cpus=16)} for n in NODES}
+    observe["h2"]["gloo-all_gather--gloo-all_gather-n4"] += quota_samples([0, 15, 31, 46, 62, 77, 93, 108])
+    root = write_inplace_run(tmp_path / "run", ring_records(HEALTHY), observe=observe,
+                             matrix=link_matrix(in_Bps={"h2": 0.6 * LAB_Bps}))
+    run = load_run([root])
+    [link] = slow_host_link(run)
+    assert link.status == "undecided" and "h2, whose CPU was starved" in link.statement
+    [cpu] = cpu_bound(run)
+    assert cpu.status == "fired" and cpu.statement.startswith("h2's ranks are CPU-starved")
+
+
 def test_a_busy_cpu_that_keeps_its_link_up_or_no_quota_is_not_starved(tmp_path: Path) -> None:
     [found] = cpu_bound(load_run([cpu_run(tmp_path / "up", h2_nic_Bps=0.9 * LAB_Bps)]))
     assert found.status == "clear" and "busy but keeping its link up: h2" in found.statement

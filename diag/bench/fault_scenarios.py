@@ -53,13 +53,15 @@ class Outcome:
     def right(self) -> bool:
         """Every expected rule names the faulty host and only it; other host rules may corroborate (name it
         too: a slow NIC's link also overflows its switch port, and its shaper shows in its fingerprint) but
-        never name another host; the negative control stays clean, and without gloo no mechanism fires."""
+        never name another host; without gloo no mechanism fires, and with no fault (the negative control)
+        N=2 is not slower. Under a fault the control may dip: a fault that slows N=2 slows every transport,
+        and the control is what keeps the mechanism from being named then."""
         expected = EXPECTED[self.scenario]
         hosts_ok = all(self.named.get(rule) == {FAULTY_HOST} for rule in expected)
         stray = [rule for rule, hosts in self.named.items() if rule not in expected and hosts != {FAULTY_HOST}]
-        if self.backend == "gloo":   # the seed anomaly is there too: its mechanism may fire
-            return hosts_ok and not stray and self.control != "fired"
-        return hosts_ok and not stray and self.mechanism != "fired" and self.control != "fired"
+        control_ok = self.scenario != "none" or (self.control != "fired" and self.dip != "fired")
+        mechanism_ok = self.backend == "gloo" or self.mechanism != "fired"   # gloo's own N=2 mechanism may fire
+        return hosts_ok and not stray and control_ok and mechanism_ok
 
 
 def named_hosts(finding: dict[str, Any]) -> set[str]:

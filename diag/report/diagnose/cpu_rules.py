@@ -82,6 +82,14 @@ def cpu_bound(run: RunData) -> list[Finding]:
     return one_point(run, run.captures)
 
 
+def starved_nodes(run: RunData) -> set[str]:
+    """The nodes cpu_bound finds CPU-starved (their CPU full while their link idled): a slow edge of theirs in
+    the link matrix may be their CPU, not their link (the probe's tools ran on that CPU too)."""
+    findings = run.remember("cpu_bound", lambda: cpu_bound(run))
+    return {str(e.values["node"]) for f in findings if f.status == "fired" for e in f.evidence
+            if e.values.get("kind") == "starved" and e.values.get("node")}
+
+
 def one_point(run: RunData, captures: dict[str, CaptureSet], threads_too: bool = True,
               machine: str = "the machine") -> list[Finding]:
     """cpu_bound on one capture point's samples: ``machine`` names whose CPUs cpu_host counts."""

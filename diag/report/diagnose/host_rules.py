@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from diag.report.diagnose.base import strength_of, undecided, weaken
+from diag.report.diagnose.cpu_rules import starved_nodes
 from diag.report.diagnose.findings import Evidence, Finding
 from diag.report.nodes import (
     NodeCapacity,
@@ -79,6 +80,16 @@ def slow_host_link(run: RunData) -> list[Finding]:
                         f"of the median node (best edge out {_span(outs)}, in {_span(ins)}; "
                         f"{len(alone)} edges, {matrix.tool or 'tool unknown'}) and no edge falls below what its "
                         "ends carry elsewhere", thresholds=thresholds)]
+    # A node whose CPU was starved runs the probe's tools on that CPU too: its slow edges are no evidence
+    # against its link (cpu_bound names it).
+    starved = starved_nodes(run)
+    blamed = sorted((set(slow) | {n for (pair, _v, _e) in edges for n in pair}) & starved)
+    slow = {node: ways for node, ways in slow.items() if node not in starved}
+    edges = [edge for edge in edges if not set(edge[0]) & starved]
+    if not slow and not edges:
+        return undecided(name, f"the link matrix's slow edges touch {', '.join(blamed)}, whose CPU was starved "
+                         "during the run (cpu_bound): the probe's own tools ran on that CPU, so they do not show its "
+                         "link slow", *limits)
     findings = []
     for node, ways in slow.items():
         cap = caps[node]
