@@ -8,6 +8,8 @@ next (quantile.OrderStats). Sums of bytes are whole numbers, so they are exact i
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,7 +35,21 @@ if TYPE_CHECKING:
 # The JSON's names of the verdict counts, in its key order.
 VERDICT_KEYS = ("retransmissions", "fast_retransmissions", "spurious_retransmissions", "out_of_order",
                 "lost_segments", "dup_acks", "zero_windows", "window_full")
-_EDGES = np.array(SEGMENT_SIZE_EDGES, dtype=np.int64)
+
+
+def _size_histogram(sizes: np.ndarray, top: int) -> np.ndarray:
+    """Data segments per SEGMENT_SIZE_EDGES bin (the last bin closed; sizes above the last edge left out):
+    the sizes at least each edge up to the largest size, counted (a comparison per edge reached costs less
+    than a binary search per segment)."""
+    last = SEGMENT_SIZE_EDGES[-1]
+    in_range = sizes if top <= last else sizes[sizes <= last]
+    # at_least[k]: sizes >= edge k; the last entry stays 0, so the last bin holds the last edge too
+    at_least = np.zeros(len(SEGMENT_SIZE_EDGES), dtype=np.int64)
+    for k, edge in enumerate(SEGMENT_SIZE_EDGES[:-1]):
+        if edge > top:
+            break
+        at_least[k] = in_range.size if edge <= 1 else np.count_nonzero(in_range >= edge)
+    return at_least[:-1] - at_least[1:]
 
 
 
@@ -94,6 +110,24 @@ class Connection:
         self.turns: Turns | None = None
 
 
+@dataclass
+class Side:
+    """One direction of one connection in one feed: its rows, and its data packets' rows, times (s), sizes."""
+
+    rows: np.ndarray
+    data: np.ndarray
+    ts: np.ndarray
+    sizes: np.ndarray
+
+    @classmethod
+    def of(cls, chunk: Chunk, rows: np.ndarray) -> Side:
+        data = rows[chunk.plen[rows] > 0] if rows.size else rows
+        return cls(rows, data, chunk.ts_ns[data] / 1e9, chunk.plen[data].astype(np.int64))
+
+
+_EMPTY = np.zeros(0, np.int64)
+
+
 class Host:
     def __init__(self, idle_gap_s: float) -> None:
         self.tx = DataStream(idle_gap_s)
@@ -118,17 +152,42 @@ class Aggregation:
 
     def feed(self, step: Pass, chunk: Chunk, rows: np.ndarray | None) -> None:
         """rows: this aggregation's rows of the chunk (file order), None for all of them."""
-        if rows is None:
-            conn, direction, count = chunk.conn, chunk.direction, chunk.ts_ns.size
-        else:
-            conn, direction, count = chunk.conn[rows], chunk.direction[rows], rows.size
+        count = chunk.ts_ns.size if rows is None else rows.size
         if count == 0:
             return
         if step is Pass.COUNTS:
             self.rows += count
             if self._point is not None:
                 self._capture_point(chunk, rows)
-        self._hosts(step, chunk, rows)
+        # The data packets, found once for the hosts and the connections.
+        data = np.flatnonzero(chunk.plen > 0) if rows is None else rows[chunk.plen[rows] > 0]
+        data_ts = chunk.ts_ns[data] / 1e9
+        data_bytes = chunk.plen[data].astype(np.int64)
+        self._hosts(step, chunk, data, data_ts, data_bytes)
+        for c, sides in self._sides(step, chunk, rows, data, data_ts, data_bytes):
+            connection = self.connections.get(c)
+            if connection is None:
+                if step is not Pass.COUNTS:
+                    raise AssertionError("a connection appeared after Pass.COUNTS")
+                connection = self.connections[c] = Connection(c, self.top.idle_gap_s, not self.top.streamer.source.single)
+            self._connection(step, connection, chunk, sides)
+
+    def _sides(self, step: Pass, chunk: Chunk, rows: np.ndarray | None, data: np.ndarray, data_ts: np.ndarray,
+               data_bytes: np.ndarray) -> Iterator[tuple[int, list[Side]]]:
+        """Each listed connection with packets among these rows, and its two directions' packets."""
+        if self.top.streamer.nconn == 1:  # one connection: its data split by direction; every row where read
+            of_data = chunk.direction[data]
+            sides = []
+            for d in (0, 1):
+                pick = of_data == d
+                every = _EMPTY
+                if step is not Pass.OVERLAP:  # the last pass reads the data packets only
+                    every = np.flatnonzero(chunk.direction == d) if rows is None else rows[chunk.direction[rows] == d]
+                sides.append(Side(every, data[pick], data_ts[pick], data_bytes[pick]))
+            yield 0, sides
+            return
+        conn = chunk.conn if rows is None else chunk.conn[rows]
+        direction = chunk.direction if rows is None else chunk.direction[rows]
         listed = self.top.streamer.listed
         if listed is not None:  # only the listed connections are analyzed in full
             keep = np.flatnonzero(listed[conn])
@@ -136,29 +195,18 @@ class Aggregation:
             conn, direction = conn[keep], direction[keep]
             if not keep.size:
                 return
-        empty = np.zeros(0, np.int64)
-        if self.top.streamer.nconn == 1:
-            both = [np.flatnonzero(direction == 0), np.flatnonzero(direction == 1)]
-            groups = {0: both if rows is None else [rows[b] for b in both]}
-        else:
-            key = conn.astype(np.int64) * 2 + direction
-            order = np.argsort(key, kind="stable")
-            sorted_key = key[order]
-            bounds = np.flatnonzero(np.diff(sorted_key)) + 1
-            groups = {}
-            for s, e in zip(np.r_[0, bounds], np.r_[bounds, key.size], strict=True):
-                k = int(sorted_key[s])
-                at = order[s:e] if rows is None else rows[order[s:e]]
-                groups.setdefault(k // 2, [empty, empty])[k % 2] = at
-        for c, (ab, ba) in groups.items():
-            if not ab.size and not ba.size:
-                continue
-            connection = self.connections.get(c)
-            if connection is None:
-                if step is not Pass.COUNTS:
-                    raise AssertionError("a connection appeared after Pass.COUNTS")
-                connection = self.connections[c] = Connection(c, self.top.idle_gap_s, not self.top.streamer.source.single)
-            self._connection(step, connection, chunk, [ab, ba])
+        key = conn.astype(np.int64) * 2 + direction
+        order = np.argsort(key, kind="stable")
+        sorted_key = key[order]
+        bounds = np.flatnonzero(np.diff(sorted_key)) + 1
+        groups: dict[int, list[np.ndarray]] = {}
+        for s, e in zip(np.r_[0, bounds], np.r_[bounds, key.size], strict=True):
+            k = int(sorted_key[s])
+            at = order[s:e] if rows is None else rows[order[s:e]]
+            groups.setdefault(k // 2, [_EMPTY, _EMPTY])[k % 2] = at
+        for c, every in groups.items():
+            if every[0].size or every[1].size:
+                yield c, [Side.of(chunk, rows) for rows in every]
 
     def _capture_point(self, chunk: Chunk, rows: np.ndarray | None) -> None:
         """Addresses whose NIC the capture sees: those that send or receive every TCP packet captured (only the
@@ -182,14 +230,12 @@ class Aggregation:
 
     # -- connections -------------------------------------------------------------------------------------
 
-    def _connection(self, step: Pass, conn: Connection, chunk: Chunk, rows: list[np.ndarray]) -> None:
+    def _connection(self, step: Pass, conn: Connection, chunk: Chunk, sides: list[Side]) -> None:
         ts_all = chunk.ts_ns
-        data_rows = []
-        for d in (0, 1):
-            idx = rows[d]
-            data_rows.append(idx[chunk.plen[idx] > 0] if idx.size else idx)
-        data_ts = [ts_all[r] / 1e9 for r in data_rows]
-        data_size = [chunk.plen[r].astype(np.int64) for r in data_rows]
+        rows = [side.rows for side in sides]
+        data_rows = [side.data for side in sides]
+        data_ts = [side.ts for side in sides]
+        data_size = [side.sizes for side in sides]
         if step is Pass.COUNTS:
             for d in (0, 1):
                 idx = rows[d]
@@ -225,10 +271,9 @@ class Aggregation:
         out.data_packets += int(np.count_nonzero(data))
         out.payload_bytes += int(plen.sum())
         if sizes.size:
-            in_range = sizes[sizes <= _EDGES[-1]]
-            bins = np.minimum(np.searchsorted(_EDGES, in_range, side="right") - 1, _EDGES.size - 2)
-            out.segment_counts += np.bincount(bins, minlength=_EDGES.size - 1)
-            out.max_size = max(out.max_size, int(sizes.max()))
+            top = int(sizes.max())
+            out.segment_counts += _size_histogram(sizes, top)
+            out.max_size = max(out.max_size, top)
             if out.first_data_s is None:
                 out.first_data_s = float(data_ts[0])
             out.last_data_s = float(data_ts[-1])
@@ -331,19 +376,21 @@ class Aggregation:
 
     # -- hosts -------------------------------------------------------------------------------------------
 
-    def _hosts(self, step: Pass, chunk: Chunk, rows: np.ndarray | None) -> None:
-        if step is Pass.HANDSHAKES:
-            return
-        data = np.flatnonzero(chunk.plen > 0) if rows is None else rows[chunk.plen[rows] > 0]
+    def _hosts(self, step: Pass, chunk: Chunk, data: np.ndarray, ts: np.ndarray, nbytes: np.ndarray) -> None:
+        """Each host's transmit and receive streams: data: these rows' data packets, ts their times (s),
+        nbytes their sizes."""
         if not data.size:
             return
-        ts = chunk.ts_ns[data] / 1e9
-        nbytes = chunk.plen[data].astype(np.int64)
+        streamer = self.top.streamer
         src, dst = chunk.src_addr[data], chunk.dst_addr[data]
-        naddresses = len(self.top.streamer.addresses)
-        present = np.flatnonzero(np.bincount(src, minlength=naddresses) + np.bincount(dst, minlength=naddresses))
-        if self.top.streamer.listed_hosts is not None:
-            present = present[self.top.streamer.listed_hosts[present]]
+        if streamer.nconn == 1:  # one connection: its two ends' addresses, every packet between them
+            present = np.unique(streamer.address_of_endpoint[[streamer.connections.conn_a[0],
+                                                              streamer.connections.conn_b[0]]])
+        else:
+            naddresses = len(streamer.addresses)
+            present = np.flatnonzero(np.bincount(src, minlength=naddresses) + np.bincount(dst, minlength=naddresses))
+        if streamer.listed_hosts is not None:
+            present = present[streamer.listed_hosts[present]]
         for index in present.tolist():
             host = self.hosts.get(index)
             if host is None:
