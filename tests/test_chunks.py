@@ -535,8 +535,8 @@ def test_control_frame_stamped_back_at_the_lookup_tail(tmp_path: Path, monkeypat
 @pytest.mark.slow
 def test_more_endpoints_than_the_dense_pair_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """1,133 short connections between 2,163 endpoints: past 2,048 endpoints both paths number the pairs
-    without the dense table (source.ConnectionIds switches to its dict in the middle of the file), in order
-    of first appearance also where a chunk brings several new ones whose pair keys sort otherwise."""
+    without the dense table (connections.ConnectionIds switches to its dict in the middle of the file), in
+    order of first appearance also where a chunk brings several new ones whose pair keys sort otherwise."""
     capture = Capture()
     for k in range(1030):
         conn = capture.conn(f"10.{8 + k % 2}.{k // 250}.{k % 250 + 1}", f"10.30.{k // 250}.{k % 250 + 1}",

@@ -8,7 +8,9 @@ next (quantile.OrderStats). Sums of bytes are whole numbers, so they are exact i
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -118,6 +120,7 @@ class Side:
     data: np.ndarray
     ts: np.ndarray
     sizes: np.ndarray
+    mask: np.ndarray | None = None  # rows as a mask over the chunk (a capture of one connection)
 
     @classmethod
     def of(cls, chunk: Chunk, rows: np.ndarray) -> Side:
@@ -126,6 +129,14 @@ class Side:
 
 
 _EMPTY = np.zeros(0, np.int64)
+
+
+def _samples(column: np.ndarray, side: Side) -> np.ndarray:
+    """A column's values of at least 0 on the side's rows (file order): the RTT samples it holds."""
+    if side.mask is not None:  # mostly -1: one compress of the few samples instead of a gather of every row
+        return column[side.mask & (column >= 0)]
+    values = column[side.rows]
+    return values[values >= 0]
 
 
 class Host:
@@ -147,6 +158,7 @@ class Aggregation:
         # the capture point (the whole capture's aggregation only)
         self._point: dict[int, bool] | None = {} if capture_point else None
         self._point_started = False
+        self._hosts_pending: deque[Future[None]] = deque()  # the hosts' part of the last feeds (_hosts_beside)
 
     # -- routing -----------------------------------------------------------------------------------------
 
@@ -163,7 +175,7 @@ class Aggregation:
         data = np.flatnonzero(chunk.plen > 0) if rows is None else rows[chunk.plen[rows] > 0]
         data_ts = chunk.ts_ns[data] / 1e9
         data_bytes = chunk.plen[data].astype(np.int64)
-        self._hosts(step, chunk, data, data_ts, data_bytes)
+        self._hosts_beside(step, chunk, data, data_ts, data_bytes)
         for c, sides in self._sides(step, chunk, rows, data, data_ts, data_bytes):
             connection = self.connections.get(c)
             if connection is None:
@@ -180,10 +192,14 @@ class Aggregation:
             sides = []
             for d in (0, 1):
                 pick = of_data == d
-                every = _EMPTY
+                every, mask = _EMPTY, None
                 if step is not Pass.OVERLAP:  # the last pass reads the data packets only
-                    every = np.flatnonzero(chunk.direction == d) if rows is None else rows[chunk.direction[rows] == d]
-                sides.append(Side(every, data[pick], data_ts[pick], data_bytes[pick]))
+                    if rows is None:
+                        mask = chunk.direction == d
+                        every = np.flatnonzero(mask)
+                    else:
+                        every = rows[chunk.direction[rows] == d]
+                sides.append(Side(every, data[pick], data_ts[pick], data_bytes[pick], mask))
             yield 0, sides
             return
         conn = chunk.conn if rows is None else chunk.conn[rows]
@@ -233,43 +249,40 @@ class Aggregation:
     def _connection(self, step: Pass, conn: Connection, chunk: Chunk, sides: list[Side]) -> None:
         ts_all = chunk.ts_ns
         rows = [side.rows for side in sides]
-        data_rows = [side.data for side in sides]
         data_ts = [side.ts for side in sides]
         data_size = [side.sizes for side in sides]
         if step is Pass.COUNTS:
+            # the connection's first and last packet times (with the sides' masks: every row is its)
+            every = [ts_all] if sides[0].mask is not None else [ts_all[idx] for idx in rows if idx.size]
+            for times in every:
+                lo_ns, hi_ns = int(times.min()), int(times.max())
+                conn.t0_ns = lo_ns if conn.t0_ns is None else min(conn.t0_ns, lo_ns)
+                conn.t1_ns = hi_ns if conn.t1_ns is None else max(conn.t1_ns, hi_ns)
             for d in (0, 1):
-                idx = rows[d]
-                if idx.size:
-                    times = ts_all[idx]
-                    lo_ns, hi_ns = int(times.min()), int(times.max())
-                    conn.t0_ns = lo_ns if conn.t0_ns is None else min(conn.t0_ns, lo_ns)
-                    conn.t1_ns = hi_ns if conn.t1_ns is None else max(conn.t1_ns, hi_ns)
-                self._count_direction(conn.dirs[d], chunk, idx, data_ts[d], data_size[d])
+                self._count_direction(conn.dirs[d], chunk, sides[d])
             return
         if step is Pass.CADENCE:
             for d in (0, 1):
-                self._state_direction(conn, d, chunk, rows[d], data_rows[d], data_ts[d], data_size[d])
+                self._state_direction(conn, d, chunk, sides[d])
         elif step is Pass.RUNS:
             for d in (0, 1):
-                self._runs_direction(conn, d, chunk, rows[d], data_rows[d], data_ts[d])
+                self._runs_direction(conn, d, chunk, sides[d])
         elif step is Pass.OVERLAP:
             for d in (0, 1):
                 conn.dirs[d].stream.add_overlap(data_ts[d], data_size[d], conn.dirs[1 - d].stream)
         assert conn.turns is not None
         conn.turns.feed(step, data_ts, data_size)
 
-    def _count_direction(self, out: Direction, chunk: Chunk, idx: np.ndarray, data_ts: np.ndarray,
-                    sizes: np.ndarray) -> None:
+    def _count_direction(self, out: Direction, chunk: Chunk, side: Side) -> None:
+        idx, data_ts, sizes = side.rows, side.ts, side.sizes
         if not idx.size:
             return
         out.packets += int(idx.size)
         if out.first_ns is None:
             out.first_ns = int(chunk.ts_ns[idx[0]])
         out.last_ns = int(chunk.ts_ns[idx[-1]])
-        plen, flags = chunk.plen[idx], chunk.flags[idx]
-        data = plen > 0
-        out.data_packets += int(np.count_nonzero(data))
-        out.payload_bytes += int(plen.sum())
+        out.data_packets += int(sizes.size)
+        out.payload_bytes += int(sizes.sum())  # the other rows carry no payload
         if sizes.size:
             top = int(sizes.max())
             out.segment_counts += _size_histogram(sizes, top)
@@ -277,29 +290,34 @@ class Aggregation:
             if out.first_data_s is None:
                 out.first_data_s = float(data_ts[0])
             out.last_data_s = float(data_ts[-1])
-        has_ack = (flags & ACK) != 0
+        if side.mask is not None:  # the chunk's columns under the side's mask: no gather
+            flags, win, mine = chunk.flags, chunk.win, side.mask
+        else:
+            flags, win, mine = chunk.flags[idx], chunk.win[idx], np.ones(idx.size, dtype=bool)
+        data = (chunk.plen if side.mask is not None else chunk.plen[idx]) > 0
+        has_ack = ((flags & ACK) != 0) & mine
         out.pure_acks += int(np.count_nonzero(has_ack & ~data & ((flags & (SYN | FIN | RST)) == 0)))
         out.piggybacked += int(np.count_nonzero(has_ack & data))
-        win = chunk.win[idx]
-        not_syn = (flags & SYN) == 0
+        not_syn = ((flags & SYN) == 0) & mine
         if not_syn.any():
             raw = int(win[not_syn].max())
             out.raw_max = raw if out.raw_max is None else max(out.raw_max, raw)
-        out.raw_positive_max = max(out.raw_positive_max, int(win.max()))
+        out.raw_positive_max = max(out.raw_positive_max, int(win[mine].max() if side.mask is not None else win.max()))
         out.idle.add(data_ts)
         out.data_descents.add(data_ts)
         out.stream.count(data_ts, sizes)
 
-    def _state_direction(self, conn: Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
-                    data_ts: np.ndarray, sizes: np.ndarray) -> None:
+    def _state_direction(self, conn: Connection, d: int, chunk: Chunk, side: Side) -> None:
         out = conn.dirs[d]
         st = chunk.state
         assert st is not None
+        idx, data_rows, data_ts, sizes = side.rows, side.data, side.ts, side.sizes
         if idx.size:
             out.unique += int(st["new_bytes"][idx].sum())
-            for k, name in enumerate(VERDICTS):
-                out.verdicts[k] += int(np.count_nonzero(st[name][idx]))
-        self._order_stats(conn, d, chunk, idx, data_rows, add=True)
+            for k, name in enumerate(VERDICTS):  # a flag AND a mask counts faster than a gather
+                out.verdicts[k] += int(np.count_nonzero(st[name] & side.mask if side.mask is not None
+                                                        else st[name][idx]))
+        self._order_stats(conn, d, chunk, side, add=True)
         if data_rows.size:
             mss = self.top.streamer.mss_of(conn.c, d) or DEFAULT_MSS
             out.super_segments += int(np.count_nonzero(sizes > mss))
@@ -313,35 +331,34 @@ class Aggregation:
                 out.series += np.bincount(index, weights=sizes.astype(np.float64), minlength=bins)
         out.stream.collect_gaps(data_ts, sizes)
 
-    def _rtts(self, conn: Connection, d: int, st: dict[str, np.ndarray], idx: np.ndarray, add: bool) -> None:
+    def _rtts(self, conn: Connection, d: int, st: dict[str, np.ndarray], side: Side, add: bool) -> None:
         """ACK and timestamp RTTs on d's packets measure the other direction's data."""
         target = conn.dirs[1 - d]
         # over the whole capture a direction that never sent data has no ACK RTTs
         if not (self.all_rows and target.data_packets == 0):
-            rtt = st["ack_rtt_ns"][idx]
-            rtt = rtt[rtt >= 0]
+            rtt = _samples(st["ack_rtt_ns"], side)
             if rtt.size:
                 (target.rtt.add if add else target.rtt.collect)(rtt)
-        ts_rtt = st["ts_rtt_ns"][idx]
-        ts_rtt = ts_rtt[ts_rtt >= 0]
+        ts_rtt = _samples(st["ts_rtt_ns"], side)
         if ts_rtt.size:
             (target.ts_rtt.add if add else target.ts_rtt.collect)(ts_rtt)
 
-    def _runs_direction(self, conn: Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
-                    data_ts: np.ndarray) -> None:
-        self._order_stats(conn, d, chunk, idx, data_rows, add=False)
-        conn.dirs[d].stream.add_runs(data_ts)
+    def _runs_direction(self, conn: Connection, d: int, chunk: Chunk, side: Side) -> None:
+        self._order_stats(conn, d, chunk, side, add=False)
+        conn.dirs[d].stream.add_runs(side.ts)
 
-    def _order_stats(self, conn: Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
-                     add: bool) -> None:
+    def _order_stats(self, conn: Connection, d: int, chunk: Chunk, side: Side, add: bool) -> None:
         """The values of the window, in-flight and RTT order statistics: counted (Pass.CADENCE, with their
         minimum and maximum) or collected (Pass.RUNS)."""
         out = conn.dirs[d]
         st = chunk.state
         assert st is not None
+        idx, data_rows = side.rows, side.data
         if idx.size:
-            not_syn = (chunk.flags[idx] & SYN) == 0
-            win = st["window_bytes"][idx][not_syn]
+            if side.mask is not None:
+                win = st["window_bytes"][side.mask & ((chunk.flags & SYN) == 0)]
+            else:
+                win = st["window_bytes"][idx][(chunk.flags[idx] & SYN) == 0]
             if win.size and add:
                 out.window.add(win.astype(np.int64))
                 low, high = int(win.min()), int(win.max())
@@ -349,7 +366,7 @@ class Aggregation:
                 out.window_max = high if out.window_max is None else max(out.window_max, high)
             elif win.size:
                 out.window.collect(win.astype(np.int64))
-            self._rtts(conn, d, st, idx, add)
+            self._rtts(conn, d, st, side, add)
         if data_rows.size:
             flight = st["in_flight"][data_rows]
             flight = flight[flight >= 0]
@@ -375,6 +392,20 @@ class Aggregation:
         return float(conn.t0_ns) / 1e9, float(conn.t1_ns) / 1e9
 
     # -- hosts -------------------------------------------------------------------------------------------
+
+    def _hosts_beside(self, step: Pass, chunk: Chunk, data: np.ndarray, ts: np.ndarray, nbytes: np.ndarray) -> None:
+        """_hosts on the analysis' helper thread, beside the connections of the same rows on this one (numpy
+        releases the GIL in its loops; the old in-memory analysis ran its hosts beside its TCP state too).
+        It reads only arrays of its own (the chunk's address ids and data are fresh arrays, never views of
+        the reader's buffers) and streamer state that only grows. At most two feeds wait; settle waits for
+        all."""
+        while len(self._hosts_pending) >= 2:
+            self._hosts_pending.popleft().result()
+        self._hosts_pending.append(self.top.helper.submit(self._hosts, step, chunk, data, ts, nbytes))
+
+    def _hosts_done(self) -> None:
+        while self._hosts_pending:
+            self._hosts_pending.popleft().result()
 
     def _hosts(self, step: Pass, chunk: Chunk, data: np.ndarray, ts: np.ndarray, nbytes: np.ndarray) -> None:
         """Each host's transmit and receive streams: data: these rows' data packets, ts their times (s),
@@ -415,6 +446,7 @@ class Aggregation:
 
     def settle(self, step: Pass) -> None:
         """What one pass's end decides for the next."""
+        self._hosts_done()
         if step is Pass.COUNTS and len(self.top.streamer.addresses) == 1:
             for host in self.hosts.values():
                 host.rx = host.tx  # every data packet is the one host's, sent and received: computed once

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,10 @@ class Analysis:
         self.phase_aggs = [Aggregation(self, (p["t_start_ns"] / 1e9, p["t_end_ns"] / 1e9)) for p in self.phases]
 
     def run(self) -> dict[str, Any]:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-hosts") as self.helper:
+            return self._passes()
+
+    def _passes(self) -> dict[str, Any]:
         streamer = self.streamer
         counts = self._feeder(Pass.COUNTS)
         ahead = [True]

@@ -65,6 +65,17 @@ def duplex_result(both: float, either: float, active: tuple[float, float], over:
 
 
 
+def _gaps(previous: float | None, ts: np.ndarray) -> np.ndarray:
+    """np.diff of previous and ts (the gap before each time; None: between ts's times only), without copying
+    ts behind previous first."""
+    if previous is None:
+        return np.diff(ts)
+    gaps = np.empty(ts.size)
+    gaps[0] = ts[0] - previous
+    np.subtract(ts[1:], ts[:-1], out=gaps[1:])
+    return gaps
+
+
 class BusyRuns:
     """Busy runs (starts, ends) of times in file order at a fixed gap, built chunk by chunk; with keep_gaps
     also the silences that end them."""
@@ -82,15 +93,15 @@ class BusyRuns:
             return
         if self.last is None:
             self.starts.append(ts[:1])
-            gaps = np.diff(ts)
-            base = ts
-        else:
-            base = np.concatenate([np.array([self.last]), ts])
-            gaps = np.diff(base)
+        gaps = _gaps(self.last, ts)
         breaks = np.flatnonzero(gaps > self.gap)
         if breaks.size:
-            self.ends.append(base[breaks])
-            self.starts.append(base[breaks + 1])
+            after = breaks if self.last is not None else breaks + 1  # the time after each break
+            ends = ts[np.maximum(after - 1, 0)]
+            if after[0] == 0:
+                ends[0] = self.last
+            self.ends.append(ends)
+            self.starts.append(ts[after])
             if self.keep_gaps:
                 self.idle.append(gaps[breaks])
         self.last = float(ts[-1])
@@ -125,11 +136,13 @@ class DataStream:
 
     def _bulk_gaps(self, ts: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         bulk = nbytes > CONTROL_MAX_BYTES
+        gaps = _gaps(self._last_ts, ts)
         if self._last_ts is None:
-            gaps, pairs = np.diff(ts), bulk[:-1] & bulk[1:]
+            pairs = bulk[:-1] & bulk[1:]
         else:
-            gaps = np.diff(np.concatenate([np.array([self._last_ts]), ts]))
-            pairs = np.concatenate([np.array([self._last_bulk]), bulk[:-1]]) & bulk
+            pairs = np.empty(bulk.size, dtype=bool)
+            pairs[0] = self._last_bulk and bool(bulk[0])
+            np.logical_and(bulk[:-1], bulk[1:], out=pairs[1:])
         self._last_ts, self._last_bulk = float(ts[-1]), bool(bulk[-1])
         return gaps[pairs]
 
