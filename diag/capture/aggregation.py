@@ -9,7 +9,7 @@ next (quantile.OrderStats). Sums of bytes are whole numbers, so they are exact i
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,6 +25,7 @@ from diag.capture.document import (
     endpoint_text,
     host_json,
     median_s,
+    size_histogram,
 )
 from diag.capture.pcapfile import ACK, FIN, RST, SYN
 from diag.capture.quantile import OrderStats, median_ranks, np_median, np_percentile, percentile_ranks
@@ -37,21 +38,6 @@ if TYPE_CHECKING:
 # The JSON's names of the verdict counts, in its key order.
 VERDICT_KEYS = ("retransmissions", "fast_retransmissions", "spurious_retransmissions", "out_of_order",
                 "lost_segments", "dup_acks", "zero_windows", "window_full")
-
-
-def _size_histogram(sizes: np.ndarray, top: int) -> np.ndarray:
-    """Data segments per SEGMENT_SIZE_EDGES bin (the last bin closed; sizes above the last edge left out):
-    the sizes at least each edge up to the largest size, counted (a comparison per edge reached costs less
-    than a binary search per segment)."""
-    last = SEGMENT_SIZE_EDGES[-1]
-    in_range = sizes if top <= last else sizes[sizes <= last]
-    # at_least[k]: sizes >= edge k; the last entry stays 0, so the last bin holds the last edge too
-    at_least = np.zeros(len(SEGMENT_SIZE_EDGES), dtype=np.int64)
-    for k, edge in enumerate(SEGMENT_SIZE_EDGES[:-1]):
-        if edge > top:
-            break
-        at_least[k] = in_range.size if edge <= 1 else np.count_nonzero(in_range >= edge)
-    return at_least[:-1] - at_least[1:]
 
 
 
@@ -129,6 +115,8 @@ class Side:
 
 
 _EMPTY = np.zeros(0, np.int64)
+# Work items (a chunk's hosts, one connection's data packets) that may wait for the helper thread.
+MAX_BESIDE = 16
 
 
 def _samples(column: np.ndarray, side: Side) -> np.ndarray:
@@ -158,7 +146,7 @@ class Aggregation:
         # the capture point (the whole capture's aggregation only)
         self._point: dict[int, bool] | None = {} if capture_point else None
         self._point_started = False
-        self._hosts_pending: deque[Future[None]] = deque()  # the hosts' part of the last feeds (_hosts_beside)
+        self._pending: deque[Future[None]] = deque()  # work on the helper thread (_beside)
 
     # -- routing -----------------------------------------------------------------------------------------
 
@@ -175,7 +163,7 @@ class Aggregation:
         data = np.flatnonzero(chunk.plen > 0) if rows is None else rows[chunk.plen[rows] > 0]
         data_ts = chunk.ts_ns[data] / 1e9
         data_bytes = chunk.plen[data].astype(np.int64)
-        self._hosts_beside(step, chunk, data, data_ts, data_bytes)
+        self._beside(self._hosts, step, chunk, data, data_ts, data_bytes)
         for c, sides in self._sides(step, chunk, rows, data, data_ts, data_bytes):
             connection = self.connections.get(c)
             if connection is None:
@@ -260,18 +248,32 @@ class Aggregation:
                 conn.t1_ns = hi_ns if conn.t1_ns is None else max(conn.t1_ns, hi_ns)
             for d in (0, 1):
                 self._count_direction(conn.dirs[d], chunk, sides[d])
-            return
         if step is Pass.CADENCE:
             for d in (0, 1):
                 self._state_direction(conn, d, chunk, sides[d])
         elif step is Pass.RUNS:
             for d in (0, 1):
-                self._runs_direction(conn, d, chunk, sides[d])
-        elif step is Pass.OVERLAP:
-            for d in (0, 1):
-                conn.dirs[d].stream.add_overlap(data_ts[d], data_size[d], conn.dirs[1 - d].stream)
-        assert conn.turns is not None
-        conn.turns.feed(step, data_ts, data_size)
+                self._order_stats(conn, d, chunk, sides[d], add=False)
+        self._beside(self._data_packets, step, conn, data_ts, data_size)
+
+    def _data_packets(self, step: Pass, conn: Connection, data_ts: list[np.ndarray], sizes: list[np.ndarray]
+                      ) -> None:
+        """A pass's work on one connection's data packets (their times and sizes only: fresh arrays)."""
+        for d in (0, 1):
+            out = conn.dirs[d]
+            if step is Pass.COUNTS:
+                out.idle.add(data_ts[d])
+                out.data_descents.add(data_ts[d])
+                out.stream.count(data_ts[d], sizes[d])
+            elif step is Pass.CADENCE:
+                self._cadence_direction(conn, d, data_ts[d], sizes[d])
+            elif step is Pass.RUNS:
+                out.stream.add_runs(data_ts[d])
+            elif step is Pass.OVERLAP:
+                out.stream.add_overlap(data_ts[d], sizes[d], conn.dirs[1 - d].stream)
+        if step is not Pass.COUNTS:
+            assert conn.turns is not None
+            conn.turns.feed(step, data_ts, sizes)
 
     def _count_direction(self, out: Direction, chunk: Chunk, side: Side) -> None:
         idx, data_ts, sizes = side.rows, side.ts, side.sizes
@@ -285,7 +287,7 @@ class Aggregation:
         out.payload_bytes += int(sizes.sum())  # the other rows carry no payload
         if sizes.size:
             top = int(sizes.max())
-            out.segment_counts += _size_histogram(sizes, top)
+            out.segment_counts += size_histogram(sizes, top)
             out.max_size = max(out.max_size, top)
             if out.first_data_s is None:
                 out.first_data_s = float(data_ts[0])
@@ -303,22 +305,22 @@ class Aggregation:
             raw = int(win[not_syn].max())
             out.raw_max = raw if out.raw_max is None else max(out.raw_max, raw)
         out.raw_positive_max = max(out.raw_positive_max, int(win[mine].max() if side.mask is not None else win.max()))
-        out.idle.add(data_ts)
-        out.data_descents.add(data_ts)
-        out.stream.count(data_ts, sizes)
 
     def _state_direction(self, conn: Connection, d: int, chunk: Chunk, side: Side) -> None:
         out = conn.dirs[d]
         st = chunk.state
         assert st is not None
-        idx, data_rows, data_ts, sizes = side.rows, side.data, side.ts, side.sizes
+        idx = side.rows
         if idx.size:
             out.unique += int(st["new_bytes"][idx].sum())
             for k, name in enumerate(VERDICTS):  # a flag AND a mask counts faster than a gather
                 out.verdicts[k] += int(np.count_nonzero(st[name] & side.mask if side.mask is not None
                                                         else st[name][idx]))
         self._order_stats(conn, d, chunk, side, add=True)
-        if data_rows.size:
+
+    def _cadence_direction(self, conn: Connection, d: int, data_ts: np.ndarray, sizes: np.ndarray) -> None:
+        out = conn.dirs[d]
+        if sizes.size:
             mss = self.top.streamer.mss_of(conn.c, d) or DEFAULT_MSS
             out.super_segments += int(np.count_nonzero(sizes > mss))
             if self.top.with_series:
@@ -342,10 +344,6 @@ class Aggregation:
         ts_rtt = _samples(st["ts_rtt_ns"], side)
         if ts_rtt.size:
             (target.ts_rtt.add if add else target.ts_rtt.collect)(ts_rtt)
-
-    def _runs_direction(self, conn: Connection, d: int, chunk: Chunk, side: Side) -> None:
-        self._order_stats(conn, d, chunk, side, add=False)
-        conn.dirs[d].stream.add_runs(side.ts)
 
     def _order_stats(self, conn: Connection, d: int, chunk: Chunk, side: Side, add: bool) -> None:
         """The values of the window, in-flight and RTT order statistics: counted (Pass.CADENCE, with their
@@ -393,19 +391,19 @@ class Aggregation:
 
     # -- hosts -------------------------------------------------------------------------------------------
 
-    def _hosts_beside(self, step: Pass, chunk: Chunk, data: np.ndarray, ts: np.ndarray, nbytes: np.ndarray) -> None:
-        """_hosts on the analysis' helper thread, beside the connections of the same rows on this one (numpy
-        releases the GIL in its loops; the old in-memory analysis ran its hosts beside its TCP state too).
-        It reads only arrays of its own (the chunk's address ids and data are fresh arrays, never views of
-        the reader's buffers) and streamer state that only grows. At most two feeds wait; settle waits for
-        all."""
-        while len(self._hosts_pending) >= 2:
-            self._hosts_pending.popleft().result()
-        self._hosts_pending.append(self.top.helper.submit(self._hosts, step, chunk, data, ts, nbytes))
+    def _beside(self, work: Callable[..., None], *args: Any) -> None:
+        """work(*args) on the analysis' helper thread, in order, beside this thread's work on the same rows
+        (numpy releases the GIL in its loops): the hosts, and each connection's work on its data packets.
+        Such work reads only arrays of its own (the chunk's address ids and data packets are fresh arrays,
+        never views of the reader's buffers) and streamer state that only grows. At most MAX_BESIDE wait;
+        settle waits for all."""
+        while len(self._pending) >= MAX_BESIDE:
+            self._pending.popleft().result()
+        self._pending.append(self.top.helper.submit(work, *args))
 
-    def _hosts_done(self) -> None:
-        while self._hosts_pending:
-            self._hosts_pending.popleft().result()
+    def _beside_done(self) -> None:
+        while self._pending:
+            self._pending.popleft().result()
 
     def _hosts(self, step: Pass, chunk: Chunk, data: np.ndarray, ts: np.ndarray, nbytes: np.ndarray) -> None:
         """Each host's transmit and receive streams: data: these rows' data packets, ts their times (s),
@@ -446,7 +444,7 @@ class Aggregation:
 
     def settle(self, step: Pass) -> None:
         """What one pass's end decides for the next."""
-        self._hosts_done()
+        self._beside_done()
         if step is Pass.COUNTS and len(self.top.streamer.addresses) == 1:
             for host in self.hosts.values():
                 host.rx = host.tx  # every data packet is the one host's, sent and received: computed once

@@ -2,11 +2,12 @@
 
 A source is the capture file read chunk by chunk (FileChunks: reader.stream_capture, memory one chunk
 whatever the file's size), or one chunk in memory (OneChunk: pipes, several files merged in time order,
---plot, a machine without the C kernels, and a file whose chunks cannot be analyzed exactly -- Fallback
-says why). The Streamer reads the source once per Pass and hands each chunk, with its connection and
-direction ids (numbered by first appearance, as tshark's tcp.stream) and, in the passes that need it, its
-TCP state (the _ctcp kernel fed chunk by chunk, or tcpstate.analyze_packets over the one chunk), to the
-aggregations. Each pass keeps only what the next one needs:
+--plot, and a file whose chunks cannot be analyzed exactly -- Fallback says why). The Streamer reads the
+source in Pass.CONNECTIONS and hands each chunk, with its connection and direction ids (connections.py,
+numbered by first appearance, as tshark's tcp.stream) and, in the passes that need it, its TCP state (the
+_ctcp kernel fed chunk by chunk, or tcpstate.analyze_packets over the one chunk), to the aggregations. While
+the source fits CACHE_BYTES, that first pass keeps its chunks and every later pass replays them (the TCP
+state computed once); otherwise every pass reads the file again. Each pass keeps only what the next needs:
 
   CONNECTIONS connections and their packets and bytes, SYNs (window scale, MSS): which are listed
   COUNTS      counts and sums, idle runs, bulk gaps counted
