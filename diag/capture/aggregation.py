@@ -115,6 +115,14 @@ class Side:
 
 
 _EMPTY = np.zeros(0, np.int64)
+Values = tuple[OrderStats, np.ndarray]
+
+
+def _order_values(values: list[Values], add: bool) -> None:
+    """Values to their order statistics: counted (pass 1) or collected (pass 2); empty ones skipped."""
+    for stats, array in values:
+        if array.size:
+            (stats.add if add else stats.collect)(array)
 # Work items (a chunk's hosts, one connection's data packets) that may wait for the helper thread.
 MAX_BESIDE = 16
 
@@ -333,47 +341,43 @@ class Aggregation:
                 out.series += np.bincount(index, weights=sizes.astype(np.float64), minlength=bins)
         out.stream.collect_gaps(data_ts, sizes)
 
-    def _rtts(self, conn: Connection, d: int, st: dict[str, np.ndarray], side: Side, add: bool) -> None:
+    def _rtts(self, conn: Connection, d: int, st: dict[str, np.ndarray], side: Side) -> list[Values]:
         """ACK and timestamp RTTs on d's packets measure the other direction's data."""
         target = conn.dirs[1 - d]
+        values = []
         # over the whole capture a direction that never sent data has no ACK RTTs
         if not (self.all_rows and target.data_packets == 0):
-            rtt = _samples(st["ack_rtt_ns"], side)
-            if rtt.size:
-                (target.rtt.add if add else target.rtt.collect)(rtt)
-        ts_rtt = _samples(st["ts_rtt_ns"], side)
-        if ts_rtt.size:
-            (target.ts_rtt.add if add else target.ts_rtt.collect)(ts_rtt)
+            values.append((target.rtt, _samples(st["ack_rtt_ns"], side)))
+        values.append((target.ts_rtt, _samples(st["ts_rtt_ns"], side)))
+        return values
 
     def _order_stats(self, conn: Connection, d: int, chunk: Chunk, side: Side, add: bool) -> None:
-        """The values of the window, in-flight and RTT order statistics: counted (Pass.CADENCE, with their
-        minimum and maximum) or collected (Pass.RUNS)."""
+        """The values of the window, in-flight and RTT order statistics, picked here and counted (Pass.CADENCE,
+        with their minimum and maximum) or collected (Pass.RUNS) on the helper thread."""
         out = conn.dirs[d]
         st = chunk.state
         assert st is not None
         idx, data_rows = side.rows, side.data
+        values: list[Values] = []
         if idx.size:
             if side.mask is not None:
                 win = st["window_bytes"][side.mask & ((chunk.flags & SYN) == 0)]
             else:
                 win = st["window_bytes"][idx][(chunk.flags[idx] & SYN) == 0]
             if win.size and add:
-                out.window.add(win.astype(np.int64))
                 low, high = int(win.min()), int(win.max())
                 out.window_min = low if out.window_min is None else min(out.window_min, low)
                 out.window_max = high if out.window_max is None else max(out.window_max, high)
-            elif win.size:
-                out.window.collect(win.astype(np.int64))
-            self._rtts(conn, d, st, side, add)
+            values.append((out.window, win.astype(np.int64)))
+            values += self._rtts(conn, d, st, side)
         if data_rows.size:
             flight = st["in_flight"][data_rows]
             flight = flight[flight >= 0]
             if flight.size and add:
-                out.in_flight.add(flight)
                 high = int(flight.max())
                 out.in_flight_max = high if out.in_flight_max is None else max(out.in_flight_max, high)
-            elif flight.size:
-                out.in_flight.collect(flight)
+            values.append((out.in_flight, flight))
+        self._beside(_order_values, values, add)
 
     def _bins(self, conn: Connection) -> tuple[float, float, float, int]:
         t0, t1 = self._span_s(conn)

@@ -49,8 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-gap", dest="idle_gap_s", type=float, default=0.002, metavar="SECONDS",
                         help="a silence longer than this ends a direction's busy period (default 0.002 s)")
     parser.add_argument("--no-series", action="store_true", help="leave the throughput series out of the JSON")
-    parser.epilog = ("One capture file is read in chunks, a few times over, in bounded memory whatever its size\n"
-                     "(docs/analyzer.md). Several files, a pipe and --plot are analyzed in memory.")
+    parser.epilog = ("One capture file is read in chunks: once where it fits in memory, else once a pass, in\n"
+                     "bounded memory whatever its size (docs/analyzer.md). Several files, a pipe and --plot are\n"
+                     "analyzed in memory.")
 
 
 def run(args: argparse.Namespace) -> int:
