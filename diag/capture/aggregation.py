@@ -115,6 +115,9 @@ class Side:
 
 
 _EMPTY = np.zeros(0, np.int64)
+# Work items (a chunk's hosts, one connection's data packets or order statistics' values) that may wait for
+# the helper thread.
+MAX_BESIDE = 16
 Values = tuple[OrderStats, np.ndarray]
 
 
@@ -123,8 +126,6 @@ def _order_values(values: list[Values], add: bool) -> None:
     for stats, array in values:
         if array.size:
             (stats.add if add else stats.collect)(array)
-# Work items (a chunk's hosts, one connection's data packets) that may wait for the helper thread.
-MAX_BESIDE = 16
 
 
 def _samples(column: np.ndarray, side: Side) -> np.ndarray:

@@ -58,7 +58,7 @@ KEPT_STATE = ("window_bytes", "in_flight", "ack_rtt_ns", "ts_rtt_ns")
 # end (all in memory: 17 bytes a data segment). The kernel's inputs (seq, ack, TSval, TSecr) are kept until
 # the state replaces them.
 KEPT_ROW_BYTES = 28 + sum(np.dtype(_STATE_DTYPES[name]).itemsize for name in KEPT_STATE) + 17
-# A capture file that costs at most this kept (~2.6 M packets) is read and decoded once: the first pass keeps
+# A capture file that costs at most this kept (~2.7 M packets) is read and decoded once: the first pass keeps
 # its chunks and the later passes replay them. A bigger one is read once a pass, in memory bounded by a chunk.
 CACHE_BYTES = 192 << 20
 
