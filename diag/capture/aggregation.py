@@ -402,6 +402,9 @@ class Aggregation:
         Such work reads only arrays of its own (the chunk's address ids and data packets are fresh arrays,
         never views of the reader's buffers) and streamer state that only grows. At most MAX_BESIDE wait;
         settle waits for all."""
+        if getattr(self.top.helping, "on", False):  # this is the helper thread: at once
+            work(*args)
+            return
         while len(self._pending) >= MAX_BESIDE:
             self._pending.popleft().result()
         self._pending.append(self.top.helper.submit(work, *args))

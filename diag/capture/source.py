@@ -144,9 +144,10 @@ class _Keeper:
         self.kept: list[_Kept] | None = []
         self.rows = 0
 
-    def add(self, chunk: Chunk, cols: dict[str, np.ndarray]) -> None:
+    def add(self, chunk: Chunk, cols: dict[str, np.ndarray]) -> Chunk:
+        """The chunk as Pass.CONNECTIONS hands it on: its kept copy, or itself where nothing is kept."""
         if self.kept is None:
-            return
+            return chunk
         self.rows += chunk.conn.size
         if isinstance(self.source, FileChunks):
             if self.file_bytes is None:  # the reader has opened the file by now
@@ -155,13 +156,14 @@ class _Keeper:
             projected = self.rows * self.file_bytes // (read * pcapfile.CHUNK_BYTES)
             if max(self.rows, projected) * KEPT_ROW_BYTES > CACHE_BYTES:
                 self.kept = None
-                return
+                return chunk
             # a file's chunks view the reader's reused buffers: copied (the ids are new arrays already)
             chunk = Chunk(*(a.copy() for a in (chunk.ts_ns, chunk.plen, chunk.flags, chunk.win)), chunk.conn,
                           chunk.direction, chunk.src_addr, chunk.dst_addr, None)
             cols = {name: cols[name].copy() for name in ("seq", "ack", "tsval", "tsecr", "has_ts")}
             cols.update(ts_ns=chunk.ts_ns, plen=chunk.plen, flags=chunk.flags, win=chunk.win)
         self.kept.append(_Kept(chunk, cols))
+        return chunk
 
 
 def read_files(paths: Sequence[str | os.PathLike[str]]
@@ -245,6 +247,7 @@ class Streamer:
         self._one_state: dict[str, np.ndarray] | None = None  # OneChunk: the TCP state, computed once
         self.one_state: PacketState | None = None
         self.kept: list[_Kept] | None = None  # the source's chunks, when Pass.CONNECTIONS kept them
+        self._keeper: _Keeper | None = None
 
     @property
     def nconn(self) -> int:
@@ -270,7 +273,7 @@ class Streamer:
             self._replay(consume, with_state)
             return
         state_of = self._state_feeder(self.spill_window) if with_state and not self.source.single else None
-        keeper = _Keeper(self.source) if step is Pass.CONNECTIONS else None
+        keeper = self._keeper = _Keeper(self.source) if step is Pass.CONNECTIONS else None
 
         def on_chunk(raw: CaptureChunk) -> None:
             cols = raw.columns
@@ -288,9 +291,9 @@ class Streamer:
                 state = state_of(cols, conn, direction)
             chunk = Chunk(cols["ts_ns"], cols["plen"], cols["flags"], cols["win"], conn, direction,
                           self.address_of_endpoint[src], self.address_of_endpoint[dst], state)
-            consume(chunk)
             if keeper is not None:
-                keeper.add(chunk, cols)
+                chunk = keeper.add(chunk, cols)
+            consume(chunk)
 
         try:
             self.source.read(on_chunk, details=step is Pass.CONNECTIONS)
@@ -298,9 +301,14 @@ class Streamer:
             return
         if step is Pass.CONNECTIONS:
             assert keeper is not None
-            self.kept = keeper.kept
+            self.kept, self._keeper = keeper.kept, None
             self._settle_handshakes()
             self._select()
+
+    @property
+    def keeping(self) -> bool:
+        """The chunk Pass.CONNECTIONS hands on is a kept copy (its arrays stay as they are)."""
+        return self._keeper is not None and self._keeper.kept is not None
 
     def _replay(self, consume: Callable[[Chunk], None], with_state: bool) -> None:
         """A pass over the kept chunks. The first pass with the TCP state computes it (the kernel fed chunk by
