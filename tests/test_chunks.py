@@ -298,9 +298,9 @@ class Streamed:
 
 
 def streamed(path: Path, records: Sequence[Path] | None, bin_s: float, idle_gap_s: float, with_series: bool,
-             monkeypatch: pytest.MonkeyPatch, chunk_bytes: int = CHUNK) -> Streamed:
-    """The analysis of FileChunks in chunks of chunk_bytes, each pass reading the file (no cache; a Fallback
-    propagates), counting the first pass's chunks."""
+             monkeypatch: pytest.MonkeyPatch, chunk_bytes: int = CHUNK, kept: bool = False) -> Streamed:
+    """The analysis of FileChunks in chunks of chunk_bytes, each pass reading the file (kept: the first pass
+    keeps the chunks and the others replay them; a Fallback propagates), counting the first pass's chunks."""
     counts: list[int] = []
     real = source.stream_capture
 
@@ -315,7 +315,8 @@ def streamed(path: Path, records: Sequence[Path] | None, bin_s: float, idle_gap_
 
     with monkeypatch.context() as patch:
         patch.setattr(pcapfile, "CHUNK_BYTES", chunk_bytes)
-        patch.setattr(source, "CACHE_BYTES", 0)  # every pass reads the file again, as a big file's passes do
+        if not kept:
+            patch.setattr(source, "CACHE_BYTES", 0)  # every pass reads the file again, as a big file's passes do
         patch.setattr(source, "stream_capture", counting)
         result = analysis.Analysis(source.FileChunks(path), records, bin_s, idle_gap_s, with_series, SPILL).run()
     return Streamed(result, counts[0] if counts else 0)
@@ -330,14 +331,15 @@ def in_memory(path: Path, records: Sequence[Path] | None, bin_s: float, idle_gap
 def assert_same(path: Path, monkeypatch: pytest.MonkeyPatch, records: Sequence[Path] | None = None,
                 bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S, with_series: bool = True,
                 min_chunks: int | None = None, chunk_sizes: Sequence[int] = (CHUNK,)) -> dict[str, Any]:
-    """The chunked JSON (no Fallback allowed) is the one-chunk JSON's text, and analyze_files (chunks of the
-    default size) gives it too. min_chunks: the first pass read at least this many chunks of the first size
+    """The chunked JSON (no Fallback allowed; the chunks read every pass, and kept in memory and replayed) is
+    the one-chunk JSON's text, and analyze_files (chunks of the default size) gives it too. min_chunks: the first pass read at least this many chunks of the first size
     (default: the file's size over twice the chunk size)."""
     expected = in_memory(path, records, bin_s, idle_gap_s, with_series, monkeypatch)
-    for chunk_bytes in chunk_sizes:
-        got = streamed(path, records, bin_s, idle_gap_s, with_series, monkeypatch, chunk_bytes)
+    for chunk_bytes, kept in [(chunk_sizes[0], True), *((size, False) for size in chunk_sizes)]:
+        got = streamed(path, records, bin_s, idle_gap_s, with_series, monkeypatch, chunk_bytes, kept)
         where = first_difference(expected, got.result)
-        assert where is None, f"{path} in {chunk_bytes}-byte chunks: differs from one chunk at {where}"
+        how = "kept" if kept else "read every pass"
+        assert where is None, f"{path} in {chunk_bytes}-byte chunks ({how}): differs from one chunk at {where}"
         assert json.dumps(got.result) == json.dumps(expected)
         least = path.stat().st_size // (2 * chunk_bytes) if min_chunks is None else min_chunks
         if chunk_bytes == chunk_sizes[0]:
@@ -533,8 +535,8 @@ def test_control_frame_stamped_back_at_the_lookup_tail(tmp_path: Path, monkeypat
 @pytest.mark.slow
 def test_more_endpoints_than_the_dense_pair_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """1,133 short connections between 2,163 endpoints: past 2,048 endpoints both paths number the pairs
-    without the dense table (source.ConnectionIds switches to its dict in the middle of the file), in order
-    of first appearance also where a chunk brings several new ones whose pair keys sort otherwise."""
+    without the dense table (connections.ConnectionIds switches to its dict in the middle of the file), in
+    order of first appearance also where a chunk brings several new ones whose pair keys sort otherwise."""
     capture = Capture()
     for k in range(1030):
         conn = capture.conn(f"10.{8 + k % 2}.{k // 250}.{k % 250 + 1}", f"10.30.{k // 250}.{k % 250 + 1}",
@@ -802,27 +804,28 @@ def test_which_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_unwritable_tmpdir_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The TCP state's old segment ends go to $TMPDIR; where that cannot be written, the analysis stops with a
-    DiagError (one line from the CLI) that says to set TMPDIR."""
+    """The TCP state's old segment ends go to $TMPDIR (a file read every pass); where that cannot be written,
+    the analysis stops with a DiagError (one line from the CLI) that says to set TMPDIR."""
     pcap = write_pcap(tmp_path / "s.pcap", [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()], 1)
+    monkeypatch.setattr(source, "CACHE_BYTES", 0)  # a file too big to keep: its state spills
     monkeypatch.setenv("TMPDIR", str(tmp_path / "missing"))
     with pytest.raises(DiagError, match="set TMPDIR"):
         analysis.analyze([pcap], keep_sequence=False, spill_window=2)
 
 
 def test_small_files_are_decoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below CACHE_BYTES the next complete read after the first keeps its decoded chunks and the later passes
-    replay them: the first read (connections and counts), the handshakes' (which stops early), and the one
-    kept; the same JSON as reading the file in every pass."""
+    """Below CACHE_BYTES the first read keeps its chunks and every later pass replays them: the file is read
+    once. Above it every pass reads the file again (the handshakes' pass stops early); the same JSON."""
     frames = multi_capture(rounds=1, segments=60, seed=3).frames()
     pcap = write_ns_pcap(tmp_path / "multi.pcap", frames, snaplen=128)
     reads: list[int] = []
     real = source.stream_capture
     monkeypatch.setattr(source, "stream_capture", lambda *a, **k: reads.append(1) or real(*a, **k))
     monkeypatch.setattr(pcapfile, "CHUNK_BYTES", CHUNK)
-    cached = analysis.Analysis(source.FileChunks(pcap), None, DEFAULT_BIN_S, IDLE_GAP_S, True).run()
-    assert len(reads) == 3
-    monkeypatch.setattr(source, "CACHE_BYTES", 3 * CHUNK)  # the file's columns would not fit: read every pass
+    kept = analysis.Analysis(source.FileChunks(pcap), None, DEFAULT_BIN_S, IDLE_GAP_S, True).run()
+    assert len(reads) == 1 and pcap.stat().st_size > 8 * CHUNK
+    reads.clear()
+    monkeypatch.setattr(source, "CACHE_BYTES", 3 * CHUNK)  # the file's rows would not fit: read every pass
     reread = analysis.Analysis(source.FileChunks(pcap), None, DEFAULT_BIN_S, IDLE_GAP_S, True).run()
-    assert len(reads) > 5
-    assert json.dumps(cached) == json.dumps(reread)
+    assert len(reads) == 5
+    assert json.dumps(kept) == json.dumps(reread)

@@ -8,6 +8,10 @@ next (quantile.OrderStats). Sums of bytes are whole numbers, so they are exact i
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,6 +25,7 @@ from diag.capture.document import (
     endpoint_text,
     host_json,
     median_s,
+    size_histogram,
 )
 from diag.capture.pcapfile import ACK, FIN, RST, SYN
 from diag.capture.quantile import OrderStats, median_ranks, np_median, np_percentile, percentile_ranks
@@ -33,7 +38,6 @@ if TYPE_CHECKING:
 # The JSON's names of the verdict counts, in its key order.
 VERDICT_KEYS = ("retransmissions", "fast_retransmissions", "spurious_retransmissions", "out_of_order",
                 "lost_segments", "dup_acks", "zero_windows", "window_full")
-_EDGES = np.array(SEGMENT_SIZE_EDGES, dtype=np.int64)
 
 
 
@@ -94,6 +98,44 @@ class Connection:
         self.turns: Turns | None = None
 
 
+@dataclass
+class Side:
+    """One direction of one connection in one feed: its rows, and its data packets' rows, times (s), sizes."""
+
+    rows: np.ndarray
+    data: np.ndarray
+    ts: np.ndarray
+    sizes: np.ndarray
+    mask: np.ndarray | None = None  # rows as a mask over the chunk (a capture of one connection)
+
+    @classmethod
+    def of(cls, chunk: Chunk, rows: np.ndarray) -> Side:
+        data = rows[chunk.plen[rows] > 0] if rows.size else rows
+        return cls(rows, data, chunk.ts_ns[data] / 1e9, chunk.plen[data].astype(np.int64))
+
+
+_EMPTY = np.zeros(0, np.int64)
+# Work items (a chunk's hosts, one connection's data packets or order statistics' values) that may wait for
+# the helper thread.
+MAX_BESIDE = 16
+Values = tuple[OrderStats, np.ndarray]
+
+
+def _order_values(values: list[Values], add: bool) -> None:
+    """Values to their order statistics: counted (pass 1) or collected (pass 2); empty ones skipped."""
+    for stats, array in values:
+        if array.size:
+            (stats.add if add else stats.collect)(array)
+
+
+def _samples(column: np.ndarray, side: Side) -> np.ndarray:
+    """A column's values of at least 0 on the side's rows (file order): the RTT samples it holds."""
+    if side.mask is not None:  # mostly -1: one compress of the few samples instead of a gather of every row
+        return column[side.mask & (column >= 0)]
+    values = column[side.rows]
+    return values[values >= 0]
+
+
 class Host:
     def __init__(self, idle_gap_s: float) -> None:
         self.tx = DataStream(idle_gap_s)
@@ -113,22 +155,54 @@ class Aggregation:
         # the capture point (the whole capture's aggregation only)
         self._point: dict[int, bool] | None = {} if capture_point else None
         self._point_started = False
+        self._pending: deque[Future[None]] = deque()  # work on the helper thread (_beside)
 
     # -- routing -----------------------------------------------------------------------------------------
 
     def feed(self, step: Pass, chunk: Chunk, rows: np.ndarray | None) -> None:
         """rows: this aggregation's rows of the chunk (file order), None for all of them."""
-        if rows is None:
-            conn, direction, count = chunk.conn, chunk.direction, chunk.ts_ns.size
-        else:
-            conn, direction, count = chunk.conn[rows], chunk.direction[rows], rows.size
+        count = chunk.ts_ns.size if rows is None else rows.size
         if count == 0:
             return
         if step is Pass.COUNTS:
             self.rows += count
             if self._point is not None:
                 self._capture_point(chunk, rows)
-        self._hosts(step, chunk, rows)
+        # The data packets, found once for the hosts and the connections.
+        data = np.flatnonzero(chunk.plen > 0) if rows is None else rows[chunk.plen[rows] > 0]
+        data_ts = chunk.ts_ns[data] / 1e9
+        data_bytes = chunk.plen[data].astype(np.int64)
+        self._beside(self._hosts, step, chunk, data, data_ts, data_bytes)
+        for c, sides in self._sides(step, chunk, rows, data, data_ts, data_bytes):
+            connection = self.connections.get(c)
+            if connection is None:
+                if step is not Pass.COUNTS:
+                    raise AssertionError("a connection appeared after Pass.COUNTS")
+                streamer = self.top.streamer
+                mss = (streamer.mss_of(c, 0) or DEFAULT_MSS, streamer.mss_of(c, 1) or DEFAULT_MSS)
+                connection = self.connections[c] = Connection(c, self.top.idle_gap_s, not streamer.source.single, mss)
+            self._connection(step, connection, chunk, sides)
+
+    def _sides(self, step: Pass, chunk: Chunk, rows: np.ndarray | None, data: np.ndarray, data_ts: np.ndarray,
+               data_bytes: np.ndarray) -> Iterator[tuple[int, list[Side]]]:
+        """Each listed connection with packets among these rows, and its two directions' packets."""
+        if self.top.streamer.nconn == 1:  # one connection: its data split by direction; every row where read
+            of_data = chunk.direction[data]
+            sides = []
+            for d in (0, 1):
+                pick = of_data == d
+                every, mask = _EMPTY, None
+                if step is not Pass.OVERLAP:  # the last pass reads the data packets only
+                    if rows is None:
+                        mask = chunk.direction == d
+                        every = np.flatnonzero(mask)
+                    else:
+                        every = rows[chunk.direction[rows] == d]
+                sides.append(Side(every, data[pick], data_ts[pick], data_bytes[pick], mask))
+            yield 0, sides
+            return
+        conn = chunk.conn if rows is None else chunk.conn[rows]
+        direction = chunk.direction if rows is None else chunk.direction[rows]
         listed = self.top.streamer.listed
         if listed is not None:  # only the listed connections are analyzed in full
             keep = np.flatnonzero(listed[conn])
@@ -136,31 +210,18 @@ class Aggregation:
             conn, direction = conn[keep], direction[keep]
             if not keep.size:
                 return
-        empty = np.zeros(0, np.int64)
-        if self.top.streamer.nconn == 1:
-            both = [np.flatnonzero(direction == 0), np.flatnonzero(direction == 1)]
-            groups = {0: both if rows is None else [rows[b] for b in both]}
-        else:
-            key = conn.astype(np.int64) * 2 + direction
-            order = np.argsort(key, kind="stable")
-            sorted_key = key[order]
-            bounds = np.flatnonzero(np.diff(sorted_key)) + 1
-            groups = {}
-            for s, e in zip(np.r_[0, bounds], np.r_[bounds, key.size], strict=True):
-                k = int(sorted_key[s])
-                at = order[s:e] if rows is None else rows[order[s:e]]
-                groups.setdefault(k // 2, [empty, empty])[k % 2] = at
-        for c, (ab, ba) in groups.items():
-            if not ab.size and not ba.size:
-                continue
-            connection = self.connections.get(c)
-            if connection is None:
-                if step is not Pass.COUNTS:
-                    raise AssertionError("a connection appeared after Pass.COUNTS")
-                mss = (self.top.streamer.mss_of(c, 0) or DEFAULT_MSS, self.top.streamer.mss_of(c, 1) or DEFAULT_MSS)
-                connection = self.connections[c] = Connection(c, self.top.idle_gap_s,
-                                                              not self.top.streamer.source.single, mss)
-            self._connection(step, connection, chunk, [ab, ba])
+        key = conn.astype(np.int64) * 2 + direction
+        order = np.argsort(key, kind="stable")
+        sorted_key = key[order]
+        bounds = np.flatnonzero(np.diff(sorted_key)) + 1
+        groups: dict[int, list[np.ndarray]] = {}
+        for s, e in zip(np.r_[0, bounds], np.r_[bounds, key.size], strict=True):
+            k = int(sorted_key[s])
+            at = order[s:e] if rows is None else rows[order[s:e]]
+            groups.setdefault(k // 2, [_EMPTY, _EMPTY])[k % 2] = at
+        for c, every in groups.items():
+            if every[0].size or every[1].size:
+                yield c, [Side.of(chunk, rows) for rows in every]
 
     def _capture_point(self, chunk: Chunk, rows: np.ndarray | None) -> None:
         """Addresses whose NIC the capture sees: those that send or receive every TCP packet captured (only the
@@ -184,80 +245,94 @@ class Aggregation:
 
     # -- connections -------------------------------------------------------------------------------------
 
-    def _connection(self, step: Pass, conn: Connection, chunk: Chunk, rows: list[np.ndarray]) -> None:
+    def _connection(self, step: Pass, conn: Connection, chunk: Chunk, sides: list[Side]) -> None:
         ts_all = chunk.ts_ns
-        data_rows = []
-        for d in (0, 1):
-            idx = rows[d]
-            data_rows.append(idx[chunk.plen[idx] > 0] if idx.size else idx)
-        data_ts = [ts_all[r] / 1e9 for r in data_rows]
-        data_size = [chunk.plen[r].astype(np.int64) for r in data_rows]
+        rows = [side.rows for side in sides]
+        data_ts = [side.ts for side in sides]
+        data_size = [side.sizes for side in sides]
         if step is Pass.COUNTS:
+            # the connection's first and last packet times (with the sides' masks: every row is its)
+            every = [ts_all] if sides[0].mask is not None else [ts_all[idx] for idx in rows if idx.size]
+            for times in every:
+                lo_ns, hi_ns = int(times.min()), int(times.max())
+                conn.t0_ns = lo_ns if conn.t0_ns is None else min(conn.t0_ns, lo_ns)
+                conn.t1_ns = hi_ns if conn.t1_ns is None else max(conn.t1_ns, hi_ns)
             for d in (0, 1):
-                idx = rows[d]
-                if idx.size:
-                    times = ts_all[idx]
-                    lo_ns, hi_ns = int(times.min()), int(times.max())
-                    conn.t0_ns = lo_ns if conn.t0_ns is None else min(conn.t0_ns, lo_ns)
-                    conn.t1_ns = hi_ns if conn.t1_ns is None else max(conn.t1_ns, hi_ns)
-                self._count_direction(conn.dirs[d], chunk, idx, data_ts[d], data_size[d])
-            return
+                self._count_direction(conn.dirs[d], chunk, sides[d])
         if step is Pass.CADENCE:
             for d in (0, 1):
-                self._state_direction(conn, d, chunk, rows[d], data_rows[d], data_ts[d], data_size[d])
+                self._state_direction(conn, d, chunk, sides[d])
         elif step is Pass.RUNS:
             for d in (0, 1):
-                self._runs_direction(conn, d, chunk, rows[d], data_rows[d], rows[1 - d])
-        elif step is Pass.OVERLAP:
-            for d in (0, 1):
-                conn.dirs[d].stream.add_overlap(data_ts[d], data_size[d], conn.dirs[1 - d].stream)
-        assert conn.turns is not None
-        conn.turns.feed(step, data_ts, data_size)
+                self._order_stats(conn, d, chunk, sides[d], add=False)
+                # the events of its flight read the chunk's TCP state: here, before the next chunk
+                assert chunk.state is not None
+                conn.dirs[d].stream.add_runs(*flight_events(ts_all, chunk.state, sides[d].data, sides[1 - d].rows))
+        self._beside(self._data_packets, step, conn, data_ts, data_size)
 
-    def _count_direction(self, out: Direction, chunk: Chunk, idx: np.ndarray, data_ts: np.ndarray,
-                    sizes: np.ndarray) -> None:
+    def _data_packets(self, step: Pass, conn: Connection, data_ts: list[np.ndarray], sizes: list[np.ndarray]
+                      ) -> None:
+        """A pass's work on one connection's data packets (their times and sizes only: fresh arrays)."""
+        for d in (0, 1):
+            out = conn.dirs[d]
+            if step is Pass.COUNTS:
+                out.idle.add(data_ts[d])
+                out.data_descents.add(data_ts[d])
+                out.stream.count(data_ts[d], sizes[d])
+            elif step is Pass.CADENCE:
+                self._cadence_direction(conn, d, data_ts[d], sizes[d])
+            elif step is Pass.OVERLAP:
+                out.stream.add_overlap(data_ts[d], sizes[d], conn.dirs[1 - d].stream)
+        if step is not Pass.COUNTS:
+            assert conn.turns is not None
+            conn.turns.feed(step, data_ts, sizes)
+
+    def _count_direction(self, out: Direction, chunk: Chunk, side: Side) -> None:
+        idx, data_ts, sizes = side.rows, side.ts, side.sizes
         if not idx.size:
             return
         out.packets += int(idx.size)
         if out.first_ns is None:
             out.first_ns = int(chunk.ts_ns[idx[0]])
         out.last_ns = int(chunk.ts_ns[idx[-1]])
-        plen, flags = chunk.plen[idx], chunk.flags[idx]
-        data = plen > 0
-        out.data_packets += int(np.count_nonzero(data))
-        out.payload_bytes += int(plen.sum())
+        out.data_packets += int(sizes.size)
+        out.payload_bytes += int(sizes.sum())  # the other rows carry no payload
         if sizes.size:
-            in_range = sizes[sizes <= _EDGES[-1]]
-            bins = np.minimum(np.searchsorted(_EDGES, in_range, side="right") - 1, _EDGES.size - 2)
-            out.segment_counts += np.bincount(bins, minlength=_EDGES.size - 1)
-            out.max_size = max(out.max_size, int(sizes.max()))
+            top = int(sizes.max())
+            out.segment_counts += size_histogram(sizes, top)
+            out.max_size = max(out.max_size, top)
             if out.first_data_s is None:
                 out.first_data_s = float(data_ts[0])
             out.last_data_s = float(data_ts[-1])
-        has_ack = (flags & ACK) != 0
+        if side.mask is not None:  # the chunk's columns under the side's mask: no gather
+            flags, win, mine = chunk.flags, chunk.win, side.mask
+        else:
+            flags, win, mine = chunk.flags[idx], chunk.win[idx], np.ones(idx.size, dtype=bool)
+        data = (chunk.plen if side.mask is not None else chunk.plen[idx]) > 0
+        has_ack = ((flags & ACK) != 0) & mine
         out.pure_acks += int(np.count_nonzero(has_ack & ~data & ((flags & (SYN | FIN | RST)) == 0)))
         out.piggybacked += int(np.count_nonzero(has_ack & data))
-        win = chunk.win[idx]
-        not_syn = (flags & SYN) == 0
+        not_syn = ((flags & SYN) == 0) & mine
         if not_syn.any():
             raw = int(win[not_syn].max())
             out.raw_max = raw if out.raw_max is None else max(out.raw_max, raw)
-        out.raw_positive_max = max(out.raw_positive_max, int(win.max()))
-        out.idle.add(data_ts)
-        out.data_descents.add(data_ts)
-        out.stream.count(data_ts, sizes)
+        out.raw_positive_max = max(out.raw_positive_max, int(win[mine].max() if side.mask is not None else win.max()))
 
-    def _state_direction(self, conn: Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
-                    data_ts: np.ndarray, sizes: np.ndarray) -> None:
+    def _state_direction(self, conn: Connection, d: int, chunk: Chunk, side: Side) -> None:
         out = conn.dirs[d]
         st = chunk.state
         assert st is not None
+        idx = side.rows
         if idx.size:
             out.unique += int(st["new_bytes"][idx].sum())
-            for k, name in enumerate(VERDICTS):
-                out.verdicts[k] += int(np.count_nonzero(st[name][idx]))
-        self._order_stats(conn, d, chunk, idx, data_rows, add=True)
-        if data_rows.size:
+            for k, name in enumerate(VERDICTS):  # a flag AND a mask counts faster than a gather
+                out.verdicts[k] += int(np.count_nonzero(st[name] & side.mask if side.mask is not None
+                                                        else st[name][idx]))
+        self._order_stats(conn, d, chunk, side, add=True)
+
+    def _cadence_direction(self, conn: Connection, d: int, data_ts: np.ndarray, sizes: np.ndarray) -> None:
+        out = conn.dirs[d]
+        if sizes.size:
             mss = self.top.streamer.mss_of(conn.c, d) or DEFAULT_MSS
             out.super_segments += int(np.count_nonzero(sizes > mss))
             if self.top.with_series:
@@ -270,53 +345,43 @@ class Aggregation:
                 out.series += np.bincount(index, weights=sizes.astype(np.float64), minlength=bins)
         out.stream.collect_gaps(data_ts, sizes)
 
-    def _rtts(self, conn: Connection, d: int, st: dict[str, np.ndarray], idx: np.ndarray, add: bool) -> None:
+    def _rtts(self, conn: Connection, d: int, st: dict[str, np.ndarray], side: Side) -> list[Values]:
         """ACK and timestamp RTTs on d's packets measure the other direction's data."""
         target = conn.dirs[1 - d]
+        values = []
         # over the whole capture a direction that never sent data has no ACK RTTs
         if not (self.all_rows and target.data_packets == 0):
-            rtt = st["ack_rtt_ns"][idx]
-            rtt = rtt[rtt >= 0]
-            if rtt.size:
-                (target.rtt.add if add else target.rtt.collect)(rtt)
-        ts_rtt = st["ts_rtt_ns"][idx]
-        ts_rtt = ts_rtt[ts_rtt >= 0]
-        if ts_rtt.size:
-            (target.ts_rtt.add if add else target.ts_rtt.collect)(ts_rtt)
+            values.append((target.rtt, _samples(st["ack_rtt_ns"], side)))
+        values.append((target.ts_rtt, _samples(st["ts_rtt_ns"], side)))
+        return values
 
-    def _runs_direction(self, conn: Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
-                    peer_rows: np.ndarray) -> None:
-        self._order_stats(conn, d, chunk, idx, data_rows, add=False)
-        assert chunk.state is not None
-        conn.dirs[d].stream.add_runs(*flight_events(chunk.ts_ns, chunk.state, data_rows, peer_rows))
-
-    def _order_stats(self, conn: Connection, d: int, chunk: Chunk, idx: np.ndarray, data_rows: np.ndarray,
-                     add: bool) -> None:
-        """The values of the window, in-flight and RTT order statistics: counted (Pass.CADENCE, with their
-        minimum and maximum) or collected (Pass.RUNS)."""
+    def _order_stats(self, conn: Connection, d: int, chunk: Chunk, side: Side, add: bool) -> None:
+        """The values of the window, in-flight and RTT order statistics, picked here and counted (Pass.CADENCE,
+        with their minimum and maximum) or collected (Pass.RUNS) on the helper thread."""
         out = conn.dirs[d]
         st = chunk.state
         assert st is not None
+        idx, data_rows = side.rows, side.data
+        values: list[Values] = []
         if idx.size:
-            not_syn = (chunk.flags[idx] & SYN) == 0
-            win = st["window_bytes"][idx][not_syn]
+            if side.mask is not None:
+                win = st["window_bytes"][side.mask & ((chunk.flags & SYN) == 0)]
+            else:
+                win = st["window_bytes"][idx][(chunk.flags[idx] & SYN) == 0]
             if win.size and add:
-                out.window.add(win.astype(np.int64))
                 low, high = int(win.min()), int(win.max())
                 out.window_min = low if out.window_min is None else min(out.window_min, low)
                 out.window_max = high if out.window_max is None else max(out.window_max, high)
-            elif win.size:
-                out.window.collect(win.astype(np.int64))
-            self._rtts(conn, d, st, idx, add)
+            values.append((out.window, win.astype(np.int64)))
+            values += self._rtts(conn, d, st, side)
         if data_rows.size:
             flight = st["in_flight"][data_rows]
             flight = flight[flight >= 0]
             if flight.size and add:
-                out.in_flight.add(flight)
                 high = int(flight.max())
                 out.in_flight_max = high if out.in_flight_max is None else max(out.in_flight_max, high)
-            elif flight.size:
-                out.in_flight.collect(flight)
+            values.append((out.in_flight, flight))
+        self._beside(_order_values, values, add)
 
     def _bins(self, conn: Connection) -> tuple[float, float, float, int]:
         t0, t1 = self._span_s(conn)
@@ -334,19 +399,38 @@ class Aggregation:
 
     # -- hosts -------------------------------------------------------------------------------------------
 
-    def _hosts(self, step: Pass, chunk: Chunk, rows: np.ndarray | None) -> None:
-        if step is Pass.HANDSHAKES:
+    def _beside(self, work: Callable[..., None], *args: Any) -> None:
+        """work(*args) on the analysis' helper thread, in order, beside this thread's work on the same rows
+        (numpy releases the GIL in its loops): the hosts, and each connection's work on its data packets.
+        Such work reads only arrays of its own (the chunk's address ids and data packets are fresh arrays,
+        never views of the reader's buffers) and streamer state that only grows. At most MAX_BESIDE wait;
+        settle waits for all."""
+        if getattr(self.top.helping, "on", False):  # this is the helper thread: at once
+            work(*args)
             return
-        data = np.flatnonzero(chunk.plen > 0) if rows is None else rows[chunk.plen[rows] > 0]
+        while len(self._pending) >= MAX_BESIDE:
+            self._pending.popleft().result()
+        self._pending.append(self.top.helper.submit(work, *args))
+
+    def _beside_done(self) -> None:
+        while self._pending:
+            self._pending.popleft().result()
+
+    def _hosts(self, step: Pass, chunk: Chunk, data: np.ndarray, ts: np.ndarray, nbytes: np.ndarray) -> None:
+        """Each host's transmit and receive streams: data: these rows' data packets, ts their times (s),
+        nbytes their sizes."""
         if not data.size:
             return
-        ts = chunk.ts_ns[data] / 1e9
-        nbytes = chunk.plen[data].astype(np.int64)
+        streamer = self.top.streamer
         src, dst = chunk.src_addr[data], chunk.dst_addr[data]
-        naddresses = len(self.top.streamer.addresses)
-        present = np.flatnonzero(np.bincount(src, minlength=naddresses) + np.bincount(dst, minlength=naddresses))
-        if self.top.streamer.listed_hosts is not None:
-            present = present[self.top.streamer.listed_hosts[present]]
+        if streamer.nconn == 1:  # one connection: its two ends' addresses, every packet between them
+            present = np.unique(streamer.address_of_endpoint[[streamer.connections.conn_a[0],
+                                                              streamer.connections.conn_b[0]]])
+        else:
+            naddresses = len(streamer.addresses)
+            present = np.flatnonzero(np.bincount(src, minlength=naddresses) + np.bincount(dst, minlength=naddresses))
+        if streamer.listed_hosts is not None:
+            present = present[streamer.listed_hosts[present]]
         for index in present.tolist():
             host = self.hosts.get(index)
             if host is None:
@@ -371,6 +455,7 @@ class Aggregation:
 
     def settle(self, step: Pass) -> None:
         """What one pass's end decides for the next."""
+        self._beside_done()
         if step is Pass.COUNTS and len(self.top.streamer.addresses) == 1:
             for host in self.hosts.values():
                 host.rx = host.tx  # every data packet is the one host's, sent and received: computed once

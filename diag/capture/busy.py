@@ -145,6 +145,17 @@ def duplex_result(both: float, either: float, active: tuple[float, float], over:
 
 
 
+def _gaps(previous: float | None, ts: np.ndarray) -> np.ndarray:
+    """np.diff of previous and ts (the gap before each time; None: between ts's times only), without copying
+    ts behind previous first."""
+    if previous is None:
+        return np.diff(ts)
+    gaps = np.empty(ts.size)
+    gaps[0] = ts[0] - previous
+    np.subtract(ts[1:], ts[:-1], out=gaps[1:])
+    return gaps
+
+
 class BusyRuns:
     """Busy runs (starts, ends) of times in file order at a fixed gap, built chunk by chunk; with keep_gaps
     also the silences that end them. Times given with whether data was in flight after each (add's flying)
@@ -167,15 +178,15 @@ class BusyRuns:
             return
         if self.last is None:
             self.starts.append(ts[:1])
-            gaps = np.diff(ts)
-            base = ts
-        else:
-            base = np.concatenate([np.array([self.last]), ts])
-            gaps = np.diff(base)
+        gaps = _gaps(self.last, ts)
         breaks = np.flatnonzero(gaps > self.gap)
         if breaks.size:
-            self.ends.append(base[breaks])
-            self.starts.append(base[breaks + 1])
+            after = breaks if self.last is not None else breaks + 1  # the time after each break
+            ends = ts[np.maximum(after - 1, 0)]
+            if after[0] == 0:
+                ends[0] = self.last
+            self.ends.append(ends)
+            self.starts.append(ts[after])
             if self.keep_gaps:
                 self.idle.append(gaps[breaks])
             if flying is not None:  # the event before each silence: base[k] (the last one carried over)
@@ -221,6 +232,7 @@ class DataStream:
         self.run_gap = idle_gap_s
         self.runs: BusyRuns | None = None
         self.intervals: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))
+        self.intervals_ordered = True  # each run starts after the one before ended (add_overlap's fast path)
         self.bytes_inside_other = 0
 
     def _bulk_gaps(self, ts: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
@@ -233,11 +245,13 @@ class DataStream:
         # segments per packet: 1 unless the chunk holds a super-segment (the usual case: no division)
         supers = int(nbytes.max()) > self.mss
         segments = (nbytes + (self.mss - 1)) // self.mss if supers else None
+        gaps = _gaps(self._last_ts, ts)
         if self._last_ts is None:
-            gaps, pairs = np.diff(ts), bulk[:-1] & bulk[1:]
+            pairs = bulk[:-1] & bulk[1:]
         else:
-            gaps = np.diff(np.concatenate([np.array([self._last_ts]), ts]))
-            pairs = np.concatenate([np.array([self._last_bulk]), bulk[:-1]]) & bulk
+            pairs = np.empty(bulk.size, dtype=bool)
+            pairs[0] = self._last_bulk and bool(bulk[0])
+            np.logical_and(bulk[:-1], bulk[1:], out=pairs[1:])
         gaps = gaps[pairs]
         if supers or self._last_segments > 1:
             every = np.ones(ts.size, dtype=np.int64) if segments is None else segments
@@ -291,23 +305,46 @@ class DataStream:
         """After Pass.RUNS: the busy runs, joined across silences with data in flight up to stall_s, each
         until its sender has the ACK: round_trip (round_trip_s) after its end."""
         assert self.runs is not None
-        self.intervals = self.runs.arrays(stall_s)
+        intervals = self.runs.arrays(stall_s)
         self.runs = None
-        if round_trip > 0 and self.intervals[0].size:
-            self.intervals = union([(self.intervals[0], self.intervals[1] + round_trip)])
+        if round_trip > 0 and intervals[0].size:
+            intervals = union([(intervals[0], intervals[1] + round_trip)])
+        self._set_intervals(intervals)
 
     def join(self, others: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
         """Busy also where the given busy runs are (a host: while its connection directions are)."""
         if others:
-            self.intervals = union([self.intervals, *others])
+            self._set_intervals(union([self.intervals, *others]))
+
+    def _set_intervals(self, intervals: tuple[np.ndarray, np.ndarray]) -> None:
+        self.intervals = intervals
+        starts, ends = intervals
+        self.intervals_ordered = bool(np.all(starts[1:] > ends[:-1]) and np.all(ends >= starts))
 
     def add_overlap(self, ts: np.ndarray, nbytes: np.ndarray, other: DataStream) -> None:
         starts, ends = other.intervals
         if ts.size == 0 or starts.size == 0:
             return
+        if other.intervals_ordered and bool(np.all(ts[1:] >= ts[:-1])):
+            self.bytes_inside_other += _bytes_inside(ts, nbytes, starts, ends)
+            return
         j = np.searchsorted(starts, ts, side="right") - 1
         inside = (j >= 0) & (ts <= ends[np.maximum(j, 0)])
         self.bytes_inside_other += int(nbytes[inside].sum())
+
+
+def _bytes_inside(ts: np.ndarray, nbytes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> int:
+    """add_overlap's sum where the times are in order and the runs too (each starts after the one before
+    ended): the packets inside each run that can hold any are one slice of ts, found by two binary searches
+    a run instead of one a packet."""
+    first = int(np.searchsorted(ends, ts[0], side="left"))
+    last = int(np.searchsorted(starts, ts[-1], side="right"))
+    if first >= last:
+        return 0
+    cumulative = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(nbytes, dtype=np.int64)])
+    low = np.searchsorted(ts, starts[first:last], side="left")
+    high = np.searchsorted(ts, ends[first:last], side="right")
+    return int((cumulative[high] - cumulative[low]).sum())
 
 
 def duplex(x: DataStream, y: DataStream) -> dict[str, Any]:

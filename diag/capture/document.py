@@ -41,6 +41,21 @@ MAX_RUN_GAP_S = 0.05
 STALL_RTT_FACTOR = 2.0
 
 
+def size_histogram(sizes: np.ndarray, top: int) -> np.ndarray:
+    """Data segments per SEGMENT_SIZE_EDGES bin (the last bin closed; sizes above the last edge left out), of
+    sizes whose largest is top: the sizes at least each edge up to the largest, counted (a comparison per
+    edge reached costs less than a binary search per segment)."""
+    last = SEGMENT_SIZE_EDGES[-1]
+    in_range = sizes if top <= last else sizes[sizes <= last]
+    # at_least[k]: sizes >= edge k; the last entry stays 0, so the last bin holds the last edge too
+    at_least = np.zeros(len(SEGMENT_SIZE_EDGES), dtype=np.int64)
+    for k, edge in enumerate(SEGMENT_SIZE_EDGES[:-1]):
+        if edge > top:
+            break
+        at_least[k] = in_range.size if edge <= 1 else np.count_nonzero(in_range >= edge)
+    return at_least[:-1] - at_least[1:]
+
+
 @dataclass
 class Packets:
     """All files merged into one time-ordered packet table plus its TCP state: what --plot draws."""

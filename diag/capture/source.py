@@ -2,11 +2,12 @@
 
 A source is the capture file read chunk by chunk (FileChunks: reader.stream_capture, memory one chunk
 whatever the file's size), or one chunk in memory (OneChunk: pipes, several files merged in time order,
---plot, a machine without the C kernels, and a file whose chunks cannot be analyzed exactly -- Fallback
-says why). The Streamer reads the source once per Pass and hands each chunk, with its connection and
-direction ids (numbered by first appearance, as tshark's tcp.stream) and, in the passes that need it, its
-TCP state (the _ctcp kernel fed chunk by chunk, or tcpstate.analyze_packets over the one chunk), to the
-aggregations. Each pass keeps only what the next one needs:
+--plot, and a file whose chunks cannot be analyzed exactly -- Fallback says why). The Streamer reads the
+source in Pass.CONNECTIONS and hands each chunk, with its connection and direction ids (connections.py,
+numbered by first appearance, as tshark's tcp.stream) and, in the passes that need it, its TCP state (the
+_ctcp kernel fed chunk by chunk, or tcpstate.analyze_packets over the one chunk), to the aggregations. While
+the source fits CACHE_BYTES, that first pass keeps its chunks and every later pass replays them (the TCP
+state computed once); otherwise every pass reads the file again. Each pass keeps only what the next needs:
 
   CONNECTIONS connections and their packets and bytes, SYNs (window scale, MSS): which are listed
   COUNTS      counts and sums, idle runs, bulk gaps counted
@@ -21,14 +22,16 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from diag.capture import native
-from diag.capture.pcapfile import ACK, COLUMN_DTYPES, SYN, TUNNELS, CaptureChunk, ReadResult
+from diag.capture import native, pcapfile
+from diag.capture.connections import ConnectionIds
+from diag.capture.pcapfile import ACK, GZIP_MAGIC, SYN, TUNNELS, CaptureChunk, ReadResult
 from diag.capture.reader import read_capture, stream_capture
+from diag.capture.reader_native import MIN_ROW_FILE_BYTES, row_bound
 from diag.capture.tcpstate import PacketState, analyze_packets
 
 VERDICTS = ("retransmission", "fast_retransmission", "spurious_retransmission", "out_of_order",
@@ -48,12 +51,18 @@ SPILL_WINDOW = 1 << 20
 # and sums up the rest in the JSON's connections_omitted; likewise the hosts.
 MAX_LISTED_CONNECTIONS = 2000
 MAX_LISTED_HOSTS = 4096
-# A file whose decoded columns take at most this (ROW_BYTES a TCP packet: ~2.8 M packets) is decoded twice,
-# not once a pass: the second read keeps its chunks for the later passes.
-CACHE_BYTES = 128 << 20
-ROW_BYTES = sum(np.dtype(dtype).itemsize for dtype in COLUMN_DTYPES.values())
-
-
+# The TCP state that the pass after the first state pass reads (Pass.RUNS: the values of the order
+# statistics, and the flight of each direction's busy runs). A chunk kept in memory keeps these once its state
+# is computed, so the state is computed once.
+KEPT_STATE = ("window_bytes", "in_flight", "ack_rtt_ns", "ts_rtt_ns", "peer_in_flight")
+# What a kept file costs a TCP packet: the columns the aggregation reads and the ids (Chunk: ts_ns, plen,
+# flags, win, conn, direction, src_addr, dst_addr: 28 bytes), KEPT_STATE, and the TCP state kernel's segment
+# end (all in memory: 17 bytes a data segment). The kernel's inputs (seq, ack, TSval, TSecr) are kept until
+# the state replaces them.
+KEPT_ROW_BYTES = 28 + sum(np.dtype(_STATE_DTYPES[name]).itemsize for name in KEPT_STATE) + 17
+# A capture file that costs at most this kept (~2.6 M packets) is read and decoded once: the first pass keeps
+# its chunks and the later passes replay them. A bigger one is read once a pass, in memory bounded by a chunk.
+CACHE_BYTES = 192 << 20
 
 
 class Pass(enum.IntEnum):
@@ -90,111 +99,74 @@ class _Stop(Exception):
     """Raised inside a consume callback to end a pass early."""
 
 
-class ConnectionIds:
-    """Endpoint pairs -> connection index in order of first appearance (tshark's tcp.stream)."""
-
-    def __init__(self) -> None:
-        self.cap = 0
-        self.lookup = np.zeros(0, dtype=np.int32)  # low * cap + high -> connection, -1 unknown
-        self.pairs: dict[int, int] = {}  # low << 32 | high -> connection
-        self.conn_a: list[int] = []
-        self.conn_b: list[int] = []
-        self._conn_a_arr = np.zeros(0, dtype=np.int32)  # conn_a as an array, rebuilt when connections came
-
-    def _grow(self, nendpoints: int) -> None:
-        cap = max(16, self.cap)
-        while cap < nendpoints:
-            cap *= 2
-        if cap > 2048:  # a dense table would be too large: the dict path alone
-            self.cap = -1
-            return
-        if cap != self.cap:
-            self.lookup = np.full(cap * cap, -1, dtype=np.int32)
-            for key, c in self.pairs.items():
-                self.lookup[(key >> 32) * cap + (key & 0xFFFFFFFF)] = c
-            self.cap = cap
-
-    def ids(self, src: np.ndarray, dst: np.ndarray, nendpoints: int, assign: bool) -> np.ndarray:
-        if self.cap != -1 and nendpoints > self.cap:
-            self._grow(nendpoints)
-        low, high = np.minimum(src, dst), np.maximum(src, dst)
-        if self.cap == -1:
-            key = low.astype(np.int64) << 32 | high
-            uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-            known = np.array([self.pairs.get(k, -1) for k in uniq.tolist()], dtype=np.int32)
-            missing = np.flatnonzero(known < 0)
-            if missing.size:
-                if not assign:
-                    raise AssertionError("a connection appeared in a later pass")
-                for m in missing[np.argsort(first[missing], kind="stable")].tolist():
-                    k = int(uniq[m])
-                    known[m] = self._add(k >> 32, k & 0xFFFFFFFF, src[first[m]], dst[first[m]])
-            return known[inverse.ravel()]
-        key = low * np.int32(self.cap) + high
-        conn = self.lookup[key]
-        if conn.size and int(conn.min()) < 0:
-            if not assign:
-                raise AssertionError("a connection appeared in a later pass")
-            rows = np.flatnonzero(conn < 0)
-            keys, first = np.unique(key[rows], return_index=True)
-            for k, row in sorted(zip(keys.tolist(), rows[first].tolist(), strict=True), key=lambda kr: kr[1]):
-                self.lookup[k] = self._add(k // self.cap, k % self.cap, src[row], dst[row])
-            conn = self.lookup[key]
-        return conn
-
-    def _add(self, low: int, high: int, first_src: Any, first_dst: Any) -> int:
-        c = len(self.conn_a)
-        self.pairs[int(low) << 32 | int(high)] = c
-        self.conn_a.append(int(first_src))
-        self.conn_b.append(int(first_dst))
-        return c
-
-    def direction(self, conn: np.ndarray, src: np.ndarray) -> np.ndarray:
-        if len(self.conn_a) == 1:
-            return (src != self.conn_a[0]).astype(np.int8)
-        if self._conn_a_arr.size != len(self.conn_a):  # once per chunk at most, not once per new connection
-            self._conn_a_arr = np.array(self.conn_a, dtype=np.int32)
-        return (src != self._conn_a_arr[conn]).astype(np.int8)
-
-
 class FileChunks:
-    """One capture file read chunk by chunk (reader.stream_capture): memory is one chunk whatever its size.
-
-    Once the first read has counted the file's rows: when their columns take at most CACHE_BYTES, the next
-    complete read keeps copies of its decoded chunks and the later passes replay them instead of reading
-    and decoding the file again (a file too big for that is never copied at all)."""
+    """One capture file read chunk by chunk (reader.stream_capture): memory is one chunk whatever its size."""
 
     single = False
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.paths = [path]
         self.results: list[ReadResult] = []
-        self.rows: int | None = None
-        self.cached: list[CaptureChunk] | None = None
 
     def read(self, consume: Callable[[CaptureChunk], None], details: bool = True) -> None:
         """Every chunk to consume; details: with the SYNs and endpoints (the first pass)."""
-        if self.cached is not None and not details:
-            for chunk in self.cached:
-                consume(chunk)
-            return
-        kept: list[CaptureChunk] | None = None
-        if not details and self.rows is not None and self.rows * ROW_BYTES <= CACHE_BYTES:
-            kept = []
-        rows = 0
-
-        def keep(chunk: CaptureChunk) -> None:
-            nonlocal rows
-            rows += chunk.rows
-            if kept is not None:
-                copy = {name: column.copy() for name, column in chunk.columns.items()}
-                kept.append(CaptureChunk(copy, [], chunk.first_row, chunk.endpoints))
-            consume(chunk)
-
-        result = stream_capture(self.paths[0], keep, details=details)  # a pass that stops early keeps nothing
+        result = stream_capture(self.paths[0], consume, details=details)
         if details:
-            self.results, self.rows = [result], rows
-        self.cached = kept if kept is not None else self.cached
+            self.results = [result]
+
+    def decoded_bytes(self) -> int:
+        """The file's size as its records are read (a gzip file's from its trailer): what a chunk of
+        pcapfile.CHUNK_BYTES is a share of."""
+        try:
+            with open(self.paths[0], "rb") as raw:
+                gz = raw.read(2) == GZIP_MAGIC
+                return (row_bound(raw, gz) - 1) * MIN_ROW_FILE_BYTES
+        except OSError:  # gone since the reader opened it: judged by its rows alone
+            return 0
+
+
+@dataclass
+class _Kept:
+    """A chunk kept in memory: its Chunk, and the TCP state kernel's inputs until its state is computed."""
+
+    chunk: Chunk
+    inputs: dict[str, np.ndarray] | None
+    state: dict[str, np.ndarray] | None = None
+
+
+class _Keeper:
+    """Pass.CONNECTIONS keeps every chunk it numbers while the source fits in memory: OneChunk's one chunk
+    always (it is in memory anyway), a file's chunks while they and the file's projected rows (rows per file
+    byte so far times the file's size) take at most CACHE_BYTES. Past that nothing is kept: every later pass
+    reads the file again."""
+
+    def __init__(self, source: FileChunks | OneChunk) -> None:
+        self.source = source
+        self.file_bytes: int | None = None
+        self.kept: list[_Kept] | None = []
+        self.rows = 0
+
+    def add(self, chunk: Chunk, cols: dict[str, np.ndarray]) -> Chunk:
+        """The chunk as Pass.CONNECTIONS hands it on: its kept copy, or itself where nothing is kept."""
+        if self.kept is None:
+            return chunk
+        self.rows += chunk.conn.size
+        if isinstance(self.source, FileChunks):
+            if self.file_bytes is None:  # the reader has opened the file by now
+                self.file_bytes = self.source.decoded_bytes()
+            read = len(self.kept) + 1  # chunks of pcapfile.CHUNK_BYTES read so far (at least)
+            projected = self.rows * self.file_bytes // (read * pcapfile.CHUNK_BYTES)
+            if max(self.rows, projected) * KEPT_ROW_BYTES > CACHE_BYTES:
+                self.kept = None
+                return chunk
+            # a file's chunks view the reader's reused buffers: copied (the ids are new arrays already)
+            chunk = Chunk(*(a.copy() for a in (chunk.ts_ns, chunk.plen, chunk.flags, chunk.win)), chunk.conn,
+                          chunk.direction, chunk.src_addr, chunk.dst_addr, None)
+            cols = {name: cols[name].copy() for name in ("seq", "ack", "tsval", "tsecr", "has_ts")}
+            cols.update(ts_ns=chunk.ts_ns, plen=chunk.plen, flags=chunk.flags, win=chunk.win)
+        self.kept.append(_Kept(chunk, cols))
+        return chunk
+
 
 def read_files(paths: Sequence[str | os.PathLike[str]]
                ) -> tuple[dict[str, np.ndarray], list[tuple[str, int]], list[ReadResult]]:
@@ -270,7 +242,7 @@ class Streamer:
         self.payload = np.zeros(0, dtype=np.int64)
         self.tunnel_bits = np.zeros(0, dtype=np.uint8)   # the tunnels its packets came through (TUNNELS bits)
         self.tunnelled = np.zeros(0, dtype=np.int64)     # its packets that came through one
-        self.host_bytes = np.zeros(0, dtype=np.int64)    # per address: data bytes sent and received
+        self.host_bytes = np.zeros(0, dtype=np.int64)    # per address: data bytes sent and received (_select)
         self.listed: np.ndarray | None = None            # connections analyzed in full (None: all)
         self.listed_hosts: np.ndarray | None = None
         self._kernel_ids = np.zeros(0, dtype=np.int32)    # listed connection -> the TCP state kernel's index
@@ -278,6 +250,8 @@ class Streamer:
         self.first_rtt = np.zeros(0, dtype=np.int64)
         self._one_state: dict[str, np.ndarray] | None = None  # OneChunk: the TCP state, computed once
         self.one_state: PacketState | None = None
+        self.kept: list[_Kept] | None = None  # the source's chunks, when Pass.CONNECTIONS kept them
+        self._keeper: _Keeper | None = None
 
     @property
     def nconn(self) -> int:
@@ -299,7 +273,11 @@ class Streamer:
 
     def run(self, step: Pass, consume: Callable[[Chunk], None], with_state: bool = False) -> None:
         """One pass: every chunk of the source, with the TCP state when asked, to consume."""
-        state_of = self._state_feeder() if with_state and not self.source.single else None
+        if self.kept is not None:
+            self._replay(consume, with_state)
+            return
+        state_of = self._state_feeder(self.spill_window) if with_state and not self.source.single else None
+        keeper = self._keeper = _Keeper(self.source) if step is Pass.CONNECTIONS else None
 
         def on_chunk(raw: CaptureChunk) -> None:
             cols = raw.columns
@@ -315,36 +293,109 @@ class Streamer:
                 state = self._whole_state(cols, conn, direction)
             elif state_of is not None:
                 state = state_of(cols, conn, direction)
-            consume(Chunk(cols["ts_ns"], cols["plen"], cols["flags"], cols["win"], conn, direction,
-                          self.address_of_endpoint[src], self.address_of_endpoint[dst], state))
+            chunk = Chunk(cols["ts_ns"], cols["plen"], cols["flags"], cols["win"], conn, direction,
+                          self.address_of_endpoint[src], self.address_of_endpoint[dst], state)
+            if keeper is not None:
+                chunk = keeper.add(chunk, cols)
+            consume(chunk)
 
         try:
             self.source.read(on_chunk, details=step is Pass.CONNECTIONS)
         except _Stop:
             return
         if step is Pass.CONNECTIONS:
+            assert keeper is not None
+            self.kept, self._keeper = keeper.kept, None
             self._settle_handshakes()
             self._select()
 
-    def _state_feeder(self) -> Callable[[dict[str, np.ndarray], np.ndarray, np.ndarray], dict[str, np.ndarray]]:
-        """The TCP state kernel fed chunk by chunk with the listed connections' rows (renumbered 0..K-1);
-        returns each chunk's state (rows of connections not listed are left unset)."""
+    @property
+    def keeping(self) -> bool:
+        """The chunk Pass.CONNECTIONS hands on is a kept copy (its arrays stay as they are)."""
+        return self._keeper is not None and self._keeper.kept is not None
+
+    def _replay(self, consume: Callable[[Chunk], None], with_state: bool) -> None:
+        """A pass over the kept chunks. The first pass with the TCP state computes it (the kernel fed chunk by
+        chunk, the next chunk on a helper thread while this one is consumed; or analyze_packets over
+        OneChunk's one chunk) and keeps what a later pass reads (KEPT_STATE)."""
+        assert self.kept is not None
+        if with_state and not self.source.single and self.kept and self.kept[0].inputs is not None:
+            self._replay_computing_state(consume)
+            return
+        try:
+            for kept in self.kept:
+                chunk = kept.chunk
+                chunk.state = None
+                if with_state and self.source.single:
+                    assert kept.inputs is not None
+                    chunk.state = self._whole_state(kept.inputs, chunk.conn, chunk.direction)
+                elif with_state:
+                    chunk.state = kept.state
+                consume(chunk)
+        except _Stop:
+            return
+
+    def _replay_computing_state(self, consume: Callable[[Chunk], None]) -> None:
+        """The first pass with the TCP state over the kept chunks: the kernel (every segment end in memory:
+        the file fits) writes KEPT_STATE straight into arrays for the whole file, the rest into two sets of
+        buffers used in turn, so that it can work on the next chunk on a helper thread while this one is
+        consumed."""
+        kept_chunks = self.kept
+        assert kept_chunks is not None
+        state_of = self._state_feeder(spill_window=0)
+        sizes = [kept.chunk.conn.size for kept in kept_chunks]
+        starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        whole = {name: np.empty(starts[-1], dtype=_STATE_DTYPES[name]) for name in KEPT_STATE}
+        buffers = [{name: np.empty(max(sizes), dtype=dtype) for name, dtype in _STATE_DTYPES.items()
+                    if name not in KEPT_STATE} for _ in range(2)]
+
+        def into(at: int) -> dict[str, np.ndarray]:
+            lo, hi = starts[at], starts[at + 1]
+            return {name: whole[name][lo:hi] if name in KEPT_STATE else buffers[at % 2][name][:hi - lo]
+                    for name in _STATE_DTYPES}
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-tcpstate") as pool:
+            def submit(at: int) -> Future[dict[str, np.ndarray]]:
+                kept = kept_chunks[at]
+                assert kept.inputs is not None
+                return pool.submit(state_of, kept.inputs, kept.chunk.conn, kept.chunk.direction, into(at))
+
+            pending = submit(0)
+            for at, kept in enumerate(kept_chunks):
+                state = pending.result()
+                if at + 1 < len(kept_chunks):
+                    pending = submit(at + 1)
+                kept.state = {name: state[name] for name in KEPT_STATE}
+                kept.inputs = None
+                kept.chunk.state = state
+                consume(kept.chunk)
+
+    def _state_feeder(self, spill_window: int) -> Callable[..., dict[str, np.ndarray]]:
+        """The TCP state kernel fed chunk by chunk with the listed connections' rows (renumbered 0..K-1):
+        state_of(cols, conn, direction, into=None) gives a chunk's state (rows of connections not listed are
+        0) in `into` where given (arrays of the chunk's length, a field each), else in arrays reused for the
+        next chunk. The kernel keeps spill_window segment ends a direction in memory (0: all), the older
+        ones in its temporary file."""
         kernel = native.require("_ctcp")
         listed = np.arange(self.nconn) if self.listed is None else np.flatnonzero(self.listed)
         analyzer = kernel.Analyzer(2 * listed.size, np.ascontiguousarray(self.wscale[listed], dtype=np.int64).reshape(-1),
                                    np.ascontiguousarray(self.first_rtt[listed], dtype=np.int64),
-                                   spill_window=self.spill_window)
+                                   spill_window=spill_window)
         outputs: dict[str, np.ndarray] = {}
         fed = [0]  # rows fed to the kernel before this chunk (its row numbers)
 
-        def state_of(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray) -> dict[str, np.ndarray]:
+        def state_of(cols: dict[str, np.ndarray], conn: np.ndarray, direction: np.ndarray,
+                     into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
             n = conn.size
             rows = None if self.listed is None else np.flatnonzero(self.listed[conn])
             m = n if rows is None else rows.size
-            for name, dtype in _STATE_DTYPES.items():
-                if name not in outputs or outputs[name].size < m:
-                    outputs[name] = np.empty(max(m, 1 << 16), dtype=dtype)
-            fed_state = {name: array[:m] for name, array in outputs.items()}
+            if into is not None and rows is None:
+                fed_state = into
+            else:
+                for name, dtype in _STATE_DTYPES.items():
+                    if name not in outputs or outputs[name].size < m:
+                        outputs[name] = np.empty(max(m, 1 << 16), dtype=dtype)
+                fed_state = {name: array[:m] for name, array in outputs.items()}
             ids = conn if rows is None else self._kernel_ids[conn[rows]]
             inputs = [np.ascontiguousarray(ids, dtype=np.int32),
                       np.ascontiguousarray(direction if rows is None else direction[rows], dtype=np.int8)]
@@ -365,8 +416,9 @@ class Streamer:
             fed[0] += m
             if rows is None:
                 return fed_state
-            state = {name: np.zeros(n, dtype=dtype) for name, dtype in _STATE_DTYPES.items()}
+            state = into if into is not None else {name: np.empty(n, dtype=dtype) for name, dtype in _STATE_DTYPES.items()}
             for name, values in fed_state.items():
+                state[name].fill(0)
                 state[name][rows] = values
             return state
 
@@ -383,7 +435,7 @@ class Streamer:
         return self._one_state
 
     def _tally(self, raw: CaptureChunk, conn: np.ndarray, direction: np.ndarray) -> None:
-        """Pass.CONNECTIONS: rows, each connection's packets and payload bytes, each address's data bytes, SYNs."""
+        """Pass.CONNECTIONS: rows, each connection's packets and payload bytes, SYNs."""
         n, nconn = conn.size, self.nconn
         self.rows += n
         if self.packets.size < nconn:
@@ -394,8 +446,12 @@ class Streamer:
             self.syn_seen, self.mss = _grown(self.syn_seen, grow), _grown(self.mss, grow)
             self.offered = _grown(self.offered, grow, fill=-1)
         plen = raw.columns["plen"]
-        self.packets[:nconn] += np.bincount(conn, minlength=nconn)
-        self.payload[:nconn] += np.bincount(conn, weights=plen, minlength=nconn).astype(np.int64)
+        if nconn == 1:
+            self.packets[0] += n
+            self.payload[0] += int(plen.sum())
+        else:
+            self.packets[:nconn] += np.bincount(conn, minlength=nconn)
+            self.payload[:nconn] += np.bincount(conn, weights=plen, minlength=nconn).astype(np.int64)
         tunnel = raw.columns["tunnel"]
         if tunnel.any():
             inside = tunnel != 0
@@ -405,14 +461,6 @@ class Streamer:
                 if hit.any():
                     self.tunnel_bits[:nconn] |= np.where(np.bincount(conn[hit], minlength=nconn) > 0, bit, 0
                                                          ).astype(np.uint8)
-        data = plen > 0
-        if data.any():
-            naddresses = len(self.addresses)
-            nbytes = plen[data]
-            moved = sum(np.bincount(self.address_of_endpoint[raw.columns[side][data]], weights=nbytes,
-                                    minlength=naddresses) for side in ("src", "dst"))
-            self.host_bytes = _grown(self.host_bytes, naddresses)
-            self.host_bytes[:naddresses] += np.asarray(moved, dtype=np.int64)
         if raw.syns:
             self._syns(raw, conn, direction)
 
@@ -444,7 +492,13 @@ class Streamer:
             self.listed[order] = True
             self._kernel_ids = np.full(nconn, -1, dtype=np.int32)
             self._kernel_ids[self.listed] = np.arange(MAX_LISTED_CONNECTIONS, dtype=np.int32)
-        moved = self.host_bytes
+        # Each address's data bytes sent and received: its connections' payload (every packet of a connection
+        # is between its two endpoints; one address at both ends counts the bytes twice, as sent and received).
+        ends = [self.address_of_endpoint[np.array(side, dtype=np.int64)] for side in (self.connections.conn_a,
+                                                                                     self.connections.conn_b)]
+        moved = self.host_bytes = np.zeros(len(self.addresses), dtype=np.int64)
+        for end in ends:
+            np.add.at(moved, end, self.payload)
         if np.count_nonzero(moved) > MAX_LISTED_HOSTS:
             order = np.lexsort((np.arange(moved.size), -moved))[:MAX_LISTED_HOSTS]
             self.listed_hosts = np.zeros(moved.size, dtype=bool)

@@ -180,13 +180,15 @@ class Descents:
     def add(self, values: np.ndarray) -> None:
         if not values.size or not self.chunked:
             return
-        base = values if self.last is None else np.concatenate([np.array([self.last]), values])
-        down = np.flatnonzero(base[1:] < base[:-1])
+        if self.last is not None and values[0] < self.last:  # a step back across the chunk boundary
+            self.low.append(float(values[0]))
+            self.high.append(self.last)
+        down = np.flatnonzero(values[1:] < values[:-1])
         if down.size:
-            self.low.extend(base[down + 1].tolist())
-            self.high.extend(base[down].tolist())
-            if len(self.low) > self.LIMIT:
-                raise Fallback("the capture's timestamps step back too often")
+            self.low.extend(values[down + 1].tolist())
+            self.high.extend(values[down].tolist())
+        if len(self.low) > self.LIMIT:
+            raise Fallback("the capture's timestamps step back too often")
         self.last = float(values[-1])
 
     def check(self, queries: np.ndarray) -> None:

@@ -18,19 +18,23 @@ import sys
 # How many times the analyzer reads one big capture file (diag/capture/source.py: a pass each, the first two
 # together): the progress bar's expectation; more reads only make the bar longer.
 BIG_FILE_READS = 5
+# File bytes a captured packet takes, to guess from a file's size whether the analyzer keeps it (tcpdump at
+# snaplen 128 on bulk TCP: ~143 bytes a packet on the bench captures).
+GUESSED_PACKET_BYTES = 140
 
 
 def expected_reads(paths: list[str], plot: bool) -> int:
-    """Reads of the input the progress bar expects: one file in chunks is read twice where its decoded columns
-    fit the source's cache (judged by its size on disk), else once a pass; several files, a pipe or --plot
-    are read once into one chunk."""
+    """Reads of the input the progress bar expects: one file in chunks is read once where the analyzer keeps
+    its chunks (guessed from its size on disk), else once a pass; several files, a pipe or --plot are read
+    once into one chunk."""
     import os
 
-    from diag.capture.source import CACHE_BYTES
+    from diag.capture.source import CACHE_BYTES, KEPT_ROW_BYTES
 
     if plot or len(paths) != 1 or not os.path.isfile(paths[0]):
         return 1
-    return 2 if os.path.getsize(paths[0]) <= CACHE_BYTES else BIG_FILE_READS
+    rows = os.path.getsize(paths[0]) // GUESSED_PACKET_BYTES
+    return 1 if rows * KEPT_ROW_BYTES <= CACHE_BYTES else BIG_FILE_READS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,8 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-gap", dest="idle_gap_s", type=float, default=0.002, metavar="SECONDS",
                         help="a silence longer than this ends a direction's busy period (default 0.002 s)")
     parser.add_argument("--no-series", action="store_true", help="leave the throughput series out of the JSON")
-    parser.epilog = ("One capture file is read in chunks, a few times over, in bounded memory whatever its size\n"
-                     "(docs/analyzer.md). Several files, a pipe and --plot are analyzed in memory.")
+    parser.epilog = ("One capture file is read in chunks: once where it fits in memory, else once a pass, in\n"
+                     "bounded memory whatever its size (docs/analyzer.md). Several files, a pipe and --plot are\n"
+                     "analyzed in memory.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from diag.capture.analysis import analyze
     from diag.console import ReadProgress
 
-    # On a terminal, a bar over the bytes read: one file is read in chunks, twice where its decoded columns
-    # fit the source's cache, else once a pass; several files, a pipe or --plot are read once.
+    # On a terminal, a bar over the bytes read: one file is read in chunks, once where the analyzer keeps
+    # them, else once a pass; several files, a pipe or --plot are read once.
     with ReadProgress(args.pcaps, expected_reads(args.pcaps, bool(args.plot))):
         result, packets = analyze(args.pcaps, args.records, args.bin_s, args.idle_gap_s, not args.no_series,
                                   keep_sequence=bool(args.plot))
