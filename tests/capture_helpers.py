@@ -8,12 +8,14 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from diag.capture import analysis
+from diag.capture.document import Packets
 from diag.capture.live import CaptureInfo
 from tests.common import need_root
 
@@ -70,10 +72,15 @@ def diag_directions(result: dict) -> dict[tuple[str, str], dict]:
     return out
 
 
+def packet_table(paths: Sequence[str | os.PathLike[str]]) -> Packets:
+    """The captures' packets (one chunk in memory) with their TCP state, relative sequence numbers included."""
+    packets = analysis.analyze(paths, keep_sequence=True)[1]
+    assert packets is not None
+    return packets
+
+
 def flagged_frames(pcap: Path, flag: str) -> list[int]:
     """diag's frames for one per-packet flag (for exact frame-by-frame comparison with tshark)."""
-    from diag.capture.analysis import packet_table
-
     packets = packet_table([pcap])
     column = getattr(packets.state, flag)
     return sorted(packets.cols["frame"][column].tolist())

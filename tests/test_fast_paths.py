@@ -1,7 +1,7 @@
 """The analyzer's shortcuts held to their definitions on random inputs: the segment-size histogram (counts at
 least each edge) against a binary search a segment, add_overlap's slice sums (times and runs in order)
-against a binary search a packet, and busy runs and descents fed in chunks against the same values fed at
-once."""
+against a binary search a packet, busy runs fed in chunks against the same values fed at once, and the turn
+analysis' lookups in chunks against one search over the times' running maximum."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from diag.capture.busy import BusyRuns, DataStream, _bytes_inside
 from diag.capture.document import SEGMENT_SIZE_EDGES, size_histogram
-from diag.capture.turns import Descents
+from diag.capture.turns import Searcher
 
 EDGES = np.array(SEGMENT_SIZE_EDGES, dtype=np.int64)
 
@@ -50,7 +50,7 @@ def _chunks(values: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_runs_gaps_and_descents_in_chunks_are_those_of_one_chunk(seed: int) -> None:
+def test_runs_and_gaps_in_chunks_are_those_of_one_chunk(seed: int) -> None:
     rng = np.random.default_rng(seed)
     for _ in range(200):
         n = int(rng.integers(1, 80))
@@ -58,15 +58,43 @@ def test_runs_gaps_and_descents_in_chunks_are_those_of_one_chunk(seed: int) -> N
         sizes = rng.choice([48, 200, 1448], n).astype(np.int64)
         whole, chunked = BusyRuns(1.0, keep_gaps=True), BusyRuns(1.0, keep_gaps=True)
         stream_whole, stream_chunked = DataStream(0.002), DataStream(0.002)
-        down_whole, down_chunked = Descents(True), Descents(True)
         whole.add(ts)
-        down_whole.add(ts)
         stream_whole.count(ts, sizes)
         for part in _chunks(np.arange(n), rng):
             chunked.add(ts[part])
-            down_chunked.add(ts[part])
             stream_chunked.count(ts[part], sizes[part])
         for a, b in zip([*whole.arrays(), whole.idle_gaps()], [*chunked.arrays(), chunked.idle_gaps()], strict=True):
             assert a.tolist() == b.tolist()
-        assert (down_whole.low, down_whole.high) == (down_chunked.low, down_chunked.high)
         assert (stream_whole.pairs, stream_whole.gaps.n) == (stream_chunked.pairs, stream_chunked.gaps.n)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("seed", range(5))
+def test_lookups_in_chunks_search_the_running_maximum(seed: int, side: str) -> None:
+    """Searcher fed times that step back, with queries arriving in file order among them, in random chunks:
+    each query's r is np.searchsorted over the running maximum of all the times, with a[r-1] and a[r]."""
+    rng = np.random.default_rng(seed)
+    for _ in range(100):
+        n = int(rng.integers(1, 400))
+        ts = np.cumsum(rng.exponential(1.0, n)) + rng.normal(0, 2.0, n) * (rng.random(n) < 0.1)
+        where = np.sort(rng.integers(0, n, int(rng.integers(0, 30))))  # a query rides with the chunk of ts[k]
+        queries = np.maximum.accumulate(ts)[where] + rng.normal(0, 0.5, where.size)
+        expected = np.searchsorted(np.maximum.accumulate(ts), queries, side=side)
+        searcher, got = Searcher(side), {}
+        for part in _chunks(np.arange(n), rng):
+            mine = np.flatnonzero((where >= part[0]) & (where <= part[-1]))
+            answers = searcher.step(ts[part], queries[mine], mine.astype(np.int64))
+            got.update(zip(answers.tags.tolist(), answers.r.tolist(), strict=True))
+            _check_neighbours(answers, ts)
+        answers = searcher.finish()
+        got.update(zip(answers.tags.tolist(), answers.r.tolist(), strict=True))
+        assert [got[k] for k in range(where.size)] == expected.tolist()
+
+
+def _check_neighbours(answers: object, ts: np.ndarray) -> None:
+    for r, has_prev, prev, has_next, nxt in zip(answers.r, answers.has_prev, answers.prev, answers.has_next,
+                                                answers.next, strict=True):
+        if has_prev and r >= 1:
+            assert prev == ts[r - 1]
+        if has_next:
+            assert nxt == ts[r]

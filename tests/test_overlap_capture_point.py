@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from bottleneck_helpers import BottleneckPath, bottleneck_path, busiest, captures, exchange, gloo_sweep
 
-from diag.capture.analysis import analyze_files, packet_table
+from diag.capture.analysis import analyze_files
 from diag.capture.busy import BusyRuns, coverage
+from tests.capture_helpers import packet_table
 from tests.lab_helpers import requires_root
 
 pytestmark = requires_root

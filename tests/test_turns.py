@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from capture_helpers import netns_pair, tc, write_pcap
 
-from diag.capture.analysis import analyze_files, packet_table
+from diag.capture.analysis import analyze_files
 from diag.capture.busy import BusyRuns, DataStream, coverage
 from diag.capture.busy import duplex as streams_duplex
 from diag.capture.document import IDLE_GAP_S
+from tests.capture_helpers import packet_table
 
 MSS = 1448
 T0 = 1_700_000_000.0

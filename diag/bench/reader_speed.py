@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="timed reads per engine (default 5)")
     args = parser.parse_args(argv)
 
-    from diag.capture.memory import tune_for_one_shot_analysis
+    from diag.cli.memory import tune_for_one_shot_analysis
 
     tune_for_one_shot_analysis()
     from diag.capture import native, reader

@@ -16,14 +16,28 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from diag.capture import native, tcpstate
-from diag.capture.analysis import tcp_inputs
+from diag.capture.source import Chunk, OneChunk, Pass, Streamer
+
+
+def tcp_inputs(paths: Sequence[str | os.PathLike[str]]
+               ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(columns, conn, direction, wscale, handshake RTTs) of the captures as one chunk: what the TCP state
+    (tcpstate.analyze_packets, the _ctcp kernel) reads, for this bench and the tests that hold the kernel to its twin."""
+    streamer = Streamer(OneChunk(paths))
+    streamer.run(Pass.CONNECTIONS, lambda chunk: None)
+    streamer.handshake_rtts()
+    ids: list[Chunk] = []
+    streamer.run(Pass.RUNS, ids.append)
+    conn = ids[0].conn if ids else np.zeros(0, np.int32)
+    direction = ids[0].direction if ids else np.zeros(0, np.int8)
+    return streamer.source.chunk.columns, conn, direction, streamer.wscale, streamer.first_rtt
 
 
 def _timed(fn: Callable[..., Any], into: list[tuple[float, float]]) -> Callable[..., Any]:

@@ -22,34 +22,19 @@ from diag.capture.document import (
     MAX_BINS,
     SEGMENT_SIZE_EDGES,
     connection_json,
+    direction_json,
     endpoint_text,
     host_json,
     median_s,
     size_histogram,
 )
 from diag.capture.pcapfile import ACK, FIN, RST, SYN
-from diag.capture.quantile import OrderStats, median_ranks, np_median, np_percentile, percentile_ranks
+from diag.capture.quantile import OrderStats, median_ranks, percentile_ranks
 from diag.capture.source import VERDICTS, Chunk, Pass
-from diag.capture.turns import DIRECTIONS, Descents, Turns
+from diag.capture.turns import DIRECTIONS, Turns
 
 if TYPE_CHECKING:
     from diag.capture.analysis import Analysis
-
-# The JSON's names of the verdict counts, in its key order.
-VERDICT_KEYS = ("retransmissions", "fast_retransmissions", "spurious_retransmissions", "out_of_order",
-                "lost_segments", "dup_acks", "zero_windows", "window_full")
-
-
-
-def _stats_ms(stats: OrderStats) -> dict[str, Any]:
-    if stats.n == 0:
-        return {"median": None, "p95": None, "n": 0}
-
-    def to_ms(v: Any) -> Any:
-        return v / 1e6
-
-    return {"median": np_median(stats, to_ms), "p95": np_percentile(stats, 95, to_ms), "n": int(stats.n)}
-
 
 def _want_median_p95(stats: OrderStats) -> None:
     if stats.n:
@@ -57,7 +42,7 @@ def _want_median_p95(stats: OrderStats) -> None:
 
 
 class Direction:
-    def __init__(self, idle_gap_s: float, chunked: bool, mss: int) -> None:
+    def __init__(self, idle_gap_s: float, mss: int) -> None:
         self.packets = 0
         self.data_packets = 0
         self.payload_bytes = 0
@@ -81,7 +66,6 @@ class Direction:
         self.rtt = OrderStats(np.int64)
         self.ts_rtt = OrderStats(np.int64)
         self.stream = DataStream(idle_gap_s, mss)
-        self.data_descents = Descents(chunked)  # the data packets' times, for the turn analysis' lookups
         self.series: np.ndarray | None = None
         self.first_data_s: float | None = None   # the first and last data packet's time (turns' span)
         self.last_data_s: float | None = None
@@ -90,9 +74,9 @@ class Direction:
 class Connection:
     """One connection within one aggregation (the whole capture, or one record phase)."""
 
-    def __init__(self, c: int, idle_gap_s: float, chunked: bool, mss: tuple[int, int]) -> None:
+    def __init__(self, c: int, idle_gap_s: float, mss: tuple[int, int]) -> None:
         self.c = c
-        self.dirs = (Direction(idle_gap_s, chunked, mss[0]), Direction(idle_gap_s, chunked, mss[1]))
+        self.dirs = (Direction(idle_gap_s, mss[0]), Direction(idle_gap_s, mss[1]))
         self.t0_ns: int | None = None
         self.t1_ns: int | None = None
         self.turns: Turns | None = None
@@ -180,7 +164,7 @@ class Aggregation:
                     raise AssertionError("a connection appeared after Pass.COUNTS")
                 streamer = self.top.streamer
                 mss = (streamer.mss_of(c, 0) or DEFAULT_MSS, streamer.mss_of(c, 1) or DEFAULT_MSS)
-                connection = self.connections[c] = Connection(c, self.top.idle_gap_s, not streamer.source.single, mss)
+                connection = self.connections[c] = Connection(c, self.top.idle_gap_s, mss)
             self._connection(step, connection, chunk, sides)
 
     def _sides(self, step: Pass, chunk: Chunk, rows: np.ndarray | None, data: np.ndarray, data_ts: np.ndarray,
@@ -277,7 +261,6 @@ class Aggregation:
             out = conn.dirs[d]
             if step is Pass.COUNTS:
                 out.idle.add(data_ts[d])
-                out.data_descents.add(data_ts[d])
                 out.stream.count(data_ts[d], sizes[d])
             elif step is Pass.CADENCE:
                 self._cadence_direction(conn, d, data_ts[d], sizes[d])
@@ -531,75 +514,19 @@ class Aggregation:
         return connections, self._hosts_json(self.observed_addresses() if observed is None else observed)
 
     def _direction_json(self, conn: Connection, d: int, t0: float) -> dict[str, Any]:
-        top = self.top
-        out = conn.dirs[d]
-        c = conn.c
-        first_ts = float(np.int64(out.first_ns) / 1e9) if out.first_ns is not None else None
-        last_ts = float(np.int64(out.last_ns) / 1e9) if out.last_ns is not None else None
-        span = (last_ts - first_ts) if first_ts is not None and last_ts is not None else 0.0
-        starts, ends = out.idle.arrays()
-        active_s = float((ends - starts).sum())
-        idle = out.idle.idle_gaps()
-        mss_known = top.streamer.mss_of(c, d)
-        scale = int(top.streamer.wscale[c, d])
-        peer = conn.dirs[1 - d]
-        scale_lower_bound = None
-        if scale < 0 and out.in_flight.n and peer.raw_positive_max > 0:
-            assert out.in_flight_max is not None
-            ratio = float(out.in_flight_max) / float(peer.raw_positive_max)
-            scale_lower_bound = max(0, int(np.ceil(np.log2(ratio)))) if ratio > 1 else 0
-        unique = out.unique
-        window_median = np_median(out.window) if out.window.n else None
-        flight = out.in_flight
-        result: dict[str, Any] = {
-            "packets": out.packets,
-            "data_packets": out.data_packets,
-            "payload_bytes": out.payload_bytes,
-            "unique_payload_bytes": unique,
-            **{key: out.verdicts[k] for k, key in enumerate(VERDICT_KEYS)},
-            "first_ts": first_ts,
-            "last_ts": last_ts,
-            "goodput_Bps": unique / span if span > 0 else 0.0,
-            "active_s": active_s,
-            "active_goodput_Bps": unique / active_s if active_s > 0 else 0.0,
-            "rtt_ms": _stats_ms(out.rtt),
-            "ts_rtt_ms": _stats_ms(out.ts_rtt),
-            "idle_gaps": {"threshold_s": top.idle_gap_s, "count": int(idle.size), "total_s": float(idle.sum()),
-                          "max_s": float(idle.max()) if idle.size else 0.0},
-            "segment_sizes": {
-                "edges": SEGMENT_SIZE_EDGES,
-                "counts": out.segment_counts.tolist(),
-                "max_bytes": out.max_size,
-                "mss": mss_known or None,
-                "super_segments": out.super_segments,
-            },
-            "window": {
-                "scale": scale if scale >= 0 else None,
-                "scale_lower_bound": scale_lower_bound,
-                "min_bytes": out.window_min,
-                "median_bytes": window_median,
-                "max_bytes": out.window_max,
-                "raw_max": out.raw_max,
-            },
-            "bytes_in_flight": {
-                "median": np_median(flight) if flight.n else None,
-                "p95": np_percentile(flight, 95) if flight.n else None,
-                "max": out.in_flight_max,
-            },
-            "acks": {"pure": out.pure_acks, "piggybacked": out.piggybacked},
-            "syn_seen": bool(top.streamer.syn_seen[c, d]),
-        }
-        if top.with_series:
-            assert out.series is not None
+        streamer, c = self.top.streamer, conn.c
+        throughput = None
+        if self.top.with_series:
+            assert conn.dirs[d].series is not None
             bin_s = self._bins(conn)[2]
-            result["throughput"] = {"bin_s": bin_s, "t0": t0,
-                                    "Bps": [round(float(v) / bin_s, 1) for v in out.series]}
-        return result
+            throughput = {"bin_s": bin_s, "t0": t0, "Bps": [round(float(v) / bin_s, 1) for v in conn.dirs[d].series]}
+        return direction_json(conn.dirs[d], conn.dirs[1 - d], int(streamer.wscale[c, d]), streamer.mss_of(c, d),
+                              bool(streamer.syn_seen[c, d]), self.top.idle_gap_s, throughput)
 
     def _connection_json(self, conn: Connection) -> dict[str, Any]:
         streamer = self.top.streamer
         t0 = self._span_s(conn)[0]
-        dirs = {"a->b": self._direction_json(conn, 0, t0), "b->a": self._direction_json(conn, 1, t0)}
+        dirs = {name: self._direction_json(conn, d, t0) for d, name in enumerate(DIRECTIONS)}
         dup = duplex(conn.dirs[0].stream, conn.dirs[1].stream)
         rtts = tuple(median_s(dirs[name]["rtt_ms"]) for name in DIRECTIONS)
         assert conn.turns is not None

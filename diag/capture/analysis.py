@@ -5,9 +5,9 @@ each record phase), and the document is assembled from them.
         --> aggregation.Aggregation (busy.DataStream, turns.Turns, quantile.OrderStats) --> document.document
 
 One regular capture file is read in chunks, in bounded memory whatever its size or content; several files,
-a pipe and --plot are one merged chunk in memory. Where a file's chunks cannot be analyzed exactly (its
-timestamps step back where a lookup needs them: source.Fallback), it is analyzed as one chunk and
-`diag analyze` says so in one stderr line.
+a pipe and --plot are one merged chunk in memory. Where a file's chunks cannot be analyzed exactly (an RTT
+sample falls on a packet of an earlier chunk, or a lookup reaches back past the packets still in view:
+source.Fallback), it is analyzed as one chunk and `diag analyze` says so in one stderr line.
 """
 
 from __future__ import annotations
@@ -214,24 +214,3 @@ def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.
     analysis.streamer.keep_sequence = keep_sequence
     out = analysis.run()
     return out, (analysis.packets() if keep_sequence else None)
-
-
-def tcp_inputs(paths: Sequence[str | os.PathLike[str]]
-               ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(columns, conn, direction, wscale, handshake RTTs) of the captures as one chunk: what the TCP state
-    (tcpstate.analyze_packets, the _ctcp kernel) reads, for the tests that hold the kernel to its twin."""
-    streamer = Streamer(OneChunk(paths))
-    streamer.run(Pass.CONNECTIONS, lambda chunk: None)
-    streamer.handshake_rtts()
-    ids: list[Chunk] = []
-    streamer.run(Pass.RUNS, ids.append)
-    conn = ids[0].conn if ids else np.zeros(0, np.int32)
-    direction = ids[0].direction if ids else np.zeros(0, np.int8)
-    return streamer.source.chunk.columns, conn, direction, streamer.wscale, streamer.first_rtt
-
-
-def packet_table(paths: Sequence[str | os.PathLike[str]]) -> Packets:
-    """The captures' packets (one chunk in memory) with their TCP state, relative sequence numbers included."""
-    packets = analyze(paths, keep_sequence=True)[1]
-    assert packets is not None
-    return packets

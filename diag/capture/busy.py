@@ -1,31 +1,15 @@
 """A stream of data packets (a direction, or a host's transmit or receive) and its busy runs: the duplex
-overlap of two streams.
+overlap of two streams (definitions, with the figures behind them: docs/analyzer.md, "Duplex overlap").
 
-A direction is busy while it moves data: while its data passes the capture point, and while data it sent
-is in flight -- sent and not yet acknowledged to its sender, the TCP state's bytes in flight (tshark's
-tcp.analysis.bytes_in_flight, tcptrace's outstanding data). Where the capture is taken does not matter then:
-upstream of a bottleneck a sender's segments pass in line-rate bursts with silences between them while they
-queue, but its data stays in flight through those silences; downstream of it (at the receiver) the data
-passes smoothly and is acknowledged within microseconds, and the ACK still has the way back to the sender
-to go. So a direction's busy runs are built from the events of its flight in file order -- its data packets,
-and the peer's ACKs of new bytes of it -- joined where they are at most the run gap apart (as data packets
-alone were before) and, across a longer silence, where data was in flight after the event before it and the
-silence is at most the stall limit (stall_limit_s); each run then lasts until its sender has the ACK: the
-round trip from the capture point to the sender and back (round_trip_s; ~0 at the sender's own NIC, the
-path's RTT at the receiver's) is added to its end. Every capture point then sees the sender's in-flight
-time, shifted by the sender's one-way delay to it. A longer silence with data in flight is a stall, not
-motion: a loss the sender waits out (retransmission timeout), or an ACK the capture did not see; it does not
-count as busy. A host's transmit and receive are busy while its data passes, and while a connection
-direction it sends (receives) is busy.
-
-A stream is busy from one event to the next while they are at most its run gap apart. The run gap is
-idle_gap_s, or longer where the stream's own cadence says a silence of that length is part of moving data:
-a shaped sender is bursty (tbf lets a bucket of frames go at once and then waits for tokens), so a stream
-that never stops moving data is silent for several packet times now and then -- at 20 Mbit/s with an
-8-frame bucket, ~5 ms. So a silence ends a run only when it is longer than all of: idle_gap_s,
-CADENCE_FACTOR times the CADENCE_QUANTILE-th percentile gap between consecutive bulk segments (larger than
-a control frame) and PACING_PACKETS times their median gap, at most MAX_RUN_GAP_S; a trickle of notices
-has no bulk gaps and keeps idle_gap_s. Fed chunk by chunk by the passes (source.Pass), in file order.
+A stream is busy from one event to the next while they are at most its run gap apart: idle_gap_s, or longer
+where its own cadence says such a silence is part of moving data (a shaped sender is bursty): longer than
+all of idle_gap_s, CADENCE_FACTOR times the CADENCE_QUANTILE-th percentile gap between consecutive bulk
+segments and PACING_PACKETS times their median gap, at most MAX_RUN_GAP_S. A direction's events are those of
+its flight (its data packets, and the peer's ACKs of new bytes of it: flight_events); its runs also go on
+across a longer silence with data in flight, up to the stall limit (stall_limit_s), and each lasts until its
+sender has the ACK (round_trip_s added), so that where the capture is taken does not matter. A host's
+transmit and receive are busy while its data passes, and while a connection direction it sends (receives)
+is busy. Fed chunk by chunk by the passes (source.Pass), in file order.
 """
 
 from __future__ import annotations

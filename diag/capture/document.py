@@ -12,13 +12,17 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from diag.capture.pcapfile import ReadResult
+from diag.capture.quantile import OrderStats, np_median, np_percentile
 from diag.capture.tcpstate import PacketState
 from diag.capture.turns import CONTROL_MAX_BYTES, summarize
+
+if TYPE_CHECKING:
+    from diag.capture.aggregation import Direction
 
 ANALYSIS_SCHEMA = 1
 # A direction is busy between two of its data packets closer than this; a longer silence is an idle gap.
@@ -76,6 +80,81 @@ def endpoint_text(endpoints: list[tuple[str, int]], index: int) -> str:
 
 
 # --- objects -------------------------------------------------------------------------------------
+
+
+# The JSON's names of the verdict counts (source.VERDICTS), in its key order.
+VERDICT_KEYS = ("retransmissions", "fast_retransmissions", "spurious_retransmissions", "out_of_order",
+                "lost_segments", "dup_acks", "zero_windows", "window_full")
+
+
+def _stats_ms(stats: OrderStats) -> dict[str, Any]:
+    if stats.n == 0:
+        return {"median": None, "p95": None, "n": 0}
+
+    def to_ms(v: Any) -> Any:
+        return v / 1e6
+
+    return {"median": np_median(stats, to_ms), "p95": np_percentile(stats, 95, to_ms), "n": int(stats.n)}
+
+
+def direction_json(out: Direction, peer: Direction, scale: int, mss_known: int, syn_seen: bool, idle_gap_s: float,
+                   throughput: dict[str, Any] | None) -> dict[str, Any]:
+    """One direction's object from its aggregated numbers; scale: its window scale (-1: unknown), mss_known
+    (0: unknown), throughput: its series, where asked."""
+    first_ts = float(np.int64(out.first_ns) / 1e9) if out.first_ns is not None else None
+    last_ts = float(np.int64(out.last_ns) / 1e9) if out.last_ns is not None else None
+    span = (last_ts - first_ts) if first_ts is not None and last_ts is not None else 0.0
+    starts, ends = out.idle.arrays()
+    active_s = float((ends - starts).sum())
+    idle = out.idle.idle_gaps()
+    scale_lower_bound = None
+    if scale < 0 and out.in_flight.n and peer.raw_positive_max > 0:
+        assert out.in_flight_max is not None
+        ratio = float(out.in_flight_max) / float(peer.raw_positive_max)
+        scale_lower_bound = max(0, int(np.ceil(np.log2(ratio)))) if ratio > 1 else 0
+    unique = out.unique
+    flight = out.in_flight
+    result: dict[str, Any] = {
+        "packets": out.packets,
+        "data_packets": out.data_packets,
+        "payload_bytes": out.payload_bytes,
+        "unique_payload_bytes": unique,
+        **{key: out.verdicts[k] for k, key in enumerate(VERDICT_KEYS)},
+        "first_ts": first_ts,
+        "last_ts": last_ts,
+        "goodput_Bps": unique / span if span > 0 else 0.0,
+        "active_s": active_s,
+        "active_goodput_Bps": unique / active_s if active_s > 0 else 0.0,
+        "rtt_ms": _stats_ms(out.rtt),
+        "ts_rtt_ms": _stats_ms(out.ts_rtt),
+        "idle_gaps": {"threshold_s": idle_gap_s, "count": int(idle.size), "total_s": float(idle.sum()),
+                      "max_s": float(idle.max()) if idle.size else 0.0},
+        "segment_sizes": {
+            "edges": SEGMENT_SIZE_EDGES,
+            "counts": out.segment_counts.tolist(),
+            "max_bytes": out.max_size,
+            "mss": mss_known or None,
+            "super_segments": out.super_segments,
+        },
+        "window": {
+            "scale": scale if scale >= 0 else None,
+            "scale_lower_bound": scale_lower_bound,
+            "min_bytes": out.window_min,
+            "median_bytes": np_median(out.window) if out.window.n else None,
+            "max_bytes": out.window_max,
+            "raw_max": out.raw_max,
+        },
+        "bytes_in_flight": {
+            "median": np_median(flight) if flight.n else None,
+            "p95": np_percentile(flight, 95) if flight.n else None,
+            "max": out.in_flight_max,
+        },
+        "acks": {"pure": out.pure_acks, "piggybacked": out.piggybacked},
+        "syn_seen": syn_seen,
+    }
+    if throughput is not None:
+        result["throughput"] = throughput
+    return result
 
 
 def connection_json(c: int, a: str, b: str, dirs: dict[str, Any], dup: dict[str, Any], turns: dict[str, Any],

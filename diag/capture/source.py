@@ -37,8 +37,6 @@ from diag.capture.tcpstate import PacketState, analyze_packets
 VERDICTS = ("retransmission", "fast_retransmission", "spurious_retransmission", "out_of_order",
             "lost_segment", "dup_ack", "zero_window", "window_full")
 # The JSON's names of the verdict counts, in its key order.
-VERDICT_KEYS = ("retransmissions", "fast_retransmissions", "spurious_retransmissions", "out_of_order",
-                "lost_segments", "dup_acks", "zero_windows", "window_full")
 _STATE_DTYPES = {"new_bytes": np.int64, **{name: np.bool_ for name in VERDICTS}, "in_flight": np.int64,
                  "window_bytes": np.int32, "ack_rtt_ns": np.int64, "ts_rtt_ns": np.int64,
                  "peer_in_flight": np.int32}

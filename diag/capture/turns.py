@@ -160,51 +160,6 @@ def summarize(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # --- the turns of one connection, fed by the passes ---------------------------------------------------
 
 
-class Descents:
-    """Where a sequence (file order) steps down: each a[i] < a[i-1] as the closed range [a[i], a[i-1]].
-
-    numpy's binary search over a sequence that is not sorted lands on one of several places only for a
-    value inside such a range; elsewhere the values below it form a prefix of the sequence and the search
-    has one answer (Searcher finds it). Captures step back now and then (tcpdump on several CPUs), by
-    microseconds."""
-
-    LIMIT = 4096
-
-    def __init__(self, chunked: bool) -> None:
-        self.chunked = chunked  # one chunk holds every value: numpy's search over them is the definition
-        self.last: float | None = None
-        self.low: list[float] = []
-        self.high: list[float] = []
-        self._ranges: tuple[np.ndarray, np.ndarray] | None = None
-
-    def add(self, values: np.ndarray) -> None:
-        if not values.size or not self.chunked:
-            return
-        if self.last is not None and values[0] < self.last:  # a step back across the chunk boundary
-            self.low.append(float(values[0]))
-            self.high.append(self.last)
-        down = np.flatnonzero(values[1:] < values[:-1])
-        if down.size:
-            self.low.extend(values[down + 1].tolist())
-            self.high.extend(values[down].tolist())
-        if len(self.low) > self.LIMIT:
-            raise Fallback("the capture's timestamps step back too often")
-        self.last = float(values[-1])
-
-    def check(self, queries: np.ndarray) -> None:
-        """Fallback when a query lies where the binary search could land in more than one place."""
-        if not self.low or not queries.size:
-            return
-        if self._ranges is None:
-            order = np.argsort(self.low, kind="stable")
-            low, high = np.array(self.low)[order], np.maximum.accumulate(np.array(self.high)[order])
-            self._ranges = (low, high)
-        low, high = self._ranges
-        j = np.searchsorted(low, queries, side="right") - 1
-        if bool(np.any((j >= 0) & (queries <= high[np.maximum(j, 0)]))):
-            raise Fallback("a time the turn analysis looks up lies where the capture steps back")
-
-
 @dataclass
 class _Answers:
     """Queries answered by Searcher: for each, r (numpy's searchsorted index) and the elements around it."""
@@ -220,18 +175,16 @@ class _Answers:
 
 
 class Searcher:
-    """np.searchsorted(a, q, side) where the array a and the queries q both arrive in file order, in chunks.
-
-    When a's values below q (side "left") or up to q ("right") form a prefix of a -- always for sorted a,
-    and otherwise outside _Descents' ranges -- the binary search lands on r, the first index whose value
-    passes q: the first index where a's running maximum does. A query is answered once r is in sight
-    (the running maximum passes it), with a[r-1] (and its payload) and a[r]; the rest wait for later chunks,
+    """np.searchsorted(running maximum of a, q, side) where the array a and the queries q both arrive in file
+    order, in chunks: r, the first index where a's running maximum passes q (side "right": exceeds it, "left":
+    reaches it). A capture's clock steps back now and then (tcpdump on several CPUs, by microseconds); the
+    running maximum is its time line, so a query's place does not depend on how the file was chunked. A query
+    is answered once r is in sight, with a[r-1] (and its payload) and a[r]; the rest wait for later chunks,
     and finish() answers them with r = len(a). The last TAIL elements stay at hand for a[r-1]."""
 
     TAIL = 256
 
-    def __init__(self, side: str, chunked: bool, width: int = 0) -> None:
-        self.chunked = chunked
+    def __init__(self, side: str, width: int = 0) -> None:
         self.side = side
         self.width = width
         self.before = 0                      # elements dropped from the tail
@@ -254,7 +207,7 @@ class Searcher:
                          else np.zeros((known.size, self.width), dtype=np.int64))
         if q.size and bool(self._passes(self.max_before, q).any()):
             raise Fallback("a looked-up time lies before the part of the capture still in view")
-        running = np.maximum.accumulate(known) if known.size and self.chunked else known
+        running = np.maximum.accumulate(known) if known.size else known
         r_local = np.searchsorted(running, q, side=self.side)
         found = r_local < known.size
         answers = self._answers(t[found], q[found], r_local[found], known, known_payload,
@@ -331,9 +284,6 @@ class Turns:
         self.bulk_seen = [0, 0]
         self.control = [0, 0]
         self.preamble = [0, 0]
-        chunked = not aggregation.top.streamer.source.single
-        self.bulk_descents = [Descents(chunked), Descents(chunked)]
-        self.chunked = chunked
         self.gap = (0.0, 0.0)
         self.threshold = [0.0, 0.0]
         # Pass.RUNS and Pass.OVERLAP
@@ -361,7 +311,6 @@ class Turns:
                 if nbulk and self.first_bulk[d] is None:
                     self.first_bulk[d] = float(ts[d][int(np.argmax(bulk))])
                 self.bulk_seen[d] += nbulk
-                self.bulk_descents[d].add(ts[d][bulk])
                 self.control[d] += int(ts[d].size - nbulk)
                 self.preamble[d] += int(np.count_nonzero(sizes[d][~bulk] % GLOO_PREAMBLE_BYTES == 0))
             return
@@ -383,8 +332,8 @@ class Turns:
         self._searchers()
 
     def _searchers(self) -> None:
-        self._own = [Searcher("left", self.chunked), Searcher("left", self.chunked)]
-        self._peer = [Searcher("right", self.chunked), Searcher("right", self.chunked)]
+        self._own = [Searcher("left"), Searcher("left")]
+        self._peer = [Searcher("right"), Searcher("right")]
 
     def _candidates(self, y: int, bulk: np.ndarray) -> None:
         if not bulk.size:
@@ -403,9 +352,7 @@ class Turns:
             return
         tags = np.zeros(small.size, dtype=np.int64)
         if step is Pass.RUNS:
-            self.bulk_descents[d].check(small)
             self._after_own(d, self._own[d].step(own_bulk, small, tags))
-        self.bulk_descents[1 - d].check(small)
         self._peer_values(step, d, self._peer[d].step(peer_bulk, small, tags))
 
     def _after_own(self, d: int, answers: _Answers) -> None:
@@ -427,7 +374,7 @@ class Turns:
             if self.peer_next[d].n:
                 self.peer_next[d].want(median_ranks(self.peer_next[d].n))
         self._searchers()
-        self._tx = [Searcher("right", self.chunked, width=2), Searcher("right", self.chunked, width=2)]
+        self._tx = [Searcher("right", width=2), Searcher("right", width=2)]
         self._queued = [False, False]  # y's candidate times go to x's searcher with x's first chunk
 
     def _locate(self, x: int, tx: np.ndarray, bx: np.ndarray) -> None:
@@ -438,7 +385,6 @@ class Turns:
         if not self._queued[x]:
             self._queued[x] = True
             queries = np.array([t for c in candidates for t in (c.start, c.previous)])
-            self.conn.dirs[x].data_descents.check(queries)
             tags = np.arange(queries.size, dtype=np.int64)
         else:
             queries, tags = np.zeros(0), np.zeros(0, dtype=np.int64)

@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from diag import validate
-    from diag.capture.memory import tune_for_one_shot_analysis
+    from diag.cli.memory import tune_for_one_shot_analysis
 
     validate.seconds(args.bin_s, "--bin")
     validate.seconds(args.idle_gap_s, "--idle-gap")
