@@ -66,15 +66,17 @@ class Outcome:
 
 
 def named_hosts(finding: dict[str, Any]) -> set[str]:
+    """The hosts a finding blames: its evidence's node (nodes, host); a slow edge's two ends (src, dst) only
+    where the evidence names no node (a loss "into h1 from h0" blames h1, not its peer)."""
     hosts = set()
     for evidence in finding.get("evidence") or ():
         values = evidence.get("values") or {}
-        for key in ("node", "src", "dst", "host"):
-            if isinstance(values.get(key), str):
-                hosts.add(values[key])
-        for key in ("nodes",):
-            if isinstance(values.get(key), list):
-                hosts.update(str(v) for v in values[key])
+        blamed = {values[key] for key in ("node", "host") if isinstance(values.get(key), str)}
+        if isinstance(values.get("nodes"), list):
+            blamed.update(str(v) for v in values["nodes"])
+        if not blamed:
+            blamed = {values[key] for key in ("src", "dst") if isinstance(values.get(key), str)}
+        hosts |= blamed
     return hosts
 
 

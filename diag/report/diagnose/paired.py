@@ -34,7 +34,7 @@ from diag.report.thresholds import (
 from diag.stats import Arm, Interval
 from diag.trial import arms_of, cpu_of
 from diag.units import human_bytes
-from diag.verdicts import Decision, difference, explained_share, loss_share
+from diag.verdicts import Decision, control, difference, explained_share, loss_share
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,10 @@ class PairedExperiment:
                     arm = spec.arm(comparison.on)
                     label = f"{spec.name}: {comparison.on} vs {comparison.off}"
                     share = None
-                    if comparison.design == "knock-out" and anomaly and anomaly in arms and anomaly != comparison.on:
+                    # A share of the backend's loss only where the backend shows one (its positive control):
+                    # a toggle's gain over a backend that is not slow is no share of anything (diag_tcp).
+                    if (comparison.design == "knock-out" and anomaly and anomaly in arms and anomaly != comparison.on
+                            and control(arms[anomaly], arms[comparison.reference], spec.seed).status == "shown"):
                         share = loss_share(arms[anomaly], arms[comparison.reference], arms[comparison.on],
                                            arms[comparison.off], spec.seed)
                     elif comparison.design == "knock-in":
