@@ -34,3 +34,18 @@ def test_a_fault_is_named_with_its_host(scenario, tmp_path):
     findings = {f["rule"]: f for f in json.loads((run_dir / "report" / "findings.json").read_text())["findings"]}
     detail = {rule: findings[rule]["statement"][:300] for rule in (*EXPECTED[scenario], "cpu_bound") if rule in findings}
     assert outcome.right(), (outcome, detail)
+
+
+def test_a_finding_blames_its_node_not_the_peers_in_its_evidence():
+    """How the fault bench reads a finding's hosts (no lab needed): a loss into h1 from h0 blames h1; a slow
+    edge with no node named blames both its ends; a fingerprint difference blames its nodes."""
+    from diag.bench.fault_scenarios import named_hosts
+
+    loss = {"evidence": [{"values": {"node": "h1", "way": "into", "src": "h0", "dst": "h1"}},
+                         {"values": {"node": "h1", "packets": 10}}]}
+    edge = {"evidence": [{"values": {"src": "h0", "dst": "h2", "ratio": 0.3}}]}
+    keys = {"evidence": [{"values": {"key": "sysctl.net.ipv4.tcp_rmem", "nodes": ["h1", "h3"]}}]}
+    assert named_hosts(loss) == {"h1"}
+    assert named_hosts(edge) == {"h0", "h2"}
+    assert named_hosts(keys) == {"h1", "h3"}
+    assert named_hosts({"evidence": [{"values": {"world_size": 2}}]}) == set()

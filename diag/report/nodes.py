@@ -51,8 +51,10 @@ class NodeFlow:
 
 def node_flows(run: RunData) -> list[NodeFlow]:
     """Every direction that carried packets in any node's capture. A connection both ends captured is counted
-    once per capture tag: from the capture that saw more retransmissions of it (the sender's, usually: a
-    segment dropped on its way is retransmitted where the sender sees it), then more packets."""
+    once per capture tag, from its sender's own capture where there is one: a retransmission is the sender's
+    act and its capture sees every one it sends, while a receiver's capture reads segments that reach it out
+    of order (its own CPUs, a veth) as retransmissions of segments it did not see (the lab's receivers read
+    2,775 where the sender resent 248); else from the capture that saw more packets."""
     return run.remember("node_flows", lambda: _node_flows(run))
 
 
@@ -61,8 +63,8 @@ def _node_flows(run: RunData) -> list[NodeFlow]:
     for flow in flow_observations(run):
         key = (flow.capture.tag, flow.label)
         kept = best.get(key)
-        if kept is None or (flow.direction.retransmissions, flow.direction.packets) > (
-                kept.direction.retransmissions, kept.direction.packets):
+        rank = (flow.src is not None and flow.capture.node == flow.src, flow.direction.packets)
+        if kept is None or rank > (kept.src is not None and kept.capture.node == kept.src, kept.direction.packets):
             best[key] = flow
     return sorted(best.values(), key=lambda f: (f.capture.tag, f.label))
 
