@@ -48,6 +48,7 @@ IPERF3_WARMUP_S = 0.5
 IPERF3_CLIENT_OPTIONS: tuple[str, ...] = ("-Z",)
 # struct tcp_info (linux/tcp.h): __u64 tcpi_bytes_received sits at byte 128 (since Linux 4.1).
 TCPI_BYTES_RECEIVED_OFFSET = 128
+TCPI_TOTAL_RETRANS_OFFSET = 100   # struct tcp_info's tcpi_total_retrans (u32): segments the socket resent
 TCP_INFO_LEN = 232
 SAMPLE_WINDOW_S = 0.5e-3
 SAMPLE_INTERVAL_S = 0.02
@@ -140,6 +141,27 @@ def iperf3_receiver_rate(server_stdout: str, warmup_s: float) -> float | None:
     if not steady or span <= 0:
         return None
     return received / span
+
+
+def iperf3_sender_retransmits(client_stdout: str) -> int | None:
+    """Segments the client resent over its whole test (end.sum_sent.retransmits: the sender's
+    tcpi_total_retrans); None where iperf3 could not read it (no TCP_INFO on the sender)."""
+    try:
+        value = json.loads(client_stdout)["end"]["sum_sent"].get("retransmits")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+def retransmitted(sock: socket.socket) -> int | None:
+    """Segments this socket has resent (tcpi_total_retrans); None where TCP_INFO lacks the counter."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_LEN)
+    except OSError:
+        return None
+    if len(info) < TCPI_TOTAL_RETRANS_OFFSET + 4:
+        return None
+    return int(struct.unpack_from("<I", info, TCPI_TOTAL_RETRANS_OFFSET)[0])
 
 
 def iperf3_error(*outputs: str) -> str:

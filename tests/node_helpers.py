@@ -37,9 +37,11 @@ def topology(nodes: Sequence[str] = NODES) -> dict[str, Any]:
 
 def link_matrix(out_Bps: dict[str, float] | None = None, in_Bps: dict[str, float] | None = None,
                 edges: dict[tuple[str, str], float] | None = None, nodes: Sequence[str] = NODES,
-                seed: int = 1) -> dict[str, Any]:
+                seed: int = 1, retransmits: dict[tuple[str, str], tuple[int, int]] | None = None,
+                bidir: dict[tuple[str, str], float] | None = None) -> dict[str, Any]:
     """Every ordered pair: the lesser of the sender's and the receiver's rate (LAB_Bps unless given), an
-    ``edges`` override per pair, and 1.5% measurement noise."""
+    ``edges`` override per pair, and 1.5% measurement noise; with ``retransmits``, each pair's segments resent
+    alone and both ways at once (absent pairs: none), and ``bidir`` its both-ways share of alone."""
     rng = random.Random(seed)
     out_Bps, in_Bps, edges = out_Bps or {}, in_Bps or {}, edges or {}
     rows = []
@@ -48,7 +50,11 @@ def link_matrix(out_Bps: dict[str, float] | None = None, in_Bps: dict[str, float
             if src != dst:
                 rate = edges.get((src, dst), min(out_Bps.get(src, LAB_Bps), in_Bps.get(dst, LAB_Bps)))
                 noise = 1 + rng.uniform(-0.015, 0.015)
-                rows.append({"src": src, "dst": dst, "alone_Bps": rate * noise, "bidir_Bps": rate * BIDIR_SHARE * noise})
+                row = {"src": src, "dst": dst, "alone_Bps": rate * noise,
+                       "bidir_Bps": rate * (bidir or {}).get((src, dst), BIDIR_SHARE) * noise}
+                if retransmits is not None:
+                    row["alone_retransmits"], row["bidir_retransmits"] = retransmits.get((src, dst), (0, 0))
+                rows.append(row)
     rounds = [[[nodes[0], nodes[3]], [nodes[1], nodes[2]]], [[nodes[0], nodes[1]], [nodes[2], nodes[3]]],
               [[nodes[0], nodes[2]], [nodes[1], nodes[3]]]] if len(nodes) == 4 else []
     return {"tool": "iperf3", "seconds": 2.0, "nodes": list(nodes), "rounds": rounds, "edges": rows, "notes": []}

@@ -242,6 +242,44 @@ def test_loss_spread_over_hosts_or_seen_from_one_point_names_no_host(tmp_path: P
     assert loss_at_host(load_run([clean]))[0].status == "clear"
 
 
+def test_loss_the_ring_cannot_place_is_placed_by_the_link_matrix(tmp_path: Path) -> None:
+    """A shallow port in front of h1: the ring's steps send into h1 from h0 alone (loss on one edge, below the
+    share bar), but the matrix's flows reach h1 from every peer and resend there, both ways at once above all;
+    the steps corroborate. Loss spread over the matrix, or on one peer's edges only, names no host."""
+    into_h1 = {("h0", "h1"): (2, 300), ("h2", "h1"): (1, 520), ("h3", "h1"): (4, 260), ("h1", "h0"): (0, 3)}
+    shallow = link_matrix(retransmits=into_h1, bidir={pair: 0.4 for pair in into_h1 if pair[1] == "h1"})
+    steps = {("h0", "h1"): direction(16 * MiB, packets=12000, retrans=14),
+             ("h1", "h2"): direction(16 * MiB, packets=12000, retrans=3),
+             ("h2", "h3"): direction(16 * MiB, packets=12000, retrans=2),
+             ("h3", "h0"): direction(16 * MiB, packets=12000, retrans=4)}
+    analyses = {n: {"gloo-all_gather--gloo-all_gather-n4": ring(4, steps)} for n in NODES}
+    root = write_inplace_run(tmp_path / "shallow", ring_records(HEALTHY), matrix=shallow, analyses=analyses)
+    [found] = loss_at_host(load_run([root]))
+    assert found.status == "fired" and "into h1 (from 3 peers, in the link matrix's flows)" in found.statement
+    assert found.strength == "strong" and "lose most there too" in found.statement
+    assert {e.values.get("node") for e in found.evidence if "src" in e.values} == {"h1"}
+    assert {e.values["src"] for e in found.evidence if "src" in e.values} == {"h0", "h2", "h3"}
+    # the same matrix without the steps' corroboration: moderate
+    quiet = {n: {"gloo-all_gather--gloo-all_gather-n4": ring(4, {pair: direction(16 * MiB, packets=12000)
+                                                                    for pair in steps})} for n in NODES}
+    [found] = loss_at_host(load_run([write_inplace_run(tmp_path / "m", ring_records(HEALTHY), matrix=shallow,
+                                                       analyses=quiet)]))
+    assert found.status == "fired" and found.strength == "moderate"
+    # spread: every host's edges resend alike
+    spread = {(s, d): (1, 200) for s in NODES for d in NODES if s != d}
+    root = write_inplace_run(tmp_path / "spread", ring_records(HEALTHY), matrix=link_matrix(retransmits=spread),
+                             analyses=analyses)
+    [found] = loss_at_host(load_run([root]))
+    assert found.status == "clear" and "link matrix" not in found.statement
+    # one peer's edge only: no host can be told from that peer's sending side
+    one = link_matrix(retransmits={("h0", "h1"): (5, 900)})
+    root = write_inplace_run(tmp_path / "one", ring_records(HEALTHY), matrix=one, analyses=quiet)
+    assert loss_at_host(load_run([root]))[0].status == "clear"
+    # a matrix from before retransmits were recorded: the captures' reading alone
+    root = write_inplace_run(tmp_path / "old", ring_records(HEALTHY), matrix=link_matrix(), analyses=analyses)
+    assert loss_at_host(load_run([root]))[0].status == "clear"
+
+
 # --- window or buffer limit at one host ---
 
 

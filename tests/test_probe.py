@@ -137,6 +137,8 @@ def test_flows_on_loopback_measure_every_flow_on_every_rank() -> None:
     assert [(r.src, r.dst, r.tool, r.seconds) for r in outcomes[0]] == [("a", "b", "diag-socket", 1.0),
                                                                         ("b", "a", "diag-socket", 1.0)]
     assert all(r.goodput_Bps > 1e6 for r in outcomes[0])
+    # each sender's kernel count of segments it resent comes back with the receiver's goodput
+    assert all(isinstance(r.retransmits, int) and r.retransmits >= 0 for r in outcomes[0])
 
 
 def test_a_node_that_cannot_open_fails_every_rank_with_one_line_naming_it() -> None:
@@ -292,6 +294,9 @@ def check_matrix_run(lab: Lab, run: ProbeLaunch, tmp: Path, config_of: dict[str,
         assert matrix["nodes"] == names
         assert matrix["rounds"] == [[list(pair) for pair in pairs] for pairs in circle_rounds(names)]
         assert [(e["src"], e["dst"]) for e in matrix["edges"]] == [(a, b) for a in names for b in names if a != b]
+        # every sender's resent segments, both phases, from iperf3's sender report or diag's socket
+        assert all(isinstance(e[key], int) and e[key] >= 0 for e in matrix["edges"]
+                   for key in ("alone_retransmits", "bidir_retransmits")), matrix["edges"]
         if edges_out_of_band(matrix, config_of):
             again = run_probe(lab, [f"matrix@{suffix}"], tmp)
             assert again.returncodes == [0] * len(lab.hosts), again.stderr

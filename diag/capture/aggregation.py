@@ -36,6 +36,7 @@ from diag.capture.turns import DIRECTIONS, Turns
 if TYPE_CHECKING:
     from diag.capture.analysis import Analysis
 
+
 def _want_median_p95(stats: OrderStats) -> None:
     if stats.n:
         stats.want(sorted(set(median_ranks(stats.n)) | set(percentile_ranks(stats.n, 95))))
@@ -156,7 +157,12 @@ class Aggregation:
         data = np.flatnonzero(chunk.plen > 0) if rows is None else rows[chunk.plen[rows] > 0]
         data_ts = chunk.ts_ns[data] / 1e9
         data_bytes = chunk.plen[data].astype(np.int64)
-        self._beside(self._hosts, step, chunk, data, data_ts, data_bytes)
+        # Each data packet's connection's MSS, where the cadence may cut a super-segment into segments
+        data_mss = None
+        if step in (Pass.COUNTS, Pass.CADENCE) and data.size and int(data_bytes.max()) > DEFAULT_MSS:
+            data_mss = self.top.streamer.mss[chunk.conn[data], chunk.direction[data]].astype(np.int64)
+            data_mss[data_mss <= 0] = DEFAULT_MSS
+        self._beside(self._hosts, step, chunk, data, data_ts, data_bytes, data_mss)
         for c, sides in self._sides(step, chunk, rows, data, data_ts, data_bytes):
             connection = self.connections.get(c)
             if connection is None:
@@ -399,9 +405,10 @@ class Aggregation:
         while self._pending:
             self._pending.popleft().result()
 
-    def _hosts(self, step: Pass, chunk: Chunk, data: np.ndarray, ts: np.ndarray, nbytes: np.ndarray) -> None:
+    def _hosts(self, step: Pass, chunk: Chunk, data: np.ndarray, ts: np.ndarray, nbytes: np.ndarray,
+               mss: np.ndarray | None) -> None:
         """Each host's transmit and receive streams: data: these rows' data packets, ts their times (s),
-        nbytes their sizes."""
+        nbytes their sizes, mss their connections' MSS (None: none is larger than DEFAULT_MSS)."""
         if not data.size:
             return
         streamer = self.top.streamer
@@ -424,11 +431,13 @@ class Aggregation:
             if host.rx is not host.tx:  # one address (loopback): one stream both ways
                 pairs.append((host.rx, dst == index))
             for stream, mask in pairs:
-                t, b = (ts, nbytes) if mask.all() else (ts[mask], nbytes[mask])
+                every = mask.all()
+                t, b = (ts, nbytes) if every else (ts[mask], nbytes[mask])
+                m = mss if mss is None or every else mss[mask]
                 if step is Pass.COUNTS:
-                    stream.count(t, b)
+                    stream.count(t, b, m)
                 elif step is Pass.CADENCE:
-                    stream.collect_gaps(t, b)
+                    stream.collect_gaps(t, b, m)
                 elif step is Pass.RUNS:
                     stream.add_runs(t)
                 elif step is Pass.OVERLAP:

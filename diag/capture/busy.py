@@ -106,7 +106,6 @@ def flight_events(ts_ns: np.ndarray, state: dict[str, np.ndarray], own_data: np.
     return ts_ns[rows] / 1e9, flying
 
 
-
 def duplex_result(both: float, either: float, active: tuple[float, float], over: tuple[float, float],
                   total: tuple[float, float], gaps: tuple[float, float]) -> dict[str, Any]:
     """duplex()'s object from its parts: the time both and either stream are busy, each one's busy time,
@@ -126,7 +125,6 @@ def duplex_result(both: float, either: float, active: tuple[float, float], over:
         "x_gap_s": gaps[0],
         "y_gap_s": gaps[1],
     }
-
 
 
 def _gaps(previous: float | None, ts: np.ndarray) -> np.ndarray:
@@ -219,16 +217,17 @@ class DataStream:
         self.intervals_ordered = True  # each run starts after the one before ended (add_overlap's fast path)
         self.bytes_inside_other = 0
 
-    def _bulk_gaps(self, ts: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    def _bulk_gaps(self, ts: np.ndarray, nbytes: np.ndarray, mss: np.ndarray | None = None) -> np.ndarray:
         """The gaps after bulk segments followed by bulk segments, per wire segment: a super-segment (TSO/GSO
         on the sender's side, GRO on the receiver's) stands for the k = size / MSS segments it is cut into,
         and the gap after it for k gaps of a k-th of it. (Without that, a sender-side capture of 64 KiB
         messages sent as one super-segment and a tail segment each read a ping-pong's period as its
-        cadence: a 50 ms run gap that joined the turns.)"""
+        cadence: a 50 ms run gap that joined the turns.) mss: each packet's connection's (a host's streams
+        carry several), else the stream's own. Segments per packet: 1 unless the chunk holds a super-segment."""
         bulk = nbytes > CONTROL_MAX_BYTES
-        # segments per packet: 1 unless the chunk holds a super-segment (the usual case: no division)
-        supers = int(nbytes.max()) > self.mss
-        segments = (nbytes + (self.mss - 1)) // self.mss if supers else None
+        limit = self.mss if mss is None else mss
+        supers = int(nbytes.max()) > limit if mss is None else bool(np.any(nbytes > mss))
+        segments = (nbytes + (limit - 1)) // limit if supers else None
         gaps = _gaps(self._last_ts, ts)
         if self._last_ts is None:
             pairs = bulk[:-1] & bulk[1:]
@@ -246,12 +245,12 @@ class DataStream:
         self._last_segments = int(segments[-1]) if segments is not None else 1
         return gaps
 
-    def count(self, ts: np.ndarray, nbytes: np.ndarray) -> None:
+    def count(self, ts: np.ndarray, nbytes: np.ndarray, mss: np.ndarray | None = None) -> None:
         if ts.size == 0:
             return
         self.n += int(ts.size)
         self.bytes += int(nbytes.sum())
-        gaps = self._bulk_gaps(ts, nbytes)
+        gaps = self._bulk_gaps(ts, nbytes, mss)
         self.pairs += int(gaps.size)
         self.gaps.add(gaps)
 
@@ -262,9 +261,9 @@ class DataStream:
             m = self.pairs
             self.gaps.want([(m - 1) // 2, int((m - 1) * CADENCE_QUANTILE / 100)])
 
-    def collect_gaps(self, ts: np.ndarray, nbytes: np.ndarray) -> None:
+    def collect_gaps(self, ts: np.ndarray, nbytes: np.ndarray, mss: np.ndarray | None = None) -> None:
         if ts.size and self.n >= CADENCE_MIN_GAPS + 1 and self.pairs >= CADENCE_MIN_GAPS:
-            self.gaps.collect(self._bulk_gaps(ts, nbytes))
+            self.gaps.collect(self._bulk_gaps(ts, nbytes, mss))
 
     def settle_gap(self) -> None:
         """After Pass.CADENCE: the run gap (see the module docstring)."""

@@ -20,9 +20,7 @@ class ConnectionIds:
         self._conn_a_arr = np.zeros(0, dtype=np.int32)  # conn_a as an array, rebuilt when connections came
 
     def _grow(self, nendpoints: int) -> None:
-        cap = max(16, self.cap)
-        while cap < nendpoints:
-            cap *= 2
+        cap = max(16, self.cap, 1 << (max(nendpoints, 1) - 1).bit_length())  # powers of two, at least 16
         if cap > 2048:  # a dense table would be too large: the dict path alone
             self.cap = -1
             return

@@ -9,7 +9,8 @@ through the coordinator, each a single all_gather of what every leader did:
    address, and says which port (or what failed);
 2. connect: each sender connects (diag's streams) and each receiver accepts; for iperf3 it is only the
    start line, every server listening;
-3. run: the flows run for ``seconds`` at once; each receiver says its goodput, each side what failed.
+3. run: the flows run for ``seconds`` at once; each receiver says its goodput, each sender how many
+   segments it resent, each side what failed.
 
 Every local step is bounded (GRACE_S beyond ``seconds``), so every leader reaches the next exchange even
 when its tool or its peer is stuck, and every rank then raises the same one line naming the node and the
@@ -38,6 +39,9 @@ from diag.probe.coordinator import Coordinator, first_sentence
 
 TOOLS = ("auto", "iperf3", "socket")
 TOOL_LABELS = {"iperf3": "iperf3", "socket": "diag-socket"}   # as run.json's link.*.tool records them
+# What the run step reports of a flow: its receiver the goodput, its sender the segments it resent (the two
+# halves of one flow's report, merged by the exchange).
+GOODPUT, RESENT = "goodput_Bps", "retransmits"
 MIN_SECONDS, MAX_SECONDS = 1, 60
 SERVER_START_ATTEMPTS = 3       # a free port can be taken between our check and iperf3's bind
 POLL_S = 0.02
@@ -65,17 +69,19 @@ class Flow:
 
 @dataclass(frozen=True)
 class FlowResult:
-    """A flow's goodput (TCP payload bytes/s) at its receiver, after the warm-up."""
+    """A flow's goodput (TCP payload bytes/s) at its receiver, after the warm-up, and the segments its
+    sender resent over the whole flow (its kernel's count; None where it could not be read)."""
 
     src: str
     dst: str
     goodput_Bps: float
     tool: str            # "iperf3" or "diag-socket"
     seconds: float
+    retransmits: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"src": self.src, "dst": self.dst, "goodput_Bps": self.goodput_Bps, "tool": self.tool,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "retransmits": self.retransmits}
 
 
 @dataclass(frozen=True)
@@ -171,14 +177,16 @@ def run_flows(coord: Coordinator, nodes: Sequence[ProbeNode], flows: Sequence[Fl
     try:
         ports = exchange.step("opening listeners", side.open)
         exchange.step("connecting", lambda: side.connect(ports))
-        rates = exchange.step("measuring", lambda: side.run(ports))
+        measured = exchange.step("measuring", lambda: side.run(ports))
     finally:
         side.close()
-    missing = [str(flow) for index, flow in enumerate(flows) if not isinstance(rates.get(index), float)]
+    missing = [str(flow) for index, flow in enumerate(flows)
+               if not isinstance(measured.get(index, {}).get(GOODPUT), float)]
     if missing:   # a leader that reported nothing for its flow: never expected, but never a silent zero
         raise DiagError(f"probe {context}: no goodput reported for {', '.join(missing)}")
-    return [FlowResult(flow.src, flow.dst, rates[index], TOOL_LABELS[tool], float(seconds))
-            for index, flow in enumerate(flows)]
+    return [FlowResult(flow.src, flow.dst, measured[index][GOODPUT], TOOL_LABELS[tool], float(seconds),
+                       measured[index].get(RESENT)) for index, flow in enumerate(flows)]
+
 
 
 @dataclass(frozen=True)
@@ -212,6 +220,8 @@ class _Exchange:
             for index, value in reports.items():
                 if isinstance(value, _Failed):
                     failures.setdefault(index, []).append(value)
+                elif isinstance(value, dict) and isinstance(merged.get(index), dict):
+                    merged[index] = {**merged[index], **value}   # a flow's two halves (run: GOODPUT, RESENT)
                 else:
                     merged.setdefault(index, value)
         if failures:
@@ -323,7 +333,10 @@ class _SocketSide(_Side):
         receiving = sorted(self.incoming)
         rates = goodput.run_streams([self.outgoing[index] for index in sorted(self.outgoing)],
                                     [self.incoming[index] for index in receiving], self.seconds)
-        return dict(zip(receiving, map(float, rates), strict=True))
+        report: dict[int, Any] = {index: {RESENT: goodput.retransmitted(sock)} for index, sock in self.outgoing.items()}
+        for index, rate in zip(receiving, rates, strict=True):
+            report[index] = {**report.get(index, {}), GOODPUT: float(rate)}
+        return report
 
     def close(self) -> None:
         for sock in (*self.listeners.values(), *self.outgoing.values(), *self.incoming.values()):
@@ -377,6 +390,8 @@ class _Iperf3Side(_Side):
                 results[index] = _Failed(node, f"iperf3 client did not finish in {limit_s:.0f} s (killed)")
             elif proc.returncode != 0:
                 results[index] = _Failed(node, f"iperf3 client failed: {goodput.iperf3_error(*output)}")
+            else:
+                results[index] = {RESENT: goodput.iperf3_sender_retransmits(output[0])}
         warmup_s = goodput.iperf3_warmup_s(self.seconds)
         for index, proc in self.servers.items():
             output = goodput.finish(proc, deadline)
@@ -384,8 +399,10 @@ class _Iperf3Side(_Side):
                 results[index] = _Failed(node, f"iperf3 server had no finished test in {limit_s:.0f} s (killed)")
                 continue
             rate = goodput.iperf3_receiver_rate(output[0], warmup_s)
-            results[index] = rate if rate is not None else \
-                _Failed(node, f"iperf3 server failed: {goodput.iperf3_error(*output)}")
+            if rate is None:
+                results[index] = _Failed(node, f"iperf3 server failed: {goodput.iperf3_error(*output)}")
+            elif not isinstance(results.get(index), _Failed):   # a flow to itself has both halves here
+                results[index] = {**results.get(index, {}), GOODPUT: rate}
         return results
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from diag.errors import DiagError
 from diag.probe.coordinator import Coordinator
-from diag.probe.flows import Flow, ProbeNode, check_nodes, check_seconds, choose_tool, run_flows
+from diag.probe.flows import Flow, FlowResult, ProbeNode, check_nodes, check_seconds, choose_tool, run_flows
 
 PHASES = ("a->b", "b->a", "both")
 
@@ -25,15 +25,19 @@ Pair = tuple[str, str]
 
 @dataclass(frozen=True)
 class MatrixEdge:
-    """src -> dst: alone (its reverse idle) and while dst -> src runs too."""
+    """src -> dst: alone (its reverse idle) and while dst -> src runs too; with the segments src resent in
+    each phase (its kernel's count over the phase; None where it could not be read)."""
 
     src: str
     dst: str
     alone_Bps: float
     bidir_Bps: float
+    alone_retransmits: int | None = None
+    bidir_retransmits: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"src": self.src, "dst": self.dst, "alone_Bps": self.alone_Bps, "bidir_Bps": self.bidir_Bps}
+        return {"src": self.src, "dst": self.dst, "alone_Bps": self.alone_Bps, "bidir_Bps": self.bidir_Bps,
+                "alone_retransmits": self.alone_retransmits, "bidir_retransmits": self.bidir_retransmits}
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,8 @@ class LinkMatrix:
         return cls(tool=str(data["tool"]), seconds=float(data["seconds"]), nodes=tuple(data["nodes"]),
                    rounds=tuple(tuple((str(a), str(b)) for a, b in pairs) for pairs in data["rounds"]),
                    edges=tuple(MatrixEdge(str(edge["src"]), str(edge["dst"]), float(edge["alone_Bps"]),
-                                          float(edge["bidir_Bps"])) for edge in data["edges"]),
+                                          float(edge["bidir_Bps"]), _count(edge.get("alone_retransmits")),
+                                          _count(edge.get("bidir_retransmits"))) for edge in data["edges"]),
                    notes=tuple(data.get("notes", ())))
 
 
@@ -90,6 +95,10 @@ def phase_flows(pairs: Sequence[Pair], phase: str) -> list[Flow]:
     return [flow for a, b in pairs for flow in (Flow(a, b), Flow(b, a))]
 
 
+def _count(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) else None
+
+
 def measure_matrix(coord: Coordinator, nodes: Sequence[ProbeNode], seconds: float = 2.0,
                    tool: str = "auto") -> LinkMatrix:
     """Every ordered pair's goodput alone and both ways at once, ``seconds`` per phase. Every rank calls
@@ -101,15 +110,16 @@ def measure_matrix(coord: Coordinator, nodes: Sequence[ProbeNode], seconds: floa
     choice = choose_tool(coord, nodes, tool)
     names = [node.name for node in nodes]
     rounds = circle_rounds(names)
-    alone: dict[Pair, float] = {}
-    both: dict[Pair, float] = {}
+    alone: dict[Pair, FlowResult] = {}
+    both: dict[Pair, FlowResult] = {}
     for number, pairs in enumerate(rounds, 1):
         label = ", ".join(f"{a}<->{b}" for a, b in pairs)
         for phase in PHASES:
             context = f"matrix round {number}/{len(rounds)} ({label}), phase {phase}"
             for result in run_flows(coord, nodes, phase_flows(pairs, phase), whole, choice.tool, context):
-                (both if phase == "both" else alone)[(result.src, result.dst)] = result.goodput_Bps
-    edges = tuple(MatrixEdge(src, dst, alone[(src, dst)], both[(src, dst)])
+                (both if phase == "both" else alone)[(result.src, result.dst)] = result
+    edges = tuple(MatrixEdge(src, dst, alone[(src, dst)].goodput_Bps, both[(src, dst)].goodput_Bps,
+                             alone[(src, dst)].retransmits, both[(src, dst)].retransmits)
                   for src in names for dst in names if src != dst)
     return LinkMatrix(tool=choice.label, seconds=float(whole), nodes=tuple(names),
                       rounds=tuple(tuple(pairs) for pairs in rounds), edges=edges,

@@ -43,12 +43,15 @@ class Topology:
 
 @dataclass(frozen=True)
 class LinkEdge:
-    """One ordered pair of the link matrix: goodput src -> dst alone, and while dst -> src runs too."""
+    """One ordered pair of the link matrix: goodput src -> dst alone, and while dst -> src runs too, and the
+    segments src resent in each (None: not read, or a run before they were recorded)."""
 
     src: str = "?"
     dst: str = "?"
     alone_Bps: float | None = None
     bidir_Bps: float | None = None
+    alone_retransmits: int | None = None
+    bidir_retransmits: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

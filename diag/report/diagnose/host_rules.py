@@ -36,6 +36,7 @@ from diag.report.thresholds import (
     IDLE_RESTART_S,
     LOCALIZE_MIN_NODES,
     LOSS_HOST_SHARE,
+    LOSS_RATE_CONTRAST,
     PACED_TOLERANCE,
     RETRANS_MIN_COUNT,
     RETRANS_RATE,
@@ -46,6 +47,7 @@ from diag.report.thresholds import (
     WINDOW_FULL_RATE,
     used,
 )
+from diag.report.topology import LinkEdge
 from diag.units import human_rate
 
 MATRIX_PLOT = "link_matrix.png"
@@ -238,20 +240,25 @@ def loss_at_host(run: RunData) -> list[Finding]:
     limits = (RETRANS_RATE, RETRANS_MIN_COUNT, LOSS_HOST_SHARE, CWND_CUT_FACTOR, CWND_COLLAPSE_SEGMENTS, IDLE_RESTART_S)
     thresholds = used(*limits)
     pairs = _pair_losses(run)
+    # The link matrix's flows reach every host from several peers, where a ring's steps send into each host
+    # from one: where the steps cannot place the loss, the matrix may.
+    in_matrix = _matrix_loss(run, pairs)
     if not pairs:
-        return undecided(name, "no capture analysis or TCP_INFO whose ends the run can name (run.json topology, or "
-                         "a lab's addresses): retransmissions cannot be placed on a host", *limits)
+        return in_matrix or undecided(name, "no capture analysis or TCP_INFO whose ends the run can name (run.json "
+                                      "topology, or a lab's addresses): retransmissions cannot be placed on a host",
+                                      *limits)
     total = sum(p.resent for p in pairs.values())
     packets = sum(p.packets for p in pairs.values())
     if total < RETRANS_MIN_COUNT.value or (packets and total / packets < RETRANS_RATE.value):
-        return [Finding(name, "clear", f"{total:.0f} retransmitted segments in {packets} packets across "
-                        f"{len(pairs)} node-to-node directions: no loss worth placing on a host", thresholds=thresholds)]
+        return in_matrix or [Finding(name, "clear", f"{total:.0f} retransmitted segments in {packets} packets across "
+                                     f"{len(pairs)} node-to-node directions: no loss worth placing on a host",
+                                     thresholds=thresholds)]
     # One capture point sees every host's directions through its own: all of its own, only those of the others
     # that touch it. A host is named from what at least two nodes saw (their captures or TCP_INFO).
     viewpoints = {f.capture.node for f in flow_observations(run) if f.src and f.dst} | {
         s.node for p in pairs.values() for s in p.series}
     if len(viewpoints - {None}) < 2:
-        return undecided(name, "the captures and TCP_INFO come from one capture point, which sees only the "
+        return in_matrix or undecided(name, "the captures and TCP_INFO come from one capture point, which sees only the "
                          "directions that touch its own host: a host is named only from what two or more nodes "
                          "saw (the in-place layout, nodes/<node>/)", *limits)
     nodes = sorted({n for pair in pairs for n in pair})
@@ -259,7 +266,7 @@ def loss_at_host(run: RunData) -> list[Finding]:
                        node, way) for node in nodes for way in ("into", "out of")), reverse=True)
     if tallies[0][0] < LOSS_HOST_SHARE.value:
         spread = ", ".join(f"{w} {n} {s:.0%}" for s, n, w in tallies[:4])
-        return [Finding(name, "clear", f"{total:.0f} retransmitted segments, spread over the hosts ({spread}): no "
+        return in_matrix or [Finding(name, "clear", f"{total:.0f} retransmitted segments, spread over the hosts ({spread}): no "
                         f"one host holds {LOSS_HOST_SHARE.value:.0%} of them (see retransmissions)",
                         thresholds=thresholds)]
     placed = [_place(pairs, node, way, share) for share, node, way in tallies if share >= LOSS_HOST_SHARE.value]
@@ -286,7 +293,7 @@ def loss_at_host(run: RunData) -> list[Finding]:
     # A host is only named against a contrast: directions into (out of) other hosts that carried data. Where
     # data only ever flowed into one host, its loss cannot be told from what every host would have lost.
     if not place.contrast:
-        return undecided(name, f"{place.share:.0%} of {total:.0f} retransmitted segments are on directions "
+        return in_matrix or undecided(name, f"{place.share:.0%} of {total:.0f} retransmitted segments are on directions "
                          f"{place.way} {place.node}, but no direction {place.way} another host was seen to compare "
                          f"with: {place.node}'s loss cannot be told from every host's", *limits)
     evidence, cost = _loss_evidence(run, pairs, place.lossy, place.node, place.way)
@@ -304,6 +311,87 @@ class Placement:
     lossy: dict[tuple[str, str], PairLoss]
     peers: tuple[str, ...]                    # peers on lossy directions
     contrast: bool                            # directions of the same way at other hosts carried data
+
+
+# Bytes a segment, to turn a matrix flow's goodput into the segments it sent (a jumbo sender sends fewer: its
+# share of segments resent reads low, never high).
+SEGMENT_BYTES = 1448
+
+
+def _matrix_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> list[Finding] | None:
+    """The loss placed by the link matrix's own flows: every ordered pair alone and both ways at once, with the
+    segments each sender resent. Fired where one host's edges in (or out), from two or more peers, resent at
+    least LOSS_RATE_CONTRAST times the share of segments of any other host's; None otherwise (the captures'
+    reading stands)."""
+    matrix = run.link_matrix
+    edges = [e for e in (matrix.edges if matrix is not None and matrix.seconds else ())
+             if e.src != e.dst and e.alone_retransmits is not None and e.bidir_retransmits is not None
+             and (e.alone_Bps or 0) > 0 and (e.bidir_Bps or 0) > 0]
+    names = sorted({n for e in edges for n in (e.src, e.dst)})
+    if matrix is None or len(names) < LOCALIZE_MIN_NODES.value:
+        return None
+    seconds = float(matrix.seconds or 0)
+
+    def resent(e: LinkEdge) -> int:
+        return int(e.alone_retransmits or 0) + int(e.bidir_retransmits or 0)
+
+    def share(mine: list[LinkEdge]) -> float:
+        sent = sum((e.alone_Bps or 0) + (e.bidir_Bps or 0) for e in mine) * seconds / SEGMENT_BYTES
+        return sum(resent(e) for e in mine) / sent if sent > 0 else 0.0
+
+    for way in ("into", "out of"):
+        by_host = {n: [e for e in edges if (e.dst if way == "into" else e.src) == n] for n in names}
+        rates = {n: share(mine) for n, mine in by_host.items() if mine}
+        node = max(rates, key=rates.__getitem__)
+        mine = by_host[node]
+        others = max((r for n, r in rates.items() if n != node), default=0.0)
+        lossy = [e for e in mine if resent(e) >= RETRANS_MIN_COUNT.value]
+        if (sum(resent(e) for e in mine) < RETRANS_MIN_COUNT.value or rates[node] < RETRANS_RATE.value or len(lossy) < 2
+                or rates[node] < LOSS_RATE_CONTRAST.value * max(others, RETRANS_RATE.value / 10)):
+            continue
+        return [_matrix_finding(run, pairs, node, way, mine, rates, others)]
+    return None
+
+
+def _matrix_finding(run: RunData, pairs: dict[tuple[str, str], PairLoss], node: str, way: str, mine: list[LinkEdge],
+                    rates: dict[str, float], others: float) -> Finding:
+    def resent(e: LinkEdge) -> int:
+        return int(e.alone_retransmits or 0) + int(e.bidir_retransmits or 0)
+
+    source = "run.json link.matrix"
+    evidence = [Evidence(f"{e.src} -> {e.dst}: {resent(e)} segments resent ({e.alone_retransmits} alone, "
+                         f"{e.bidir_retransmits} both ways at once); both ways at once it carried "
+                         f"{_rate(e.bidir_Bps)}, {(e.bidir_Bps or 0) / (e.alone_Bps or 1):.0%} of alone",
+                         {"node": node, "way": way, "src": e.src, "dst": e.dst, "retransmissions": resent(e),
+                          "alone_retransmits": e.alone_retransmits, "bidir_retransmits": e.bidir_retransmits,
+                          "bidir_ratio": (e.bidir_Bps or 0) / (e.alone_Bps or 1)}, source, MATRIX_PLOT)
+                for e in sorted(mine, key=lambda e: -resent(e))]
+    evidence.append(Evidence(f"the other hosts' edges {way} them: at most {others:.3%} of their segments resent",
+                             {"other_hosts_max_share": others}, source))
+    # The run's own steps, each direction from its sender's capture: where they agree, the finding is strong.
+    by_host: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for (src, dst), p in pairs.items():
+        host = dst if way == "into" else src
+        by_host[host][0] += p.resent
+        by_host[host][1] += p.packets
+    steps = {n: r / k for n, (r, k) in by_host.items() if k}
+    agree = bool(steps) and max(steps, key=steps.__getitem__) == node and len(steps) > 1 and \
+        steps[node] >= 2 * statistics.median(v for n, v in steps.items() if n != node)
+    if steps.get(node) is not None:
+        rest = [v for n, v in steps.items() if n != node]
+        evidence.append(Evidence(f"the run's own steps (each direction from its sender's capture): {way} {node} "
+                                 f"{steps[node]:.3%} of packets resent, {way} the other hosts "
+                                 f"{min(rest, default=0):.3%}-{max(rest, default=0):.3%}",
+                                 {"node": node, "steps_share": steps[node], "steps_others": rest},
+                                 "analysis of every node"))
+    bidir = [(e.bidir_Bps or 0) / (e.alone_Bps or 1) for e in mine]
+    statement = (f"segments are lost on the directions {way} {node} (from {len(mine)} peers, in the link matrix's "
+                 f"flows): {rates[node]:.2%} of their segments resent, against at most {others:.3%} {way} any other "
+                 f"host; both ways at once its edges carried {min(bidir):.0%}-{max(bidir):.0%} of alone"
+                 + ("; the run's own steps lose most there too" if agree else ""))
+    limits = (RETRANS_RATE, RETRANS_MIN_COUNT, LOSS_RATE_CONTRAST, LOCALIZE_MIN_NODES)
+    return Finding("loss_at_host", "fired", statement, "strong" if agree else "moderate", tuple(evidence[:20]),
+                   used(*limits))
 
 
 def _place(pairs: dict[tuple[str, str], PairLoss], node: str, way: str, share: float) -> Placement:
