@@ -61,14 +61,19 @@ def test_circle_rounds_meet_every_pair_once_in_disjoint_rounds(count: int) -> No
 def test_link_matrix_is_run_json_link_matrix() -> None:
     """The keys of docs/inplace.md's link.matrix, and back."""
     matrix = LinkMatrix(tool="iperf3", seconds=2.0, nodes=("h0", "h1"), rounds=((("h0", "h1"),),),
-                        edges=(MatrixEdge("h0", "h1", 2.35e7, 2.29e7), MatrixEdge("h1", "h0", 2.34e7, 2.28e7)),
+                        edges=(MatrixEdge("h0", "h1", 2.35e7, 2.29e7, 0, 12), MatrixEdge("h1", "h0", 2.34e7, 2.28e7)),
                         notes=("a note",))
     data = json.loads(json.dumps(matrix.to_json()))
     assert data == {"tool": "iperf3", "seconds": 2.0, "nodes": ["h0", "h1"], "rounds": [[["h0", "h1"]]],
-                    "edges": [{"src": "h0", "dst": "h1", "alone_Bps": 2.35e7, "bidir_Bps": 2.29e7},
-                              {"src": "h1", "dst": "h0", "alone_Bps": 2.34e7, "bidir_Bps": 2.28e7}],
+                    "edges": [{"src": "h0", "dst": "h1", "alone_Bps": 2.35e7, "bidir_Bps": 2.29e7,
+                               "alone_retransmits": 0, "bidir_retransmits": 12},
+                              {"src": "h1", "dst": "h0", "alone_Bps": 2.34e7, "bidir_Bps": 2.28e7,
+                               "alone_retransmits": None, "bidir_retransmits": None}],
                     "notes": ["a note"]}
     assert LinkMatrix.from_json(data) == matrix
+    # a matrix written before the resent segments were recorded reads as unknown, not as none
+    del data["edges"][0]["alone_retransmits"], data["edges"][0]["bidir_retransmits"]
+    assert LinkMatrix.from_json(data).edge("h0", "h1").bidir_retransmits is None
     assert matrix.edge("h1", "h0").alone_Bps == 2.34e7
 
 

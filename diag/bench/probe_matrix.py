@@ -104,8 +104,9 @@ def slow_down(lab: Lab, host_name: str, rate: str) -> LabConfig:
     (RX), as a slow or misconfigured host would be. The config of that host's new rate."""
     slow = LabConfig(name=lab.name, hosts=len(lab.hosts), rate=rate, burst_bytes=lab.config.burst_bytes)
     host = lab.host(host_name)
+    shape = slow.host_shape([h.name for h in lab.hosts].index(host_name))  # the host's link at the new rate
     for netns, iface, host_side in ((host.netns, host.iface, True), (lab.switch_netns, host.switch_port, False)):
-        line = tbf_line(iface, slow, host_side=host_side).replace("qdisc replace", "qdisc change", 1)
+        line = tbf_line(iface, shape, host_side=host_side).replace("qdisc replace", "qdisc change", 1)
         subprocess.run(["tc", "-n", netns, *line.split()], check=True, capture_output=True, timeout=20)
     return slow
 
