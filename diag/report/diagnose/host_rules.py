@@ -318,6 +318,11 @@ class Placement:
 SEGMENT_BYTES = 1448
 
 
+def _matrix_resent(e: LinkEdge) -> int:
+    """The segments a matrix edge's sender resent, both phases."""
+    return int(e.alone_retransmits or 0) + int(e.bidir_retransmits or 0)
+
+
 def _matrix_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> list[Finding] | None:
     """The loss placed by the link matrix's own flows: every ordered pair alone and both ways at once, with the
     segments each sender resent. Fired where one host's edges in (or out), from two or more peers, resent at
@@ -332,12 +337,9 @@ def _matrix_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> list[F
         return None
     seconds = float(matrix.seconds or 0)
 
-    def resent(e: LinkEdge) -> int:
-        return int(e.alone_retransmits or 0) + int(e.bidir_retransmits or 0)
-
     def share(mine: list[LinkEdge]) -> float:
         sent = sum((e.alone_Bps or 0) + (e.bidir_Bps or 0) for e in mine) * seconds / SEGMENT_BYTES
-        return sum(resent(e) for e in mine) / sent if sent > 0 else 0.0
+        return sum(_matrix_resent(e) for e in mine) / sent if sent > 0 else 0.0
 
     for way in ("into", "out of"):
         by_host = {n: [e for e in edges if (e.dst if way == "into" else e.src) == n] for n in names}
@@ -345,8 +347,8 @@ def _matrix_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> list[F
         node = max(rates, key=rates.__getitem__)
         mine = by_host[node]
         others = max((r for n, r in rates.items() if n != node), default=0.0)
-        lossy = [e for e in mine if resent(e) >= RETRANS_MIN_COUNT.value]
-        if (sum(resent(e) for e in mine) < RETRANS_MIN_COUNT.value or rates[node] < RETRANS_RATE.value or len(lossy) < 2
+        lossy = [e for e in mine if _matrix_resent(e) >= RETRANS_MIN_COUNT.value]
+        if (sum(_matrix_resent(e) for e in mine) < RETRANS_MIN_COUNT.value or rates[node] < RETRANS_RATE.value or len(lossy) < 2
                 or rates[node] < LOSS_RATE_CONTRAST.value * max(others, RETRANS_RATE.value / 10)):
             continue
         return [_matrix_finding(run, pairs, node, way, mine, rates, others)]
@@ -355,17 +357,14 @@ def _matrix_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> list[F
 
 def _matrix_finding(run: RunData, pairs: dict[tuple[str, str], PairLoss], node: str, way: str, mine: list[LinkEdge],
                     rates: dict[str, float], others: float) -> Finding:
-    def resent(e: LinkEdge) -> int:
-        return int(e.alone_retransmits or 0) + int(e.bidir_retransmits or 0)
-
     source = "run.json link.matrix"
-    evidence = [Evidence(f"{e.src} -> {e.dst}: {resent(e)} segments resent ({e.alone_retransmits} alone, "
+    evidence = [Evidence(f"{e.src} -> {e.dst}: {_matrix_resent(e)} segments resent ({e.alone_retransmits} alone, "
                          f"{e.bidir_retransmits} both ways at once); both ways at once it carried "
                          f"{_rate(e.bidir_Bps)}, {(e.bidir_Bps or 0) / (e.alone_Bps or 1):.0%} of alone",
-                         {"node": node, "way": way, "src": e.src, "dst": e.dst, "retransmissions": resent(e),
+                         {"node": node, "way": way, "src": e.src, "dst": e.dst, "retransmissions": _matrix_resent(e),
                           "alone_retransmits": e.alone_retransmits, "bidir_retransmits": e.bidir_retransmits,
                           "bidir_ratio": (e.bidir_Bps or 0) / (e.alone_Bps or 1)}, source, MATRIX_PLOT)
-                for e in sorted(mine, key=lambda e: -resent(e))]
+                for e in sorted(mine, key=lambda e: -_matrix_resent(e))]
     evidence.append(Evidence(f"the other hosts' edges {way} them: at most {others:.3%} of their segments resent",
                              {"other_hosts_max_share": others}, source))
     # The run's own steps, each direction from its sender's capture: where they agree, the finding is strong.
