@@ -18,6 +18,7 @@ from diag.lab.cgroups import (
     quota_files,
     quota_for,
     read_cpus,
+    view_prefix,
 )
 from diag.lab.config import QUEUE_MIN_BYTES
 from diag.lab.faults import merge_faults
@@ -242,8 +243,11 @@ def test_only_a_cpu_starved_host_joins_a_cgroup_before_its_namespace() -> None:
     assert lab.exec_prefix("h0") == ["ip", "netns", "exec", "diag-x-h0"]
     assert lab.exec_prefix("h2") == ["ip", "netns", "exec", "diag-x-h2"]
     starved = lab.exec_prefix("h1")
-    assert starved == [*join_prefix("/sys/fs/cgroup/diag-x-h1"), "ip", "netns", "exec", "diag-x-h1"]
+    # join the cgroup, enter the namespace, then show the cgroup hierarchy inside it (the quota observer reads it)
+    assert starved == [*join_prefix("/sys/fs/cgroup/diag-x-h1"), "ip", "netns", "exec", "diag-x-h1",
+                       *view_prefix("/sys/fs/cgroup/diag-x-h1")]
     assert starved[:3] == ["/bin/sh", "-c", JOIN_SCRIPT] and starved[4] == "/sys/fs/cgroup/diag-x-h1/cgroup.procs"
+    assert starved[9:11] == ["/bin/sh", "-c"] and "mount -t cgroup" in starved[11]
     # the launchers of diag sweep --lab start with the lab's prefix
     launch = HostLaunch("h1", 1, netns="diag-x-h1", exec_prefix=tuple(starved))
     assert launch.prefix == tuple(starved)
