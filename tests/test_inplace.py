@@ -127,7 +127,9 @@ def test_a_node_that_dies_fails_the_run_in_one_line_naming_it(lab3, tmp_path):
     output = job.output("h0")
     lines = [line for line in output.splitlines() if "diag reproduce: error:" in line]
     assert len(lines) == 1, output[-3000:]
-    assert lab3.hosts[2].address in lines[0] and "died" in lines[0]
+    # named by its address; how it went depends on what saw it first (its connections closing, or the
+    # monitored barrier's check): "died" or "stopped answering"
+    assert lab3.hosts[2].address in lines[0] and ("died" in lines[0] or "stopped answering" in lines[0]), lines[0]
     assert "diag/" not in output.split("Traceback", 1)[-1]   # torchrun's own report may follow; none of diag's frames
     # every step finished before the death is kept
     assert load_records(records).records

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -108,7 +109,8 @@ def test_a_process_under_a_cpu_quota_is_seen_throttled(tmp_path: Path) -> None:
         assert quota and all(s["quota_cores"] == 0.2 for s in quota)
         assert quota[-1]["throttled_periods"] > quota[0]["throttled_periods"] >= 0
         busy = [s["cpu_pct"] for s in samples if s["kind"] == "cpu_thread"]
-        assert busy and max(busy) < 40   # the thread reads far from a busy core: starved, not idle
+        # the thread reads far from a busy core (~20%; one 0.1 s sample may hold two 20 ms quotas): starved
+        assert busy and statistics.median(busy) < 30 and max(busy) < 60
     finally:
         if spinner is not None:
             spinner.kill()
