@@ -81,7 +81,7 @@ def test_ping_pong_reads_no_overlap_at_both_capture_points(path: BottleneckPath,
 def test_gloo_all_gather_reads_its_turns_alike_at_both_capture_points(path: BottleneckPath, tmp_path: Path) -> None:
     """gloo's N=2 all_gather through real process groups (diag sweep in place on both hosts): its
     repetitions take turns (one third leader alone, one third both, one third follower alone), and now and
-    then one runs both ways at once; each repetition must read the same at both ends."""
+    then one runs both ways at once; each repetition must read the same at both ends, in the same mode."""
     records = tmp_path / "gloo.jsonl"
     with captures(path, tmp_path, "gloo") as pcaps:
         gloo_sweep(path, records, size="4M", iters=5)
@@ -92,7 +92,10 @@ def test_gloo_all_gather_reads_its_turns_alike_at_both_capture_points(path: Bott
         assert len(summary) == 1 and summary[0]["repetitions"] == 5, summary
         assert summary[0]["turn_taking_repetitions"] >= 1, summary
         per_repetition[point] = [busiest(phase["connections"])["duplex_overlap"] for phase in result["phases"]]
-    medians = {point: statistics.median(values) for point, values in per_repetition.items()}
-    assert all(0.2 <= median <= 0.5 for median in medians.values()), per_repetition
+    # Bimodal: a repetition takes turns (0.2-0.5) or, now and then, runs both ways at once (>= 0.8; 3 of 5 in
+    # one CI run); never in between, whatever the share of each.
+    for values in per_repetition.values():
+        turns = [v for v in values if 0.2 <= v <= 0.5]
+        assert turns and all(0.2 <= v <= 0.5 or v >= 0.8 for v in values), per_repetition
     differences = np.abs(np.subtract(per_repetition["sender"], per_repetition["receiver"]))
     assert differences.max() <= 0.12, per_repetition
