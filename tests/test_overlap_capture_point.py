@@ -11,7 +11,6 @@ as 0.06-0.15 here, and gloo's repetitions 0.03-0.24, differently at each end.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
