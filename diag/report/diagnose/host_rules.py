@@ -351,11 +351,11 @@ def _matrix_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> list[F
         if (sum(_matrix_resent(e) for e in mine) < RETRANS_MIN_COUNT.value or rates[node] < RETRANS_RATE.value or len(lossy) < 2
                 or rates[node] < LOSS_RATE_CONTRAST.value * max(others, RETRANS_RATE.value / 10)):
             continue
-        return [_matrix_finding(run, pairs, node, way, mine, rates, others)]
+        return [_matrix_finding(pairs, node, way, mine, rates, others)]
     return None
 
 
-def _matrix_finding(run: RunData, pairs: dict[tuple[str, str], PairLoss], node: str, way: str, mine: list[LinkEdge],
+def _matrix_finding(pairs: dict[tuple[str, str], PairLoss], node: str, way: str, mine: list[LinkEdge],
                     rates: dict[str, float], others: float) -> Finding:
     source = "run.json link.matrix"
     evidence = [Evidence(f"{e.src} -> {e.dst}: {_matrix_resent(e)} segments resent ({e.alone_retransmits} alone, "
