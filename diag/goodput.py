@@ -24,7 +24,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from diag.errors import DiagError
@@ -123,8 +123,10 @@ def iperf3_server_argv(address: str, port: int) -> list[str]:
 
 
 def iperf3_client_argv(address: str, port: int, seconds: int) -> list[str]:
-    """A client sending for ``seconds``: iperf3's -t takes whole seconds (it reads "1.5" as 1)."""
-    return ["iperf3", "-c", address, "-p", str(port), "-t", str(int(seconds)), "-J", *IPERF3_CLIENT_OPTIONS]
+    """A client sending for ``seconds``: iperf3's -t takes whole seconds (it reads "1.5" as 1). It reports
+    intervals as the server does, so its retransmissions can be counted after the warm-up too."""
+    return ["iperf3", "-c", address, "-p", str(port), "-t", str(int(seconds)), "-J", "-i", f"{IPERF3_INTERVAL_S:g}",
+            *IPERF3_CLIENT_OPTIONS]
 
 
 def iperf3_receiver_rate(server_stdout: str, warmup_s: float) -> float | None:
@@ -151,6 +153,20 @@ def iperf3_sender_retransmits(client_stdout: str) -> int | None:
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return int(value) if isinstance(value, (int, float)) else None
+
+
+def iperf3_sender_steady_retransmits(client_stdout: str, warmup_s: float) -> int | None:
+    """Segments the client resent in its report intervals that start after the warm-up (the window whose
+    goodput iperf3_receiver_rate reports): slow start's overshoot left out. None where the intervals do not
+    carry the count."""
+    try:
+        intervals = [interval["sum"] for interval in json.loads(client_stdout)["intervals"]]
+        counts = [interval.get("retransmits") for interval in intervals if interval["start"] >= warmup_s - 1e-6]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not counts or not all(isinstance(count, (int, float)) for count in counts):
+        return None
+    return int(sum(counts))
 
 
 def retransmitted(sock: socket.socket) -> int | None:
@@ -245,13 +261,15 @@ class _Receiver:
         return (self.bytes_last - self.bytes_warm) / (self.t_last - self.t_warm)
 
 
-def run_streams(outgoing: Sequence[socket.socket], incoming: Sequence[socket.socket], seconds: float) -> list[float]:
+def run_streams(outgoing: Sequence[socket.socket], incoming: Sequence[socket.socket], seconds: float,
+                at_warmup: Callable[[], None] | None = None) -> list[float]:
     """Send on every ``outgoing`` socket for ``seconds`` and drain every ``incoming`` one, all at once;
     the goodput (bytes/s) of each incoming socket, in order.
 
     The two ends of a connection may be in this process (the lab) or in two processes that start this at
     the same moment (the probe: after a barrier); the warm-up absorbs the difference. Raises StreamError
-    when a stream fails or does not end within ``seconds + 2 * GRACE_S``.
+    when a stream fails or does not end within ``seconds + 2 * GRACE_S``. ``at_warmup`` is called when the
+    warm-up ends (the probe reads its senders' retransmission counters there).
     """
     warmup_s = stream_warmup_s(seconds)
     receivers = [_Receiver(warmup_s) for _ in incoming]
@@ -271,6 +289,9 @@ def run_streams(outgoing: Sequence[socket.socket], incoming: Sequence[socket.soc
     except threading.BrokenBarrierError as exc:
         raise StreamError(f"the stream threads did not start in {GRACE_S:.0f} s") from exc
     began = time.monotonic()
+    if at_warmup is not None:
+        time.sleep(max(0.0, began + warmup_s - time.monotonic()))
+        at_warmup()
     rates = kernel_rates(list(incoming), began + warmup_s, began + seconds * (1 - WARMUP_FRACTION / 4)) \
         if incoming else []
     hard_deadline = time.monotonic() + seconds + 2 * GRACE_S

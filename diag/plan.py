@@ -195,7 +195,8 @@ def per_rank_size(volume: int, world_size: int, element: int = 4) -> int:
     return max(element, volume // (world_size - 1) // element * element)
 
 
-SKIPPABLE = ("trials", "knobs", "advise")
+# Step kinds, the workarounds, and the link probe's incast phases (one per node: K x 2 s and more on a big job).
+SKIPPABLE = ("trials", "knobs", "advise", "incast")
 
 
 def resolve_plan(quick: bool, max_n: int | None, volumes: list[int] | None, backend: str = "gloo",

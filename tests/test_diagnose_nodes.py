@@ -280,6 +280,43 @@ def test_loss_the_ring_cannot_place_is_placed_by_the_link_matrix(tmp_path: Path)
     assert loss_at_host(load_run([root]))[0].status == "clear"
 
 
+def test_loss_converging_on_one_host_is_placed_by_the_matrix_incast(tmp_path: Path) -> None:
+    """A shallow port in front of h1 (measured on the lab, reno: 7.8-8.7% of the segments into h1 resent after
+    the warm-up, 0.39-0.57% into the others): the incast names h1 from its three senders. Loss alike into
+    every host (bbr: 3.7-4.7% everywhere), a contrast under LOSS_RATE_CONTRAST, one lossy sender, or counts
+    that were not read, name no host from the incast."""
+    quiet = {n: {"gloo-all_gather--gloo-all_gather-n4": ring(4, {(a, b): direction(16 * MiB, packets=12000)
+                                                                    for a, b in zip(NODES, NODES[1:] + NODES[:1], strict=True)})}
+             for n in NODES}
+
+    def verdict(name: str, incast: dict[tuple[str, str], int | None]) -> Finding:
+        root = write_inplace_run(tmp_path / name, ring_records(HEALTHY), matrix=link_matrix(incast=incast),
+                                 analyses=quiet)
+        [found] = loss_at_host(load_run([root]))
+        return found
+
+    def everywhere(resent: int) -> dict[tuple[str, str], int | None]:
+        return {(s, d): resent for s in NODES for d in NODES if s != d}
+
+    shallow = {**everywhere(4), **{(s, "h1"): 700 for s in NODES if s != "h1"}}
+    found = verdict("shallow", shallow)
+    assert found.status == "fired" and "into h1: with every other node sending into it at once" in found.statement
+    assert found.strength == "moderate"      # the steps saw no loss: nothing corroborates
+    blamed = [e.values for e in found.evidence if "src" in e.values]
+    assert {v["node"] for v in blamed} == {"h1"} and {v["src"] for v in blamed} == {"h0", "h2", "h3"}
+    shares = next(e.values["shares"] for e in found.evidence if "shares" in e.values)
+    assert shares["h1"] > 0.08 and max(v for k, v in shares.items() if k != "h1") < 0.001
+    # the same into every host: nothing to place
+    assert verdict("alike", everywhere(320)).status == "clear"
+    # into h1 3x the others: under the contrast
+    assert verdict("weak", {**everywhere(100), **{(s, "h1"): 300 for s in NODES if s != "h1"}}).status == "clear"
+    # one sender into h1 resends: its own sending side is as likely as h1's port
+    assert verdict("one", {**everywhere(2), ("h0", "h1"): 900}).status == "clear"
+    # a count not read (a sender without TCP_INFO): h1's incast cannot be compared; two hosts remain
+    unread = {**shallow, ("h2", "h1"): None}
+    assert verdict("unread", unread).status == "clear"
+
+
 # --- window or buffer limit at one host ---
 
 

@@ -25,21 +25,16 @@ LIGHT_PLAN = ["--quick", "--max-n", "3", "--volumes", "4M", "--rate", "200mbit",
 @pytest.mark.parametrize("scenario", ["slow-nic", "shallow-buffer", "small-windows", "jumbo-host"])
 def test_a_fault_is_named_with_its_host(scenario, tmp_path):
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "diag", "reproduce", *LIGHT_PLAN, "--lab-scenario", scenario,
-                           "--out", str(run_dir)], capture_output=True, text=True, timeout=900)
+    # The probe's incast phases are what place a shallow port's loss; the other faults show without them.
+    skip_incast = [] if scenario == "shallow-buffer" else ["--skip", "trials,knobs,advise,incast"]
+    done = subprocess.run([sys.executable, "-m", "diag", "reproduce", *LIGHT_PLAN, *skip_incast, "--lab-scenario",
+                           scenario, "--out", str(run_dir)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     meta = json.loads((run_dir / "run.json").read_text())
     assert FAULTY_HOST in meta["lab"]["faulty_hosts"] and meta["lab"]["scenario"]["name"] == scenario
     outcome = read_outcome(scenario, "diag_tcp", run_dir, 0.0, done.returncode)
     findings = {f["rule"]: f for f in json.loads((run_dir / "report" / "findings.json").read_text())["findings"]}
     detail = {rule: findings[rule]["statement"][:300] for rule in (*EXPECTED[scenario], "cpu_bound") if rule in findings}
-    if scenario == "shallow-buffer" and "loss_at_host" not in outcome.named:
-        # Never blamed on another host, never gloo's mechanism, the control clean; but the shallow port drops
-        # only where traffic converges on h1, which this plan makes unevenly (the matrix's both-ways phase:
-        # 0 to 400+ resent segments an edge from run to run; docs/benchmarks.md): said, not passed.
-        stray = {rule: hosts for rule, hosts in outcome.named.items() if hosts - {FAULTY_HOST}}
-        assert not stray and outcome.mechanism != "fired" and outcome.control != "fired", (outcome, detail)
-        pytest.xfail(f"the shallow port lost too little to place in this run: {detail.get('loss_at_host', '')}")
     assert outcome.right(), (outcome, detail)
 
 

@@ -26,8 +26,9 @@ from diag.errors import DiagError
 from diag.goodput import GRACE_S
 from diag.lab import Lab, LabConfig, bring_up
 from diag.lifeline import CHILD_CWD, child_env, python_command
-from diag.probe import LinkMatrix, MatrixEdge, ProbeNode, circle_rounds, measure_flows
+from diag.probe import Incast, IncastFlow, LinkMatrix, MatrixEdge, ProbeNode, circle_rounds, measure_flows
 from diag.probe.flows import ToolChoice, choose_tool
+from diag.probe.matrix import INCAST_MIN_S
 from tests.common import free_port
 
 __all__ = ["lab_names"]  # the fixture, re-exported so pytest finds it
@@ -69,8 +70,16 @@ def test_link_matrix_is_run_json_link_matrix() -> None:
                                "alone_retransmits": 0, "bidir_retransmits": 12},
                               {"src": "h1", "dst": "h0", "alone_Bps": 2.34e7, "bidir_Bps": 2.28e7,
                                "alone_retransmits": None, "bidir_retransmits": None}],
-                    "notes": ["a note"]}
+                    "notes": ["a note"], "incast": []}
     assert LinkMatrix.from_json(data) == matrix
+    # with three nodes, each node's incast (every other node into it at once)
+    three = LinkMatrix(tool="iperf3", seconds=1.0, nodes=("h0", "h1", "h2"), rounds=(), edges=(),
+                       incast=(Incast("h0", 2.0, 1.5, (IncastFlow("h1", 1.1e7, 40, 12), IncastFlow("h2", 1.2e7))),))
+    round_trip = json.loads(json.dumps(three.to_json()))
+    assert round_trip["incast"] == [{"dst": "h0", "seconds": 2.0, "steady_s": 1.5, "flows": [
+        {"src": "h1", "goodput_Bps": 1.1e7, "retransmits": 40, "steady_retransmits": 12},
+        {"src": "h2", "goodput_Bps": 1.2e7, "retransmits": None, "steady_retransmits": None}]}]
+    assert LinkMatrix.from_json(round_trip) == three
     # a matrix written before the resent segments were recorded reads as unknown, not as none
     del data["edges"][0]["alone_retransmits"], data["edges"][0]["bidir_retransmits"]
     assert LinkMatrix.from_json(data).edge("h0", "h1").bidir_retransmits is None
@@ -288,13 +297,15 @@ TOOLS = {"iperf3": "iperf3", "socket": "diag-socket"}     # step suffix -> the l
 
 
 def check_matrix_run(lab: Lab, run: ProbeLaunch, tmp: Path, config_of: dict[str, LabConfig]) -> None:
-    """Both tools' matrices of one launch: the schedule and every edge in band (a matrix with an edge out of
-    band is measured once more in a launch of its own and judged on the best of the two, see best_of_two)."""
+    """Both tools' matrices of one launch: the schedule, every edge in band (a matrix with an edge out of
+    band is measured once more in a launch of its own, its pairs only, and judged on the best of the two, see
+    best_of_two), and the incast where the step ran it."""
     assert run.returncodes == [0] * len(lab.hosts) and run.document["error"] is None, run.stderr
     names = [host.name for host in lab.hosts]
     assert [node["name"] for node in run.document["nodes"]] == names
     for suffix, label in TOOLS.items():
-        matrix = run.steps[f"matrix@{suffix}"]["matrix"]
+        [step] = [step for step in run.steps if step.startswith("matrix") and step.endswith(f"@{suffix}")]
+        matrix = run.steps[step]["matrix"]
         assert matrix["tool"] == label and matrix["seconds"] == PHASE_SECONDS and matrix["notes"] == []
         assert matrix["nodes"] == names
         assert matrix["rounds"] == [[list(pair) for pair in pairs] for pairs in circle_rounds(names)]
@@ -302,11 +313,29 @@ def check_matrix_run(lab: Lab, run: ProbeLaunch, tmp: Path, config_of: dict[str,
         # every sender's resent segments, both phases, from iperf3's sender report or diag's socket
         assert all(isinstance(e[key], int) and e[key] >= 0 for e in matrix["edges"]
                    for key in ("alone_retransmits", "bidir_retransmits")), matrix["edges"]
+        if matrix["incast"]:
+            check_incast(matrix["incast"], names, config_of)
         if edges_out_of_band(matrix, config_of):
-            again = run_probe(lab, [f"matrix@{suffix}"], tmp)
+            again = run_probe(lab, [f"matrix:pairs@{suffix}"], tmp)
             assert again.returncodes == [0] * len(lab.hosts), again.stderr
-            matrix = best_of_two(matrix, again.steps[f"matrix@{suffix}"]["matrix"])
+            matrix = best_of_two(matrix, again.steps[f"matrix:pairs@{suffix}"]["matrix"])
         assert edges_out_of_band(matrix, config_of) == [], label
+
+
+def check_incast(incast: list[dict[str, Any]], names: list[str], config_of: dict[str, LabConfig]) -> None:
+    """Every node's incast: each other node sends into it, and together they fill the receiver's link (its
+    one-way bound: the senders' links are faster than their share); every count read, the steady one part of
+    the whole."""
+    assert [phase["dst"] for phase in incast] == names
+    for phase in incast:
+        dst = phase["dst"]
+        assert phase["seconds"] == INCAST_MIN_S and 0 < phase["steady_s"] < phase["seconds"], phase
+        assert [f["src"] for f in phase["flows"]] == [n for n in names if n != dst], phase
+        assert all(isinstance(f["steady_retransmits"], int) and 0 <= f["steady_retransmits"] <= f["retransmits"]
+                   for f in phase["flows"]), phase
+        total = sum(f["goodput_Bps"] for f in phase["flows"])
+        bound = config_of[dst].expected_goodput_Bps
+        assert 0.85 <= total / bound <= 1.05, (dst, total / bound, phase)
 
 
 @requires_root
@@ -319,8 +348,9 @@ def test_matrix_reads_every_edge_with_both_tools_and_a_slowed_host(probe_lab: La
         pytest.skip("iperf3 is not installed (.ci/setup installs it)")
     lab = probe_lab
     healthy = lab.config
-    run = run_probe(lab, ["matrix@iperf3", "ring@iperf3", "matrix@socket"], tmp_path)
+    run = run_probe(lab, ["matrix@iperf3", "ring@iperf3", "matrix:pairs@socket"], tmp_path)
     check_matrix_run(lab, run, tmp_path, {host.name: healthy for host in lab.hosts})
+    assert run.steps["matrix@iperf3"]["matrix"]["incast"] and not run.steps["matrix:pairs@socket"]["matrix"]["incast"]
     # The ring h0 -> h1 -> h2 -> h3 -> h0: every host sends one flow and receives one, so each direction of
     # each link carries one flow's data and another's ACKs: the ACK-sharing ceiling, loosely (one launch).
     ring = run.steps["ring@iperf3"]["ring_pattern"]
@@ -332,8 +362,9 @@ def test_matrix_reads_every_edge_with_both_tools_and_a_slowed_host(probe_lab: La
 
     slow = slow_down(lab, "h2", SLOW_RATE)
     config_of = {host.name: (slow if host.name == "h2" else healthy) for host in lab.hosts}
-    run = run_probe(lab, ["matrix@iperf3", "matrix@socket"], tmp_path)
+    run = run_probe(lab, ["matrix:pairs@iperf3", "matrix@socket"], tmp_path)
     check_matrix_run(lab, run, tmp_path, config_of)
+    assert run.steps["matrix@socket"]["matrix"]["incast"]     # into h2 at its 50mbit, the others at 100mbit
 
 
 @requires_root

@@ -46,10 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the negative control of the N=2 anomaly, where a lab fault is the only slowdown")
     parser.add_argument("--skip", default="", metavar="KINDS",
                         help="leave out step kinds, comma list of trials (the interleaved N=2 experiments), knobs "
-                             "(raw knob rows), advise (the workarounds); the sweeps at every N and the link probe "
-                             "always run (a health check: --skip trials,knobs,advise)")
+                             "(raw knob rows), advise (the workarounds), incast (the link probe's phases with every "
+                             "other node sending into one, which find a shallow switch port: K phases of 2 s or "
+                             "more); the sweeps at every N and the link matrix always run (a health check: --skip "
+                             "trials,knobs,advise)")
     parser.add_argument("--probe-seconds", type=int, default=2, metavar="S",
-                        help="seconds of each phase of the link probe, 1..60 (default 2; a K=4 matrix is 9 phases)")
+                        help="seconds of each phase of the link probe, 1..60 (default 2; a K=4 matrix is 9 phases, "
+                             "then 4 incast phases of at least 2 s)")
     parser.add_argument("--iface", help="in place: the network interface of the job's traffic (sets "
                                         "GLOO_SOCKET_IFNAME; default: GLOO_SOCKET_IFNAME, else the route to "
                                         "MASTER_ADDR)")

@@ -30,9 +30,10 @@ def measure_links(job: Any) -> None:
     coord = GroupCoordinator.gloo(PROBE_TIMEOUT_S)
     try:
         # Each phase of the matrix and each N's ring pattern runs this long (0.5 s of it warm-up): a K=4 matrix
-        # is 3 rounds x 3 phases, K=8 7 x 3; the ring patterns add one phase per N.
+        # is 3 rounds x 3 phases, K=8 7 x 3, then one incast phase per node (2 s or more); the ring patterns
+        # add one phase per N.
         seconds = job.options.probe_seconds
-        matrix = measure_matrix(coord, nodes, seconds=seconds)
+        matrix = measure_matrix(coord, nodes, seconds=seconds, incast="incast" not in job.options.skip)
         rings = {}
         for n in job.plan.world_sizes:
             ring = topology.nodes_of(topology.members(n))

@@ -3,8 +3,8 @@ node's leader rank, the pairwise link matrix in rounds of disjoint pairs, and th
 
 Public API (the in-place job calls it from every rank, with the same arguments)::
 
-    from diag.probe import Coordinator, GroupCoordinator, ProbeNode, measure_flows, measure_matrix, \
-        measure_ring_pattern
+    from diag.probe import Coordinator, GroupCoordinator, ProbeNode, measure_flows, measure_incast, \
+        measure_matrix, measure_ring_pattern
 
 How a flow's goodput is measured is diag/goodput.py, shared with the lab's own measurement. Importing this
 package does not import torch (GroupCoordinator does, when built).
@@ -12,7 +12,15 @@ package does not import torch (GroupCoordinator does, when built).
 
 from diag.probe.coordinator import Coordinator, GroupCoordinator
 from diag.probe.flows import Flow, FlowResult, ProbeNode, measure_flows
-from diag.probe.matrix import LinkMatrix, MatrixEdge, circle_rounds, measure_matrix
+from diag.probe.matrix import (
+    Incast,
+    IncastFlow,
+    LinkMatrix,
+    MatrixEdge,
+    circle_rounds,
+    measure_incast,
+    measure_matrix,
+)
 from diag.probe.ring import measure_ring_pattern
 
 __all__ = [
@@ -20,11 +28,14 @@ __all__ = [
     "Flow",
     "FlowResult",
     "GroupCoordinator",
+    "Incast",
+    "IncastFlow",
     "LinkMatrix",
     "MatrixEdge",
     "ProbeNode",
     "circle_rounds",
     "measure_flows",
+    "measure_incast",
     "measure_matrix",
     "measure_ring_pattern",
 ]

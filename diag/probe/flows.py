@@ -39,9 +39,9 @@ from diag.probe.coordinator import Coordinator, first_sentence
 
 TOOLS = ("auto", "iperf3", "socket")
 TOOL_LABELS = {"iperf3": "iperf3", "socket": "diag-socket"}   # as run.json's link.*.tool records them
-# What the run step reports of a flow: its receiver the goodput, its sender the segments it resent (the two
-# halves of one flow's report, merged by the exchange).
-GOODPUT, RESENT = "goodput_Bps", "retransmits"
+# What the run step reports of a flow: its receiver the goodput, its sender the segments it resent over the
+# whole flow and after the warm-up (the two halves of one flow's report, merged by the exchange).
+GOODPUT, RESENT, STEADY_RESENT = "goodput_Bps", "retransmits", "steady_retransmits"
 MIN_SECONDS, MAX_SECONDS = 1, 60
 SERVER_START_ATTEMPTS = 3       # a free port can be taken between our check and iperf3's bind
 POLL_S = 0.02
@@ -70,7 +70,8 @@ class Flow:
 @dataclass(frozen=True)
 class FlowResult:
     """A flow's goodput (TCP payload bytes/s) at its receiver, after the warm-up, and the segments its
-    sender resent over the whole flow (its kernel's count; None where it could not be read)."""
+    sender resent (its kernel's count; None where it could not be read): over the whole flow, and over the
+    ``steady_s`` seconds after the warm-up, the window of the goodput (slow start's overshoot left out)."""
 
     src: str
     dst: str
@@ -78,10 +79,13 @@ class FlowResult:
     tool: str            # "iperf3" or "diag-socket"
     seconds: float
     retransmits: int | None = None
+    steady_retransmits: int | None = None
+    steady_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"src": self.src, "dst": self.dst, "goodput_Bps": self.goodput_Bps, "tool": self.tool,
-                "seconds": self.seconds, "retransmits": self.retransmits}
+                "seconds": self.seconds, "retransmits": self.retransmits,
+                "steady_retransmits": self.steady_retransmits, "steady_s": self.steady_s}
 
 
 @dataclass(frozen=True)
@@ -184,8 +188,10 @@ def run_flows(coord: Coordinator, nodes: Sequence[ProbeNode], flows: Sequence[Fl
                if not isinstance(measured.get(index, {}).get(GOODPUT), float)]
     if missing:   # a leader that reported nothing for its flow: never expected, but never a silent zero
         raise DiagError(f"probe {context}: no goodput reported for {', '.join(missing)}")
+    steady_s = seconds - (goodput.stream_warmup_s(seconds) if tool == "socket" else goodput.iperf3_warmup_s(seconds))
     return [FlowResult(flow.src, flow.dst, measured[index][GOODPUT], TOOL_LABELS[tool], float(seconds),
-                       measured[index].get(RESENT)) for index, flow in enumerate(flows)]
+                       measured[index].get(RESENT), measured[index].get(STEADY_RESENT), steady_s)
+            for index, flow in enumerate(flows)]
 
 
 
@@ -221,7 +227,7 @@ class _Exchange:
                 if isinstance(value, _Failed):
                     failures.setdefault(index, []).append(value)
                 elif isinstance(value, dict) and isinstance(merged.get(index), dict):
-                    merged[index] = {**merged[index], **value}   # a flow's two halves (run: GOODPUT, RESENT)
+                    merged[index] = {**merged[index], **value}   # a flow's two halves (run: GOODPUT; RESENT...)
                 else:
                     merged.setdefault(index, value)
         if failures:
@@ -331,9 +337,19 @@ class _SocketSide(_Side):
         if not self.sending and not self.receiving:
             return {}
         receiving = sorted(self.incoming)
+        at_warmup: dict[int, int | None] = {}
+
+        def read_counters() -> None:
+            at_warmup.update({index: goodput.retransmitted(sock) for index, sock in self.outgoing.items()})
+
         rates = goodput.run_streams([self.outgoing[index] for index in sorted(self.outgoing)],
-                                    [self.incoming[index] for index in receiving], self.seconds)
-        report: dict[int, Any] = {index: {RESENT: goodput.retransmitted(sock)} for index, sock in self.outgoing.items()}
+                                    [self.incoming[index] for index in receiving], self.seconds,
+                                    read_counters if self.outgoing else None)
+        report: dict[int, Any] = {}
+        for index, sock in self.outgoing.items():
+            total, before = goodput.retransmitted(sock), at_warmup.get(index)
+            steady = total - before if total is not None and before is not None else None
+            report[index] = {RESENT: total, STEADY_RESENT: steady}
         for index, rate in zip(receiving, rates, strict=True):
             report[index] = {**report.get(index, {}), GOODPUT: float(rate)}
         return report
@@ -383,6 +399,7 @@ class _Iperf3Side(_Side):
         limit_s = self.seconds + 2 * goodput.GRACE_S
         deadline = time.monotonic() + limit_s
         node = self.node_name
+        warmup_s = goodput.iperf3_warmup_s(self.seconds)
         results: dict[int, Any] = {}
         for index, proc in self.clients.items():
             output = goodput.finish(proc, deadline)
@@ -391,8 +408,8 @@ class _Iperf3Side(_Side):
             elif proc.returncode != 0:
                 results[index] = _Failed(node, f"iperf3 client failed: {goodput.iperf3_error(*output)}")
             else:
-                results[index] = {RESENT: goodput.iperf3_sender_retransmits(output[0])}
-        warmup_s = goodput.iperf3_warmup_s(self.seconds)
+                results[index] = {RESENT: goodput.iperf3_sender_retransmits(output[0]),
+                                  STEADY_RESENT: goodput.iperf3_sender_steady_retransmits(output[0], warmup_s)}
         for index, proc in self.servers.items():
             output = goodput.finish(proc, deadline)
             if output is None:

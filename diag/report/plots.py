@@ -348,6 +348,12 @@ def link_matrix(run: RunData) -> FigureSpec | Skipped:
                      for src in names]
             panels.append(Panel(f"src -> dst goodput, {what}", "receiving node (dst)", "sending node (src)",
                                 grid=Grid(names, names, cells, "goodput [MB/s]")))
+    resent = {(f.src, phase.dst): 100 * share for phase in matrix.incast for f in phase.flows
+              if (share := phase.resent_share(f)) is not None}
+    if resent:
+        cells = [[resent.get((src, dst)) for dst in names] for src in names]
+        panels.append(Panel("segments resent, every other node sending into dst at once", "receiving node (dst)",
+                            "sending node (src)", grid=Grid(names, names, cells, "resent after warm-up [%]")))
     size = max(4.0, 0.8 * len(names) + 2.0)
     return FigureSpec("link_matrix.png", title,
                       f"Goodput from each node (row) to each other node (column), MB/s = 1e6 B/s, measured with "
@@ -356,8 +362,11 @@ def link_matrix(run: RunData) -> FigureSpec | Skipped:
                       "read about the link rate. A dark row is a host that sends slowly, a dark column one that "
                       "receives slowly, both a slow host (its NIC, cable or port); one dark cell alone is one slow "
                       "link. The right panel runs both directions of a pair at once (each its own connection): a "
-                      "full-duplex link keeps each near the left panel's value.",
-                      panels, columns=2, panel_size=(size + 1.2, size))
+                      "full-duplex link keeps each near the left panel's value."
+                      + (" The third panel is the incast: every other node sends into the column's node at once, "
+                         "the one time traffic converges on a host's switch port. A bright column is a port (or NIC) "
+                         "that drops what converges on it, a shallow buffer." if resent else ""),
+                      panels, columns=len(panels), panel_size=(size + 1.2, size))
 
 
 # In report order; the headline first.

@@ -55,6 +55,43 @@ class LinkEdge:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# Bytes a segment, to turn a probe flow's goodput into the segments it sent (a jumbo sender sends fewer: its
+# share of segments resent reads low, never high).
+SEGMENT_BYTES = 1448
+
+
+@dataclass(frozen=True)
+class IncastFlow:
+    """One sender of an incast phase (every other node into one at once)."""
+
+    src: str = "?"
+    goodput_Bps: float | None = None
+    retransmits: int | None = None
+    steady_retransmits: int | None = None          # after the warm-up: the window of the goodput
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Incast:
+    """run.json ``link.matrix.incast[]``: every other node sending into ``dst`` at once."""
+
+    dst: str = "?"
+    seconds: float | None = None
+    steady_s: float | None = None                   # the window after the warm-up
+    flows: list[IncastFlow] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def resent_share(self, flow: IncastFlow | None = None) -> float | None:
+        """The share of segments resent in the steady window, by one sender or (None) by all of them; None
+        where a count is missing or nothing was sent."""
+        flows = [flow] if flow is not None else self.flows
+        counts = [f.steady_retransmits for f in flows]
+        if not flows or not self.steady_s or any(c is None for c in counts):
+            return None
+        sent = sum(f.goodput_Bps or 0 for f in flows) * self.steady_s / SEGMENT_BYTES
+        return sum(int(c or 0) for c in counts) / sent if sent > 0 else None
+
+
 @dataclass(frozen=True)
 class LinkMatrix:
     """run.json ``link.matrix``: every ordered pair of nodes, measured in rounds of disjoint pairs."""
@@ -65,6 +102,7 @@ class LinkMatrix:
     rounds: list[Any] = field(default_factory=list)
     edges: list[LinkEdge] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    incast: list[Incast] = field(default_factory=list)     # runs before 2026-12-03 have none
     extra: dict[str, Any] = field(default_factory=dict)
 
     def names(self) -> list[str]:

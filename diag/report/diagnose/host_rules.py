@@ -47,7 +47,7 @@ from diag.report.thresholds import (
     WINDOW_FULL_RATE,
     used,
 )
-from diag.report.topology import LinkEdge
+from diag.report.topology import SEGMENT_BYTES, LinkEdge
 from diag.units import human_rate
 
 MATRIX_PLOT = "link_matrix.png"
@@ -313,21 +313,19 @@ class Placement:
     contrast: bool                            # directions of the same way at other hosts carried data
 
 
-# Bytes a segment, to turn a matrix flow's goodput into the segments it sent (a jumbo sender sends fewer: its
-# share of segments resent reads low, never high).
-SEGMENT_BYTES = 1448
-
-
 def _matrix_resent(e: LinkEdge) -> int:
     """The segments a matrix edge's sender resent, both phases."""
     return int(e.alone_retransmits or 0) + int(e.bidir_retransmits or 0)
 
 
 def _matrix_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> list[Finding] | None:
-    """The loss placed by the link matrix's own flows: every ordered pair alone and both ways at once, with the
-    segments each sender resent. Fired where one host's edges in (or out), from two or more peers, resent at
-    least LOSS_RATE_CONTRAST times the share of segments of any other host's; None otherwise (the captures'
-    reading stands)."""
+    """The loss placed by the link matrix's own flows: first its incast phases (every other node into one at
+    once), then every ordered pair alone and both ways at once, with the segments each sender resent. Fired
+    where one host's flows in (or out), from two or more peers, resent at least LOSS_RATE_CONTRAST times the
+    share of segments of any other host's; None otherwise (the captures' reading stands)."""
+    incast = _incast_loss(run, pairs)
+    if incast is not None:
+        return [incast]
     matrix = run.link_matrix
     edges = [e for e in (matrix.edges if matrix is not None and matrix.seconds else ())
              if e.src != e.dst and e.alone_retransmits is not None and e.bidir_retransmits is not None
@@ -355,6 +353,67 @@ def _matrix_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> list[F
     return None
 
 
+def _incast_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> Finding | None:
+    """The loss into one host where every other node sends into it at once: the only traffic of the run that
+    converges on a host's switch port, where a shallow buffer tail-drops. Fired where one host's incast resent
+    at least LOSS_RATE_CONTRAST times the share of segments of every other host's, from two or more senders."""
+    matrix = run.link_matrix
+    phases = {phase.dst: phase for phase in (matrix.incast if matrix is not None else ())}
+    shares = {dst: share for dst, phase in phases.items() if (share := phase.resent_share()) is not None}
+    if len(shares) < LOCALIZE_MIN_NODES.value:
+        return None
+    node = max(shares, key=shares.__getitem__)
+    phase = phases[node]
+    others = max(share for dst, share in shares.items() if dst != node)
+    resent = sum(int(f.steady_retransmits or 0) for f in phase.flows)
+    lossy = [f for f in phase.flows if int(f.steady_retransmits or 0) >= RETRANS_MIN_COUNT.value]
+    if (resent < RETRANS_MIN_COUNT.value or shares[node] < RETRANS_RATE.value or len(lossy) < 2
+            or shares[node] < LOSS_RATE_CONTRAST.value * max(others, RETRANS_RATE.value / 10)):
+        return None
+    source = "run.json link.matrix.incast"
+    evidence = [Evidence(f"{f.src} -> {node}, with every other node sending into {node}: {f.steady_retransmits} "
+                         f"segments resent after the warm-up ({f.retransmits} in all), {_rate(f.goodput_Bps)}",
+                         {"node": node, "way": "into", "src": f.src, "dst": node,
+                          "steady_retransmits": f.steady_retransmits, "retransmits": f.retransmits,
+                          "goodput_Bps": f.goodput_Bps}, source, MATRIX_PLOT)
+                for f in sorted(phase.flows, key=lambda f: -int(f.steady_retransmits or 0))]
+    evidence.append(Evidence("incast into each host, segments resent after the warm-up: " + ", ".join(
+        f"{dst} {share:.2%}" for dst, share in sorted(shares.items())),
+        {"shares": dict(sorted(shares.items())), "other_hosts_max_share": others}, source, MATRIX_PLOT))
+    agree, steps = _steps_agree(pairs, node, "into")
+    if steps is not None:
+        evidence.append(steps)
+    goodputs = [f.goodput_Bps or 0 for f in phase.flows]
+    statement = (f"segments are lost on the directions into {node}: with every other node sending into it at once "
+                 f"its {len(phase.flows)} senders resent {shares[node]:.2%} of their segments, {shares[node] / max(others, 1e-9):.0f}x "
+                 f"the most into any other host ({others:.2%}); a shallow buffer at {node}'s switch port (or NIC) "
+                 f"drops what converges on it, its senders carried {_span(goodputs)}"
+                 + ("; the run's own steps lose most there too" if agree else ""))
+    limits = (RETRANS_RATE, RETRANS_MIN_COUNT, LOSS_RATE_CONTRAST, LOCALIZE_MIN_NODES)
+    return Finding("loss_at_host", "fired", statement, "strong" if agree else "moderate", tuple(evidence[:20]),
+                   used(*limits))
+
+
+def _steps_agree(pairs: dict[tuple[str, str], PairLoss], node: str, way: str) -> tuple[bool, Evidence | None]:
+    """Whether the run's own steps (each direction from its sender's capture) lose most {way} ``node`` too: at
+    least twice the median of the other hosts; with the evidence that says so."""
+    by_host: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for (src, dst), p in pairs.items():
+        host = dst if way == "into" else src
+        by_host[host][0] += p.resent
+        by_host[host][1] += p.packets
+    steps = {n: r / k for n, (r, k) in by_host.items() if k}
+    agree = bool(steps) and max(steps, key=steps.__getitem__) == node and len(steps) > 1 and \
+        steps[node] >= 2 * statistics.median(v for n, v in steps.items() if n != node)
+    if steps.get(node) is None:
+        return agree, None
+    rest = [v for n, v in steps.items() if n != node]
+    return agree, Evidence(f"the run's own steps (each direction from its sender's capture): {way} {node} "
+                           f"{steps[node]:.3%} of packets resent, {way} the other hosts "
+                           f"{min(rest, default=0):.3%}-{max(rest, default=0):.3%}",
+                           {"node": node, "steps_share": steps[node], "steps_others": rest}, "analysis of every node")
+
+
 def _matrix_finding(pairs: dict[tuple[str, str], PairLoss], node: str, way: str, mine: list[LinkEdge],
                     rates: dict[str, float], others: float) -> Finding:
     source = "run.json link.matrix"
@@ -368,21 +427,9 @@ def _matrix_finding(pairs: dict[tuple[str, str], PairLoss], node: str, way: str,
     evidence.append(Evidence(f"the other hosts' edges {way} them: at most {others:.3%} of their segments resent",
                              {"other_hosts_max_share": others}, source))
     # The run's own steps, each direction from its sender's capture: where they agree, the finding is strong.
-    by_host: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for (src, dst), p in pairs.items():
-        host = dst if way == "into" else src
-        by_host[host][0] += p.resent
-        by_host[host][1] += p.packets
-    steps = {n: r / k for n, (r, k) in by_host.items() if k}
-    agree = bool(steps) and max(steps, key=steps.__getitem__) == node and len(steps) > 1 and \
-        steps[node] >= 2 * statistics.median(v for n, v in steps.items() if n != node)
-    if steps.get(node) is not None:
-        rest = [v for n, v in steps.items() if n != node]
-        evidence.append(Evidence(f"the run's own steps (each direction from its sender's capture): {way} {node} "
-                                 f"{steps[node]:.3%} of packets resent, {way} the other hosts "
-                                 f"{min(rest, default=0):.3%}-{max(rest, default=0):.3%}",
-                                 {"node": node, "steps_share": steps[node], "steps_others": rest},
-                                 "analysis of every node"))
+    agree, steps = _steps_agree(pairs, node, way)
+    if steps is not None:
+        evidence.append(steps)
     bidir = [(e.bidir_Bps or 0) / (e.alone_Bps or 1) for e in mine]
     statement = (f"segments are lost on the directions {way} {node} (from {len(mine)} peers, in the link matrix's "
                  f"flows): {rates[node]:.2%} of their segments resent, against at most {others:.3%} {way} any other "
