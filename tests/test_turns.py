@@ -293,11 +293,18 @@ PEER = textwrap.dedent("""
             d = s.recv(min(1 << 20, total - got))
             if not d: raise SystemExit("peer closed")
             got += len(d)
+    def drain():
+        while s.recv(1 << 20):
+            pass
     if mode == "both":   # both directions at once on this one socket, each written in bursts of `block`
-        t = threading.Thread(target=receive, args=(nbytes,)); t.start()
-        for k in range(nbytes // block):   # a burst, then PERIOD_S of silence from this side
+        # for the same second from the connection on (not the same count of bursts: a side whose sleeps run
+        # long on a busy machine would send alone at the end, and that tail is rightly not overlap)
+        until = time.monotonic() + nbytes / block * (PERIOD_S + 0.001)
+        t = threading.Thread(target=drain); t.start()
+        while time.monotonic() < until:   # a burst, then PERIOD_S of silence from this side
             s.sendall(b"x" * block)
             time.sleep(PERIOD_S)
+        s.shutdown(socket.SHUT_WR)
         t.join()
     else:                # ping-pong: a block, then wait for the peer's block
         for k in range(nbytes // block):
@@ -328,7 +335,7 @@ def _shaped_exchange(pair, tmp_path: Path, mode: str, nbytes: int, block: int) -
 
 
 def test_shaped_link_two_way_overlaps_and_ping_pong_does_not(tmp_path: Path) -> None:
-    """tbf at 100 Mbit/s both ways. Both sides write 16 KiB, then sleep 3 ms, on one socket for ~1 s: each
+    """tbf at 100 Mbit/s both ways. Both sides write 16 KiB, then sleep 3 ms, on one socket for 1 s: each
     burst leaves in ~1.5 ms, then the direction is silent >= 3 ms -- longer than the 2 ms idle gap, so the
     fixed gap reads the two directions as mostly apart (measured 0.03-0.26). They move data at once the whole time and must read as
     overlapping. A ping-pong of 256 KiB blocks on the same link must read as turns."""
