@@ -39,13 +39,14 @@ def link_matrix(out_Bps: dict[str, float] | None = None, in_Bps: dict[str, float
                 edges: dict[tuple[str, str], float] | None = None, nodes: Sequence[str] = NODES,
                 seed: int = 1, retransmits: dict[tuple[str, str], tuple[int, int]] | None = None,
                 bidir: dict[tuple[str, str], float] | None = None,
-                incast: dict[tuple[str, str], int | None] | None = None) -> dict[str, Any]:
+                incast: dict[tuple[str, str], int | None] | list[dict[tuple[str, str], int | None]] | None = None
+                ) -> dict[str, Any]:
     """Every ordered pair: the lesser of the sender's and the receiver's rate (LAB_Bps unless given), an
     ``edges`` override per pair, and 1.5% measurement noise; with ``retransmits``, each pair's segments resent
     alone and both ways at once (absent pairs: none), and ``bidir`` its both-ways share of alone. With
-    ``incast``, one incast phase per node (2 s, 1.5 s of it steady): every other node sends into it at a third
-    of its rate, and (src, dst) resends the segments given (absent pairs: none) after the warm-up; 10% of a
-    sender's 1.5 s at LAB_Bps / 3 is ~811 segments."""
+    ``incast``, one incast phase per node and round (2 s, 1.5 s of it steady): every other node sends into it
+    at a third of its rate, and (src, dst) resends the segments given (absent pairs: none) after the warm-up;
+    10% of a sender's 1.5 s at LAB_Bps / 3 is ~811 segments. A dict is both rounds', a list one per round."""
     rng = random.Random(seed)
     out_Bps, in_Bps, edges = out_Bps or {}, in_Bps or {}, edges or {}
     rows = []
@@ -61,11 +62,12 @@ def link_matrix(out_Bps: dict[str, float] | None = None, in_Bps: dict[str, float
                 rows.append(row)
     rounds = [[[nodes[0], nodes[3]], [nodes[1], nodes[2]]], [[nodes[0], nodes[1]], [nodes[2], nodes[3]]],
               [[nodes[0], nodes[2]], [nodes[1], nodes[3]]]] if len(nodes) == 4 else []
-    phases = [{"dst": dst, "seconds": 2.0, "steady_s": 1.5,
+    by_round = [] if incast is None else incast if isinstance(incast, list) else [incast, incast]
+    phases = [{"dst": dst, "round": number, "seconds": 2.0, "steady_s": 1.5,
                "flows": [{"src": src, "goodput_Bps": in_Bps.get(dst, LAB_Bps) / (len(nodes) - 1) * (1 + rng.uniform(-0.1, 0.1)),
-                          "steady_retransmits": incast.get((src, dst), 0),
-                          "retransmits": None if incast.get((src, dst), 0) is None else 40 + (incast.get((src, dst)) or 0)}
-                         for src in nodes if src != dst]} for dst in nodes] if incast is not None else []
+                          "steady_retransmits": resent.get((src, dst), 0),
+                          "retransmits": None if resent.get((src, dst), 0) is None else 40 + (resent.get((src, dst)) or 0)}
+                         for src in nodes if src != dst]} for number, resent in enumerate(by_round, 1) for dst in nodes]
     return {"tool": "iperf3", "seconds": 2.0, "nodes": list(nodes), "rounds": rounds, "edges": rows, "notes": [],
             "incast": phases}
 

@@ -28,7 +28,7 @@ from diag.lab import Lab, LabConfig, bring_up
 from diag.lifeline import CHILD_CWD, child_env, python_command
 from diag.probe import Incast, IncastFlow, LinkMatrix, MatrixEdge, ProbeNode, circle_rounds, measure_flows
 from diag.probe.flows import ToolChoice, choose_tool
-from diag.probe.matrix import INCAST_MIN_S
+from diag.probe.matrix import INCAST_MIN_S, INCAST_ROUNDS
 from tests.common import free_port
 
 __all__ = ["lab_names"]  # the fixture, re-exported so pytest finds it
@@ -76,7 +76,7 @@ def test_link_matrix_is_run_json_link_matrix() -> None:
     three = LinkMatrix(tool="iperf3", seconds=1.0, nodes=("h0", "h1", "h2"), rounds=(), edges=(),
                        incast=(Incast("h0", 2.0, 1.5, (IncastFlow("h1", 1.1e7, 40, 12), IncastFlow("h2", 1.2e7))),))
     round_trip = json.loads(json.dumps(three.to_json()))
-    assert round_trip["incast"] == [{"dst": "h0", "seconds": 2.0, "steady_s": 1.5, "flows": [
+    assert round_trip["incast"] == [{"dst": "h0", "round": 1, "seconds": 2.0, "steady_s": 1.5, "flows": [
         {"src": "h1", "goodput_Bps": 1.1e7, "retransmits": 40, "steady_retransmits": 12},
         {"src": "h2", "goodput_Bps": 1.2e7, "retransmits": None, "steady_retransmits": None}]}]
     assert LinkMatrix.from_json(round_trip) == three
@@ -326,7 +326,8 @@ def check_incast(incast: list[dict[str, Any]], names: list[str], config_of: dict
     """Every node's incast: each other node sends into it, and together they fill the receiver's link (its
     one-way bound: the senders' links are faster than their share); every count read, the steady one part of
     the whole."""
-    assert [phase["dst"] for phase in incast] == names
+    assert [(phase["round"], phase["dst"]) for phase in incast] == [
+        (number, name) for number in range(1, INCAST_ROUNDS + 1) for name in names]
     for phase in incast:
         dst = phase["dst"]
         assert phase["seconds"] == INCAST_MIN_S and 0 < phase["steady_s"] < phase["seconds"], phase

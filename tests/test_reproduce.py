@@ -21,7 +21,7 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
     run_dir = tmp_path / "repro"
     with subprocess.Popen(
             [sys.executable, "-m", "diag", "reproduce", "--quick", "--max-n", "3", "--volumes", "512K",
-             "--rate", "100mbit", "--out", str(run_dir)],
+             "--rate", "100mbit", "--probe-seconds", "1", "--out", str(run_dir)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as running:
         proc_pid = running.pid
         stdout, stderr = running.communicate(timeout=900)

@@ -3,6 +3,7 @@ numbers) and on a real tbf-shaped namespace pair (both directions at once on one
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,9 @@ T0 = 1_700_000_000.0
 US = 1e-6
 
 
+TCP_SEQ, TCP_CHECKSUM = 20 + 4, 20 + 16     # offsets in an IPv4 packet with a 20-byte header
+
+
 class Flow:
     """Packets of one TCP connection A <-> B (raw IP pcap), each side acking the other's data 20 us later."""
 
@@ -30,6 +34,7 @@ class Flow:
         self.ends = {"A": (a, b, sport, dport), "B": (b, a, dport, sport)}
         self.seq = {"A": 1000, "B": 500_000}
         self.packets: list[tuple[int, str, int, int]] = []   # (time us, sender, seq, payload)
+        self._templates: dict[tuple[str, int], bytes] = {}
 
     def data(self, t_us: int, side: str, payload: int, ack_after_us: int | None = 20) -> None:
         self.packets.append((t_us, side, self.seq[side], payload))
@@ -38,24 +43,42 @@ class Flow:
             self.packets.append((t_us + ack_after_us, "B" if side == "A" else "A", -1, self.seq[side]))
 
     def frames(self) -> list[tuple[float, bytes]]:
-        from scapy.layers.inet import IP, TCP
-        from scapy.packet import Raw
-
         acked = {"A": 500_000, "B": 1000}   # what each side last acknowledged of the other
         sent = {"A": 1000, "B": 500_000}    # each side's next sequence number at the time
         out = []
         for t_us, side, seq, value in sorted(self.packets, key=lambda p: p[0]):
-            src, dst, sport, dport = self.ends[side]
             if seq < 0:  # a pure ACK of the other side's data up to value
                 acked[side] = value
-                pkt = IP(src=src, dst=dst) / TCP(sport=sport, dport=dport, flags="A", seq=sent[side],
-                                                 ack=value, window=5000)
+                frame = self._frame(side, 0, sent[side], value)
             else:
                 sent[side] = max(sent[side], seq + value)
-                pkt = IP(src=src, dst=dst) / TCP(sport=sport, dport=dport, flags="PA", seq=seq, ack=acked[side],
-                                                 window=5000) / Raw(b"d" * value)
-            out.append((T0 + t_us * US, bytes(pkt)))
+                frame = self._frame(side, value, seq, acked[side])
+            out.append((T0 + t_us * US, frame))
         return out
+
+    def _frame(self, side: str, payload: int, seq: int, ack: int) -> bytes:
+        """scapy builds one packet per side and payload size; each frame is that template with its own seq
+        and ack, the TCP checksum updated for them (RFC 1624): thousands of frames in milliseconds."""
+        key = (side, payload)
+        if key not in self._templates:
+            from scapy.layers.inet import IP, TCP
+            from scapy.packet import Raw
+
+            src, dst, sport, dport = self.ends[side]
+            pkt = IP(src=src, dst=dst) / TCP(sport=sport, dport=dport, flags="PA" if payload else "A", seq=0, ack=0,
+                                             window=5000)
+            self._templates[key] = bytes(pkt / Raw(b"d" * payload) if payload else pkt)
+        frame = bytearray(self._templates[key])
+        fields = struct.pack("!II", seq & 0xFFFFFFFF, ack & 0xFFFFFFFF)
+        total = ~struct.unpack_from("!H", frame, TCP_CHECKSUM)[0] & 0xFFFF    # HC' = ~(~HC + ~m + m')
+        for i in range(0, 8, 2):
+            total += (~int.from_bytes(frame[TCP_SEQ + i:TCP_SEQ + i + 2], "big") & 0xFFFF) + \
+                int.from_bytes(fields[i:i + 2], "big")
+        while total >> 16:
+            total = (total & 0xFFFF) + (total >> 16)
+        frame[TCP_SEQ:TCP_SEQ + 8] = fields
+        struct.pack_into("!H", frame, TCP_CHECKSUM, ~total & 0xFFFF)
+        return bytes(frame)
 
 
 def _analyze(tmp_path: Path, frames: list[tuple[float, bytes]], name: str = "flow.pcap") -> dict:

@@ -29,6 +29,10 @@ PHASES = ("a->b", "b->a", "both")
 # port sat out the steady window in retransmission timeouts and the port read as losing less than the others;
 # at 2 s its steady share was 7.8-8.7% against 0.39-0.57% into the 64 KiB ports (lab 200mbit, three runs).
 INCAST_MIN_S = 2
+# Every node's incast runs this many times, in rounds (h0..hK, then again): a host is named only where it
+# stands out in each. Under bbr every port drops 1-10% of an incast, unevenly (one host read 2.4x the next in
+# one run of six), so one round alone could single out a host by chance.
+INCAST_ROUNDS = 2
 
 Pair = tuple[str, str]
 
@@ -67,15 +71,17 @@ class IncastFlow:
 
 @dataclass(frozen=True)
 class Incast:
-    """Every other node sending into ``dst`` at once for ``seconds``; ``steady_s`` of it after the warm-up."""
+    """Every other node sending into ``dst`` at once for ``seconds``; ``steady_s`` of it after the warm-up; in
+    round ``round`` of the incasts (1, 2, ...)."""
 
     dst: str
     seconds: float
     steady_s: float | None
     flows: tuple[IncastFlow, ...]
+    round: int = 1
 
     def to_json(self) -> dict[str, Any]:
-        return {"dst": self.dst, "seconds": self.seconds, "steady_s": self.steady_s,
+        return {"dst": self.dst, "round": self.round, "seconds": self.seconds, "steady_s": self.steady_s,
                 "flows": [flow.to_json() for flow in self.flows]}
 
     @classmethod
@@ -83,7 +89,8 @@ class Incast:
         steady = data.get("steady_s")
         return cls(str(data["dst"]), float(data["seconds"]), float(steady) if steady is not None else None,
                    tuple(IncastFlow(str(flow["src"]), float(flow["goodput_Bps"]), _count(flow.get("retransmits")),
-                                    _count(flow.get("steady_retransmits"))) for flow in data["flows"]))
+                                    _count(flow.get("steady_retransmits"))) for flow in data["flows"]),
+                   int(data.get("round", 1)))
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,7 @@ class LinkMatrix:
     rounds: tuple[tuple[Pair, ...], ...]
     edges: tuple[MatrixEdge, ...]               # every ordered pair, src in node order, then dst
     notes: tuple[str, ...] = ()
-    incast: tuple[Incast, ...] = ()             # one per node, in node order (three or more nodes)
+    incast: tuple[Incast, ...] = ()             # one per node and round, in node order (three or more nodes)
 
     def edge(self, src: str, dst: str) -> MatrixEdge:
         for edge in self.edges:
@@ -151,8 +158,8 @@ def _count(value: Any) -> int | None:
 def measure_matrix(coord: Coordinator, nodes: Sequence[ProbeNode], seconds: float = 2.0,
                    tool: str = "auto", incast: bool = True) -> LinkMatrix:
     """Every ordered pair's goodput alone and both ways at once, ``seconds`` per phase, then (``incast``, three
-    or more nodes) every node's incast, max(``seconds``, INCAST_MIN_S) each. Every rank calls it alike; the
-    tool is chosen once for the whole matrix (see measure_flows)."""
+    or more nodes) every node's incast, INCAST_ROUNDS times, max(``seconds``, INCAST_MIN_S) each. Every rank
+    calls it alike; the tool is chosen once for the whole matrix (see measure_flows)."""
     check_nodes(nodes, coord.world_size)
     if len(nodes) < 2:
         raise DiagError(f"a link matrix needs two or more nodes, the job has {len(nodes)}")
@@ -177,24 +184,30 @@ def measure_matrix(coord: Coordinator, nodes: Sequence[ProbeNode], seconds: floa
                       notes=(choice.note,) if choice.note else (), incast=converging)
 
 
-def measure_incast(coord: Coordinator, nodes: Sequence[ProbeNode], seconds: float = 2.0,
-                   tool: str = "auto") -> tuple[Incast, ...]:
+def measure_incast(coord: Coordinator, nodes: Sequence[ProbeNode], seconds: float = 2.0, tool: str = "auto",
+                   rounds: int = INCAST_ROUNDS) -> tuple[Incast, ...]:
     """Every node's incast (every other node sending into it at once), max(``seconds``, INCAST_MIN_S) each, in
-    node order; none with fewer than three nodes. Every rank calls it alike."""
+    node order, ``rounds`` times; none with fewer than three nodes. Every rank calls it alike."""
     check_nodes(nodes, coord.world_size)
     whole = check_seconds(seconds)
-    return _incast_phases(coord, nodes, whole, choose_tool(coord, nodes, tool).tool)
+    if not 1 <= rounds <= 10:
+        raise DiagError(f"incast rounds must be 1..10, got {rounds}")
+    return _incast_phases(coord, nodes, whole, choose_tool(coord, nodes, tool).tool, rounds)
 
 
-def _incast_phases(coord: Coordinator, nodes: Sequence[ProbeNode], seconds: int, tool: str) -> tuple[Incast, ...]:
+def _incast_phases(coord: Coordinator, nodes: Sequence[ProbeNode], seconds: int, tool: str,
+                   rounds: int = INCAST_ROUNDS) -> tuple[Incast, ...]:
     names = [node.name for node in nodes]
     if len(names) < 3:    # with two, the one other node sending in is the matrix's own a -> b
         return ()
     incast_s = max(seconds, INCAST_MIN_S)
     phases = []
-    for number, dst in enumerate(names, 1):
-        context = f"matrix incast {number}/{len(names)} (every other node -> {dst})"
-        results = run_flows(coord, nodes, [Flow(src, dst) for src in names if src != dst], incast_s, tool, context)
-        phases.append(Incast(dst, float(incast_s), results[0].steady_s, tuple(
-            IncastFlow(r.src, r.goodput_Bps, r.retransmits, r.steady_retransmits) for r in results)))
+    for round_number in range(1, rounds + 1):
+        for number, dst in enumerate(names, 1):
+            context = f"matrix incast {number}/{len(names)}, round {round_number}/{rounds} (every other node -> {dst})"
+            results = run_flows(coord, nodes, [Flow(src, dst) for src in names if src != dst], incast_s, tool,
+                                context)
+            phases.append(Incast(dst, float(incast_s), results[0].steady_s, tuple(
+                IncastFlow(r.src, r.goodput_Bps, r.retransmits, r.steady_retransmits) for r in results),
+                round_number))
     return tuple(phases)

@@ -348,8 +348,7 @@ def link_matrix(run: RunData) -> FigureSpec | Skipped:
                      for src in names]
             panels.append(Panel(f"src -> dst goodput, {what}", "receiving node (dst)", "sending node (src)",
                                 grid=Grid(names, names, cells, "goodput [MB/s]")))
-    resent = {(f.src, phase.dst): 100 * share for phase in matrix.incast for f in phase.flows
-              if (share := phase.resent_share(f)) is not None}
+    resent = {pair: 100 * share for pair, share in matrix.incast_flow_shares().items()}
     if resent:
         cells = [[resent.get((src, dst)) for dst in names] for src in names]
         panels.append(Panel("segments resent, every other node sending into dst at once", "receiving node (dst)",

@@ -73,9 +73,10 @@ class IncastFlow:
 
 @dataclass(frozen=True)
 class Incast:
-    """run.json ``link.matrix.incast[]``: every other node sending into ``dst`` at once."""
+    """run.json ``link.matrix.incast[]``: every other node sending into ``dst`` at once, in round ``round``."""
 
     dst: str = "?"
+    round: int = 1
     seconds: float | None = None
     steady_s: float | None = None                   # the window after the warm-up
     flows: list[IncastFlow] = field(default_factory=list)
@@ -104,6 +105,26 @@ class LinkMatrix:
     notes: list[str] = field(default_factory=list)
     incast: list[Incast] = field(default_factory=list)     # runs before 2026-12-03 have none
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def incast_rounds(self) -> dict[int, dict[str, Incast]]:
+        """round -> dst -> that incast."""
+        rounds: dict[int, dict[str, Incast]] = {}
+        for phase in self.incast:
+            rounds.setdefault(int(phase.round or 1), {})[phase.dst] = phase
+        return dict(sorted(rounds.items()))
+
+    def incast_flow_shares(self) -> dict[tuple[str, str], float]:
+        """(src, dst) -> the share of segments src resent after the warm-up while every other node sent into
+        dst, pooled over the rounds (its resent segments over its segments sent)."""
+        pooled: dict[tuple[str, str], list[float]] = {}
+        for phase in self.incast:
+            for f in phase.flows:
+                if f.steady_retransmits is None or not phase.steady_s:
+                    continue
+                sums = pooled.setdefault((f.src, phase.dst), [0.0, 0.0])
+                sums[0] += f.steady_retransmits
+                sums[1] += (f.goodput_Bps or 0) * phase.steady_s / SEGMENT_BYTES
+        return {key: resent / sent for key, (resent, sent) in pooled.items() if sent > 0}
 
     def names(self) -> list[str]:
         """The matrix's nodes: as listed, then any an edge names that the list lacks."""

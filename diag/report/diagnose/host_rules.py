@@ -355,40 +355,66 @@ def _matrix_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> list[F
 
 def _incast_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> Finding | None:
     """The loss into one host where every other node sends into it at once: the only traffic of the run that
-    converges on a host's switch port, where a shallow buffer tail-drops. Fired where one host's incast resent
-    at least LOSS_RATE_CONTRAST times the share of segments of every other host's, from two or more senders."""
+    converges on a host's switch port, where a shallow buffer tail-drops. Fired where, in every round of the
+    incasts, the same host's senders (two or more of them lossy) resent at least LOSS_RATE_CONTRAST times the
+    share of segments into any other host."""
     matrix = run.link_matrix
-    phases = {phase.dst: phase for phase in (matrix.incast if matrix is not None else ())}
-    shares = {dst: share for dst, phase in phases.items() if (share := phase.resent_share()) is not None}
-    if len(shares) < LOCALIZE_MIN_NODES.value:
+    rounds = matrix.incast_rounds() if matrix is not None else {}
+    read = {number: shares for number, phases in rounds.items()
+            if len(shares := {dst: share for dst, phase in phases.items()
+                              if (share := phase.resent_share()) is not None}) >= LOCALIZE_MIN_NODES.value}
+    if not read:
         return None
-    node = max(shares, key=shares.__getitem__)
-    phase = phases[node]
-    others = max(share for dst, share in shares.items() if dst != node)
-    resent = sum(int(f.steady_retransmits or 0) for f in phase.flows)
-    lossy = [f for f in phase.flows if int(f.steady_retransmits or 0) >= RETRANS_MIN_COUNT.value]
-    if (resent < RETRANS_MIN_COUNT.value or shares[node] < RETRANS_RATE.value or len(lossy) < 2
-            or shares[node] < LOSS_RATE_CONTRAST.value * max(others, RETRANS_RATE.value / 10)):
+    tops = {max(shares, key=shares.__getitem__) for shares in read.values()}
+    if len(tops) != 1:
         return None
+    (node,) = tops
+    others = {number: max(share for dst, share in shares.items() if dst != node) for number, shares in read.items()}
+    for number, shares in read.items():
+        phase = rounds[number][node]
+        resent = sum(int(f.steady_retransmits or 0) for f in phase.flows)
+        lossy = [f for f in phase.flows if int(f.steady_retransmits or 0) >= RETRANS_MIN_COUNT.value]
+        if (resent < RETRANS_MIN_COUNT.value or shares[node] < RETRANS_RATE.value or len(lossy) < 2
+                or shares[node] < LOSS_RATE_CONTRAST.value * max(others[number], RETRANS_RATE.value / 10)):
+            return None
     source = "run.json link.matrix.incast"
-    evidence = [Evidence(f"{f.src} -> {node}, with every other node sending into {node}: {f.steady_retransmits} "
-                         f"segments resent after the warm-up ({f.retransmits} in all), {_rate(f.goodput_Bps)}",
-                         {"node": node, "way": "into", "src": f.src, "dst": node,
-                          "steady_retransmits": f.steady_retransmits, "retransmits": f.retransmits,
-                          "goodput_Bps": f.goodput_Bps}, source, MATRIX_PLOT)
-                for f in sorted(phase.flows, key=lambda f: -int(f.steady_retransmits or 0))]
-    evidence.append(Evidence("incast into each host, segments resent after the warm-up: " + ", ".join(
-        f"{dst} {share:.2%}" for dst, share in sorted(shares.items())),
-        {"shares": dict(sorted(shares.items())), "other_hosts_max_share": others}, source, MATRIX_PLOT))
+    several = len(read) > 1
+    evidence = [Evidence(f"incast into each host{f' (round {number})' if several else ''}, segments resent after "
+                         "the warm-up: " + ", ".join(f"{dst} {share:.2%}" for dst, share in sorted(shares.items())),
+                         {"round": number, "shares": dict(sorted(shares.items())),
+                          "other_hosts_max_share": others[number]}, source, MATRIX_PLOT)
+                for number, shares in read.items()]
+    evidence += [Evidence(f"{f.src} -> {node}, with every other node sending into {node}"
+                          + (f" (round {number})" if several else "") + f": {f.steady_retransmits} segments resent "
+                          f"after the warm-up ({f.retransmits} in all), {_rate(f.goodput_Bps)}",
+                          {"node": node, "way": "into", "src": f.src, "dst": node, "round": number,
+                           "steady_retransmits": f.steady_retransmits, "retransmits": f.retransmits,
+                           "goodput_Bps": f.goodput_Bps}, source, MATRIX_PLOT)
+                 for number in read for f in sorted(rounds[number][node].flows,
+                                                     key=lambda f: -int(f.steady_retransmits or 0))]
+    mine = [read[number][node] for number in read]
+    contrast = min(read[number][node] / max(others[number], 1e-9) for number in read)
+    phase = rounds[min(read)][node]
     agree, steps = _steps_agree(pairs, node, "into")
     if steps is not None:
         evidence.append(steps)
-    goodputs = [f.goodput_Bps or 0 for f in phase.flows]
+    goodputs = [f.goodput_Bps or 0 for number in read for f in rounds[number][node].flows]
+    # What it cost this run: the steps' own loss into the node (a ring sends into each host from one peer, so a
+    # port that drops converging traffic may cost its collectives little).
+    steps_share = steps.values.get("steps_share") if steps is not None else None
+    if agree:
+        cost = "; the run's own steps lose most there too"
+    elif isinstance(steps_share, float) and steps_share < RETRANS_RATE.value:
+        cost = (f"; the run's own steps lost only {steps_share:.3%} of their packets into {node} (they do not "
+                f"converge on it): little cost to them, more to many-to-one traffic")
+    else:
+        cost = ""
+    rounds_text = f" in each of {len(read)} rounds" if several else ""
     statement = (f"segments are lost on the directions into {node}: with every other node sending into it at once "
-                 f"its {len(phase.flows)} senders resent {shares[node]:.2%} of their segments, {shares[node] / max(others, 1e-9):.0f}x "
-                 f"the most into any other host ({others:.2%}); a shallow buffer at {node}'s switch port (or NIC) "
-                 f"drops what converges on it, its senders carried {_span(goodputs)}"
-                 + ("; the run's own steps lose most there too" if agree else ""))
+                 f"its {len(phase.flows)} senders resent {' and '.join(f'{m:.2%}' for m in mine)} of their segments"
+                 f"{rounds_text}, at least {contrast:.0f}x the most into any other host "
+                 f"({', '.join(f'{o:.2%}' for o in others.values())}); a shallow buffer at {node}'s switch port (or "
+                 f"NIC) drops what converges on it, its senders carried {_span(goodputs)}{cost}")
     limits = (RETRANS_RATE, RETRANS_MIN_COUNT, LOSS_RATE_CONTRAST, LOCALIZE_MIN_NODES)
     return Finding("loss_at_host", "fired", statement, "strong" if agree else "moderate", tuple(evidence[:20]),
                    used(*limits))
