@@ -22,16 +22,24 @@ LIGHT_PLAN = ["--quick", "--max-n", "3", "--volumes", "4M", "--rate", "200mbit",
               "--skip", "trials,knobs,advise", "--probe-seconds", "1"]
 
 
-@pytest.mark.parametrize("scenario", ["slow-nic", "shallow-buffer", "small-windows", "jumbo-host"])
+@pytest.mark.parametrize("scenario", ["none", "slow-nic", "shallow-buffer", "small-windows", "slow-cpu", "jumbo-host"])
 def test_a_fault_is_named_with_its_host(scenario, tmp_path):
+    """``none`` is the negative control: no fault, nothing named, N=2 not slower."""
     run_dir = tmp_path / "run"
-    # The probe's incast phases are what place a shallow port's loss; the other faults show without them.
-    skip_incast = [] if scenario == "shallow-buffer" else ["--skip", "trials,knobs,advise,incast"]
-    done = subprocess.run([sys.executable, "-m", "diag", "reproduce", *LIGHT_PLAN, *skip_incast, "--lab-scenario",
-                           scenario, "--out", str(run_dir)], capture_output=True, text=True, timeout=900)
+    # The probe's incast phases are what place a shallow port's loss (and, with no fault, must blame nobody);
+    # the other faults show without them.
+    skip_incast = [] if scenario in ("none", "shallow-buffer") else ["--skip", "trials,knobs,advise,incast"]
+    fault = ["--lab-scenario", scenario] if scenario != "none" else []
+    # a tenth of a core moves 4 MiB slowly (117 s for the run); its starvation shows at 1 MiB as well
+    smaller = ["--volumes", "1M"] if scenario == "slow-cpu" else []
+    done = subprocess.run([sys.executable, "-m", "diag", "reproduce", *LIGHT_PLAN, *skip_incast, *smaller, *fault,
+                           "--out", str(run_dir)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     meta = json.loads((run_dir / "run.json").read_text())
-    assert FAULTY_HOST in meta["lab"]["faulty_hosts"] and meta["lab"]["scenario"]["name"] == scenario
+    if scenario == "none":
+        assert not meta["lab"].get("faulty_hosts") and not meta["lab"].get("scenario")
+    else:
+        assert FAULTY_HOST in meta["lab"]["faulty_hosts"] and meta["lab"]["scenario"]["name"] == scenario
     outcome = read_outcome(scenario, "diag_tcp", run_dir, 0.0, done.returncode)
     findings = {f["rule"]: f for f in json.loads((run_dir / "report" / "findings.json").read_text())["findings"]}
     detail = {rule: findings[rule]["statement"][:300] for rule in (*EXPECTED[scenario], "cpu_bound") if rule in findings}

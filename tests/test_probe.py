@@ -299,7 +299,7 @@ TOOLS = {"iperf3": "iperf3", "socket": "diag-socket"}     # step suffix -> the l
 def check_matrix_run(lab: Lab, run: ProbeLaunch, tmp: Path, config_of: dict[str, LabConfig]) -> None:
     """Both tools' matrices of one launch: the schedule, every edge in band (a matrix with an edge out of
     band is measured once more in a launch of its own, its pairs only, and judged on the best of the two, see
-    best_of_two), and the incast where the step ran it."""
+    best_of_two)."""
     assert run.returncodes == [0] * len(lab.hosts) and run.document["error"] is None, run.stderr
     names = [host.name for host in lab.hosts]
     assert [node["name"] for node in run.document["nodes"]] == names
@@ -313,8 +313,6 @@ def check_matrix_run(lab: Lab, run: ProbeLaunch, tmp: Path, config_of: dict[str,
         # every sender's resent segments, both phases, from iperf3's sender report or diag's socket
         assert all(isinstance(e[key], int) and e[key] >= 0 for e in matrix["edges"]
                    for key in ("alone_retransmits", "bidir_retransmits")), matrix["edges"]
-        if matrix["incast"]:
-            check_incast(matrix["incast"], names, config_of)
         if edges_out_of_band(matrix, config_of):
             again = run_probe(lab, [f"matrix:pairs@{suffix}"], tmp)
             assert again.returncodes == [0] * len(lab.hosts), again.stderr
@@ -322,12 +320,13 @@ def check_matrix_run(lab: Lab, run: ProbeLaunch, tmp: Path, config_of: dict[str,
         assert edges_out_of_band(matrix, config_of) == [], label
 
 
-def check_incast(incast: list[dict[str, Any]], names: list[str], config_of: dict[str, LabConfig]) -> None:
-    """Every node's incast: each other node sends into it, and together they fill the receiver's link (its
-    one-way bound: the senders' links are faster than their share); every count read, the steady one part of
-    the whole."""
+def check_incast(incast: list[dict[str, Any]], names: list[str], config_of: dict[str, LabConfig],
+                 rounds: int = INCAST_ROUNDS) -> None:
+    """Every node's incast, round by round: each other node sends into it, and together they fill the
+    receiver's link (its one-way bound: the senders' links are faster than their share); every count read, the
+    steady one part of the whole."""
     assert [(phase["round"], phase["dst"]) for phase in incast] == [
-        (number, name) for number in range(1, INCAST_ROUNDS + 1) for name in names]
+        (number, name) for number in range(1, rounds + 1) for name in names]
     for phase in incast:
         dst = phase["dst"]
         assert phase["seconds"] == INCAST_MIN_S and 0 < phase["steady_s"] < phase["seconds"], phase
@@ -349,9 +348,12 @@ def test_matrix_reads_every_edge_with_both_tools_and_a_slowed_host(probe_lab: La
         pytest.skip("iperf3 is not installed (.ci/setup installs it)")
     lab = probe_lab
     healthy = lab.config
-    run = run_probe(lab, ["matrix@iperf3", "ring@iperf3", "matrix:pairs@socket"], tmp_path)
+    # (the matrix step with its incast, two rounds, is the in-place job's: tests/test_inplace.py)
+    run = run_probe(lab, ["matrix:pairs@iperf3", "ring@iperf3", "matrix:pairs@socket", "incast:1@socket"], tmp_path)
     check_matrix_run(lab, run, tmp_path, {host.name: healthy for host in lab.hosts})
-    assert run.steps["matrix@iperf3"]["matrix"]["incast"] and not run.steps["matrix:pairs@socket"]["matrix"]["incast"]
+    assert not run.steps["matrix:pairs@socket"]["matrix"]["incast"]
+    check_incast(run.steps["incast:1@socket"]["incast"], [host.name for host in lab.hosts],
+                 {host.name: healthy for host in lab.hosts}, rounds=1)
     # The ring h0 -> h1 -> h2 -> h3 -> h0: every host sends one flow and receives one, so each direction of
     # each link carries one flow's data and another's ACKs: the ACK-sharing ceiling, loosely (one launch).
     ring = run.steps["ring@iperf3"]["ring_pattern"]
@@ -363,9 +365,10 @@ def test_matrix_reads_every_edge_with_both_tools_and_a_slowed_host(probe_lab: La
 
     slow = slow_down(lab, "h2", SLOW_RATE)
     config_of = {host.name: (slow if host.name == "h2" else healthy) for host in lab.hosts}
-    run = run_probe(lab, ["matrix:pairs@iperf3", "matrix@socket"], tmp_path)
+    run = run_probe(lab, ["matrix:pairs@iperf3", "matrix:pairs@socket", "incast:1@iperf3"], tmp_path)
     check_matrix_run(lab, run, tmp_path, config_of)
-    assert run.steps["matrix@socket"]["matrix"]["incast"]     # into h2 at its 50mbit, the others at 100mbit
+    # into h2 at its 50mbit, into the others at 100mbit
+    check_incast(run.steps["incast:1@iperf3"]["incast"], [host.name for host in lab.hosts], config_of, rounds=1)
 
 
 @requires_root

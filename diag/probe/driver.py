@@ -5,7 +5,8 @@ more, every rank names its node and its address, rank 0 writes what was measured
         --master-port 29500 -m diag.probe.driver --address MY_ADDRESS --out probe.json matrix ring
 
 Steps, run in order: ``matrix`` (every pair, then every node's incast), ``matrix:pairs`` (the pairs only),
-``incast`` (every node's incast only); ``ring`` (every node, in node order) or ``ring:h0,h2,h1``;
+``incast`` or ``incast:ROUNDS`` (every node's incast only); ``ring`` (every node, in node order) or
+``ring:h0,h2,h1``;
 ``flows:h0>h1,h2>h3`` (these flows at once); a step ending in ``@iperf3``, ``@socket`` or ``@auto`` uses
 that tool instead of ``--tool``. The tests start it in each lab namespace by hand, exactly as
 an operator starts one launcher per node; the in-place job calls the same functions from its own ranks.
@@ -29,7 +30,7 @@ from diag import safefs
 from diag.errors import DiagError
 from diag.probe.coordinator import Coordinator, GroupCoordinator
 from diag.probe.flows import TOOLS, ProbeNode, measure_flows
-from diag.probe.matrix import measure_incast, measure_matrix
+from diag.probe.matrix import INCAST_ROUNDS, measure_incast, measure_matrix
 from diag.probe.ring import measure_ring_pattern
 
 DEFAULT_TIMEOUT_S = 120.0    # the process group's: how long a rank waits for a peer that stopped answering
@@ -62,8 +63,10 @@ def run_step(coord: Coordinator, nodes: list[ProbeNode], step: str, seconds: flo
 
     if kind == "matrix" and spec in ("", "pairs"):
         return {"step": step, "matrix": measure_matrix(coord, nodes, seconds, tool, incast=not spec).to_json()}
-    if kind == "incast" and not spec:
-        return {"step": step, "incast": [phase.to_json() for phase in measure_incast(coord, nodes, seconds, tool)]}
+    if kind == "incast" and (not spec or spec.isdigit()):
+        rounds = int(spec) if spec else INCAST_ROUNDS
+        return {"step": step, "incast": [phase.to_json()
+                                         for phase in measure_incast(coord, nodes, seconds, tool, rounds)]}
     if kind == "ring":
         ring = [named(name) for name in spec.split(",")] if spec else nodes
         return {"step": step, "ring_pattern": measure_ring_pattern(coord, ring, seconds, tool).to_json()}
@@ -73,12 +76,13 @@ def run_step(coord: Coordinator, nodes: list[ProbeNode], step: str, seconds: flo
             raise DiagError(f"step {step!r}: write flows as SRC>DST,SRC>DST")
         flows = [(named(src).name, named(dst).name) for src, dst in pairs]
         return {"step": step, "flows": [r.to_json() for r in measure_flows(coord, nodes, flows, seconds, tool)]}
-    raise DiagError(f"unknown step {step!r}: use matrix, matrix:pairs, incast, ring, ring:A,B,C or flows:A>B,C>D")
+    raise DiagError(f"unknown step {step!r}: use matrix, matrix:pairs, incast[:ROUNDS], ring, ring:A,B,C or "
+                    "flows:A>B,C>D")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m diag.probe.driver", description=__doc__.split("\n\n")[0])
-    parser.add_argument("steps", nargs="+", help="matrix[:pairs] | incast | ring[:A,B,..] | flows:A>B,C>D, each optionally @TOOL")
+    parser.add_argument("steps", nargs="+", help="matrix[:pairs] | incast[:ROUNDS] | ring[:A,B,..] | flows:A>B,C>D, each optionally @TOOL")
     parser.add_argument("--address", required=True, help="this node's address on the job's interface")
     parser.add_argument("--name", default=os.environ.get("DIAG_NODE_NAME") or socket.gethostname(),
                         help="this node's name (default $DIAG_NODE_NAME, else the hostname)")
