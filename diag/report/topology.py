@@ -8,6 +8,7 @@ run does not say, never a guess.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,15 +83,20 @@ class Incast:
     flows: list[IncastFlow] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def resent_share(self, flow: IncastFlow | None = None) -> float | None:
-        """The share of segments resent in the steady window, by one sender or (None) by all of them; None
-        where a count is missing or nothing was sent."""
-        flows = [flow] if flow is not None else self.flows
-        counts = [f.steady_retransmits for f in flows]
-        if not flows or not self.steady_s or any(c is None for c in counts):
+    def resent_share(self) -> float | None:
+        """The share of segments its senders resent in the steady window; None where a count is missing or
+        nothing was sent."""
+        if any(f.steady_retransmits is None for f in self.flows):
             return None
-        sent = sum(f.goodput_Bps or 0 for f in flows) * self.steady_s / SEGMENT_BYTES
-        return sum(int(c or 0) for c in counts) / sent if sent > 0 else None
+        return steady_resent_share([(self, f) for f in self.flows])
+
+
+def steady_resent_share(sent_in: Sequence[tuple[Incast, IncastFlow]]) -> float | None:
+    """Segments resent after the warm-up over segments sent (goodput x steady seconds / SEGMENT_BYTES), over
+    any senders of any incasts (a missing count reads as none); None where nothing was sent."""
+    resent = sum(int(f.steady_retransmits or 0) for _phase, f in sent_in)
+    sent = sum((f.goodput_Bps or 0) * (phase.steady_s or 0) / SEGMENT_BYTES for phase, f in sent_in)
+    return resent / sent if sent > 0 else None
 
 
 @dataclass(frozen=True)
@@ -115,16 +121,13 @@ class LinkMatrix:
 
     def incast_flow_shares(self) -> dict[tuple[str, str], float]:
         """(src, dst) -> the share of segments src resent after the warm-up while every other node sent into
-        dst, pooled over the rounds (its resent segments over its segments sent)."""
-        pooled: dict[tuple[str, str], list[float]] = {}
+        dst, pooled over the rounds whose count was read."""
+        by_pair: dict[tuple[str, str], list[tuple[Incast, IncastFlow]]] = {}
         for phase in self.incast:
             for f in phase.flows:
-                if f.steady_retransmits is None or not phase.steady_s:
-                    continue
-                sums = pooled.setdefault((f.src, phase.dst), [0.0, 0.0])
-                sums[0] += f.steady_retransmits
-                sums[1] += (f.goodput_Bps or 0) * phase.steady_s / SEGMENT_BYTES
-        return {key: resent / sent for key, (resent, sent) in pooled.items() if sent > 0}
+                if f.steady_retransmits is not None and phase.steady_s:
+                    by_pair.setdefault((f.src, phase.dst), []).append((phase, f))
+        return {pair: share for pair, sent_in in by_pair.items() if (share := steady_resent_share(sent_in)) is not None}
 
     def names(self) -> list[str]:
         """The matrix's nodes: as listed, then any an edge names that the list lacks."""

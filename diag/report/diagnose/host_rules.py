@@ -47,7 +47,7 @@ from diag.report.thresholds import (
     WINDOW_FULL_RATE,
     used,
 )
-from diag.report.topology import SEGMENT_BYTES, Incast, IncastFlow, LinkEdge
+from diag.report.topology import SEGMENT_BYTES, Incast, IncastFlow, LinkEdge, steady_resent_share
 from diag.units import human_rate
 
 MATRIX_PLOT = "link_matrix.png"
@@ -369,7 +369,8 @@ def _incast_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> Findin
     # The host whose senders resent the most of their segments over every round; it must stand out in each
     # round, by its share or by a starved sender (incast collapse: a flow sits out the round in retransmission
     # timeouts, resending little, while no flow into another host starves).
-    pooled = {dst: _pooled_share([rounds[number][dst] for number in read if dst in read[number]])
+    pooled = {dst: steady_resent_share([(rounds[number][dst], f) for number in read if dst in read[number]
+                                 for f in rounds[number][dst].flows]) or 0.0
               for dst in set().union(*read.values())}
     node = max(pooled, key=pooled.__getitem__)
     others = {number: max((share for dst, share in shares.items() if dst != node), default=0.0)
@@ -386,10 +387,10 @@ def _incast_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> Findin
                 or shares[node] < LOSS_RATE_CONTRAST.value * max(others[number], RETRANS_RATE.value / 10)):
             by_share += 1
             continue
-        mine = _starved(phase)
-        if not mine or any(_starved(other) for dst, other in rounds[number].items() if dst != node):
+        hungry = _starved(phase)
+        if not hungry or any(_starved(other) for dst, other in rounds[number].items() if dst != node):
             return None
-        starved[number] = mine
+        starved[number] = hungry
     if not by_share:
         return None
     source = "run.json link.matrix.incast"
@@ -448,13 +449,6 @@ def _starved(phase: Incast) -> list[IncastFlow]:
     fair = sum(f.goodput_Bps or 0 for f in phase.flows) / max(len(phase.flows), 1)
     return [f for f in phase.flows if (f.goodput_Bps or 0) < INCAST_STARVED_SHARE * fair
             and int(f.steady_retransmits or 0) >= RETRANS_MIN_COUNT.value]
-
-
-def _pooled_share(phases: list[Incast]) -> float:
-    """Segments resent after the warm-up over segments sent, over several incasts into one host."""
-    resent = sum(int(f.steady_retransmits or 0) for phase in phases for f in phase.flows)
-    sent = sum((f.goodput_Bps or 0) * (phase.steady_s or 0) / SEGMENT_BYTES for phase in phases for f in phase.flows)
-    return resent / sent if sent > 0 else 0.0
 
 
 def _steps_agree(pairs: dict[tuple[str, str], PairLoss], node: str, way: str) -> tuple[bool, Evidence | None]:
