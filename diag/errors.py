@@ -66,9 +66,15 @@ def torch_missing(what: str) -> str:
 
 
 def require_torch(what: str) -> None:
-    """A one-line DiagError (exit 2) when torch cannot be imported: sweep, reproduce, advise and exec need it;
-    analyze, report, diagnose, compare, model and lab do not."""
+    """A one-line DiagError (exit 2) when torch is not installed: sweep, reproduce, advise and exec need it;
+    analyze, report, diagnose, compare, model and lab do not. Looked up, not imported (importing it takes a
+    second here, several on a small board), so a bad argument is refused at once; a torch that is installed
+    but fails to import is caught where it is imported (diag.__main__)."""
+    import importlib.util
+
     try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise DiagError(torch_missing(what)) from None
+        installed = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        installed = False
+    if not installed:
+        raise DiagError(torch_missing(what))

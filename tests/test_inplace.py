@@ -2,7 +2,8 @@
 
 The lab's namespaces stand in for the nodes; diag launches nothing itself. One node has no tcpdump on its
 PATH, one runs without CAP_NET_RAW (its capabilities dropped with setpriv): both must say so and sample
-TCP_INFO instead, without failing the run. A node that dies mid-run fails the run in one line that names it.
+TCP_INFO instead, without failing the run; two do not share the run directory and send their results to
+rank 0. A node that dies mid-run fails the run in one line that names it.
 """
 
 from __future__ import annotations
@@ -61,14 +62,28 @@ def lab3():
         tear_down(config.name)
 
 
+def _private_directory(directory: Path) -> list[str]:
+    """A wrapper that gives a node its own empty tmpfs at ``directory`` (a private mount namespace), as on
+    machines without a shared filesystem."""
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"',
+            str(directory)]
+
+
 def test_in_place_by_hand_on_three_nodes(lab3, tmp_path):
-    run_dir = tmp_path / "run"
+    """h0 (rank 0) runs without CAP_NET_RAW; h1 and h2 do not share the run directory (each sees its own empty
+    tmpfs there) and send their results to rank 0, h1 with its captures analysed where it took them, h2
+    without tcpdump on its PATH."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    run_dir = shared / "run"
+    no_net_raw = ["setpriv", "--bounding-set", "-net_raw", "--inh-caps", "-net_raw"]
     job = start_nodes(lab3, [*SMALL_PLAN, "--out", str(run_dir)], tmp_path / "logs",
                       master_port=29400 + os.getpid() % 500,
                       env={2: {"PATH": _path_without_tcpdump(tmp_path / "bin")}},
-                      wrappers={1: ["setpriv", "--bounding-set", "-net_raw", "--inh-caps", "-net_raw"]})
+                      wrappers={0: no_net_raw, 1: _private_directory(shared), 2: _private_directory(shared)})
     codes = job.wait(600)
     assert codes == {"h0": 0, "h1": 0, "h2": 0}, {name: job.output(name)[-2000:] for name in codes}
+    assert "not shared with every node" in job.output("h0")
 
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["mode"] == "in-place" and not meta["failures"]
@@ -84,21 +99,25 @@ def test_in_place_by_hand_on_three_nodes(lab3, tmp_path):
     assert all(len(phase["flows"]) == 2 and all(f["goodput_Bps"] > 0 and isinstance(f["steady_retransmits"], int)
                                                 for f in phase["flows"]) for phase in matrix["incast"])
     notes = " ".join(meta["notes"])
-    assert f"{names[1]}: no root with CAP_NET_RAW" in notes and f"{names[2]}: tcpdump is not on PATH" in notes
+    assert f"{names[0]}: no root with CAP_NET_RAW" in notes and f"{names[2]}: tcpdump is not on PATH" in notes
 
     node_dirs = {name: run_dir / "nodes" / name for name in names}
     for name, directory in node_dirs.items():
         fingerprint = json.loads((directory / "fingerprint.json").read_text())
         assert fingerprint["node"]["name"] == name and fingerprint["sysctl"]["net.ipv4.tcp_rmem"]
-    # the capturing node analysed its own captures; the others sampled TCP_INFO of their own ranks
-    assert list((node_dirs[names[0]] / "analysis").glob("*.json"))
-    analysis = json.loads(next((node_dirs[names[0]] / "analysis").glob("gloo-all_gather*-n2.json")).read_text())
+    # h1 captured, analysed its captures where it took them and sent the analyses, not the pcaps
+    shipped = node_dirs[names[1]]
+    analysis = json.loads((shipped / "analysis" / "gloo-all_gather--gloo-all_gather-n2.json").read_text())
     assert analysis["connections"] and analysis["phases"]
-    for name in names[1:]:
+    assert (shipped / "captures" / "gloo-all_gather--gloo-all_gather-n2.pcap.capture.json").exists()
+    assert not list(shipped.rglob("*.pcap"))    # pcaps stay on their node without --keep-pcaps
+    assert list((shipped / "observe").glob("*.jsonl")) and list((shipped / "tcpinfo").glob("*.jsonl"))
+    # the two others sampled TCP_INFO of their own ranks instead
+    for name in (names[0], names[2]):
         assert not list((node_dirs[name] / "captures").glob("*.pcap"))
         samples = [json.loads(line) for path in (node_dirs[name] / "observe").glob("gloo-all_gather*.jsonl")
                    for line in path.read_text().splitlines()]
-        assert any(s["kind"] == "tcp_info" and s["cwnd"] for s in samples)
+        assert any(s["kind"] == "tcp_info" and s["cwnd"] for s in samples), name
     # h2 is in the subgroup of 3 only
     assert {p.stem for p in (node_dirs[names[2]] / "observe").glob("*.jsonl")} == {
         "gloo-all_gather--gloo-all_gather-n3", "raw-ring-all_gather--raw-ring-all_gather-n3",
@@ -142,29 +161,3 @@ def test_a_node_that_dies_fails_the_run_in_one_line_naming_it(lab3, tmp_path):
     assert load_records(records).records
     meta = json.loads((run_dir / "run.json").read_text())
     assert any(lab3.hosts[2].address in f["error"] for f in meta["failures"])
-
-
-def test_without_a_shared_run_directory_nodes_send_their_results_to_rank_0(lab3, tmp_path):
-    """Nodes 1 and 2 see their own empty filesystem at the run directory's place (a private tmpfs, as on
-    machines without a shared filesystem): they keep their pcaps and send everything else to rank 0."""
-    run_dir = tmp_path / "run"
-    private = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-               'mount -t tmpfs tmpfs "$0" && exec "$@"', str(tmp_path)]
-    job = start_nodes(lab3, ["--quick", "--max-n", "2", "--volumes", "512K", "--iface", "eth0", "--probe-seconds", "1",
-                             "--skip", "trials,knobs,advise,incast", "--out", str(run_dir)],
-                      tmp_path / "logs", master_port=29700 + os.getpid() % 190, wrappers={1: private, 2: private})
-    codes = job.wait(600)
-    assert codes == {"h0": 0, "h1": 0, "h2": 0}, {name: job.output(name)[-2000:] for name in codes}
-    assert "not shared with every node" in job.output("h0")
-    meta = json.loads((run_dir / "run.json").read_text())
-    names = [n["name"] for n in meta["topology"]["nodes"]]
-    shipped = run_dir / "nodes" / names[1]
-    assert json.loads((shipped / "fingerprint.json").read_text())["node"]["name"] == names[1]
-    analyses = sorted(p.name for p in (shipped / "analysis").glob("*.json"))
-    assert "gloo-all_gather--gloo-all_gather-n2.json" in analyses
-    assert (shipped / "captures" / "gloo-all_gather--gloo-all_gather-n2.pcap.capture.json").exists()
-    assert not list(shipped.rglob("*.pcap"))    # pcaps stay on their node without --keep-pcaps
-    assert list((shipped / "observe").glob("*.jsonl")) and list((shipped / "tcpinfo").glob("*.jsonl"))
-    # h2 took part in no step at N=2: its fingerprint arrived, nothing else
-    assert (run_dir / "nodes" / names[2] / "fingerprint.json").exists()
-    assert not list((run_dir / "nodes" / names[2] / "analysis").glob("*.json"))

@@ -42,6 +42,13 @@ HOSTS = 4
 BURST_BYTES = 50_000
 PHASE_SECONDS = 1
 TOLERANCE = 0.05                        # every edge within 5% of what the lab lets through
+# Both ways between a slowed host and a faster peer one of the two flows can fall ~20% under the ACK-sharing
+# ceiling and stay there for the phase: it is two-way TCP through unequal queues (each flow's ACKs wait behind
+# the other flow's data; the slowed host's deep tbf holds its own data, its switch port drops the peer's),
+# not a misreading: 0.82-0.92 in 5 of 6 `probe_matrix --slow h2:50mbit` matrices, at 2 s phases as at 1 s,
+# every such edge within 5% alone (docs/benchmarks.md). Such an edge still reads its slow host's rate, not
+# its peer's (2x above).
+UNEQUAL_BOTH_WAYS_FLOOR = 0.75
 
 
 # ---- the schedule and the document (no root, no torch) ----------------------------------------------------
@@ -270,9 +277,15 @@ def run_probe(lab: Lab, steps: list[str], tmp: Path, *, path_of: dict[str, str] 
 
 def edges_out_of_band(matrix: dict[str, Any], config_of: dict[str, LabConfig]) -> list[str]:
     """Edges not within TOLERANCE of what their slower host lets through: alone against the one-way goodput
-    bound, both ways against the ACK-sharing ceiling."""
-    return [f"{edge} alone {alone:.3f} both ways {both:.3f}" for edge, alone, both in edge_shares(matrix, config_of)
-            if abs(alone - 1) > TOLERANCE or abs(both - 1) > TOLERANCE]
+    bound, both ways against the ACK-sharing ceiling (from UNEQUAL_BOTH_WAYS_FLOOR where the ends' rates
+    differ)."""
+    out = []
+    for (edge, alone, both), figures in zip(edge_shares(matrix, config_of), matrix["edges"], strict=True):
+        unequal = config_of[figures["src"]].rate_bps != config_of[figures["dst"]].rate_bps
+        floor = UNEQUAL_BOTH_WAYS_FLOOR if unequal else 1 - TOLERANCE
+        if abs(alone - 1) > TOLERANCE or not floor <= both <= 1 + TOLERANCE:
+            out.append(f"{edge} alone {alone:.3f} both ways {both:.3f}")
+    return out
 
 
 def best_of_two(first: dict[str, Any], second: dict[str, Any], config_of: dict[str, LabConfig]) -> dict[str, Any]:
@@ -348,7 +361,8 @@ def check_incast(incast: list[dict[str, Any]], names: list[str], config_of: dict
 def test_matrix_reads_every_edge_with_both_tools_and_a_slowed_host(probe_lab: Lab, tmp_path: Path) -> None:
     """K=4 at 100mbit, iperf3 and diag's own streams: every ordered pair within 5% of the lab's goodput
     alone and of its ACK-sharing ceiling both ways, and the ring pattern. Then h2's NIC is lowered to
-    50mbit with tc: h2's six edges read 50mbit, the other six 100mbit, with both tools."""
+    50mbit with tc: h2's six edges read 50mbit, the other six 100mbit, with both tools (both ways, h2's
+    edges from UNEQUAL_BOTH_WAYS_FLOOR)."""
     if shutil.which("iperf3") is None:
         pytest.skip("iperf3 is not installed (.ci/setup installs it)")
     lab = probe_lab

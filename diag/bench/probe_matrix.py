@@ -146,10 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for tool in tools:
             step = launch.steps[f"matrix@{tool}"]
             matrix, elapsed = step["matrix"], step["elapsed_s"]
-            phases = 3 * len(matrix["rounds"])
-            print(f"{matrix['tool']}: {len(matrix['rounds'])} rounds x 3 phases of {args.seconds} s, matrix "
-                  f"{elapsed - previous:.1f} s = {(elapsed - previous) / (phases * args.seconds):.2f}x its "
-                  f"phases' time; notes {matrix['notes']}")
+            incast_s = sum(phase["seconds"] for phase in matrix["incast"])
+            measured_s = 3 * len(matrix["rounds"]) * args.seconds + incast_s
+            print(f"{matrix['tool']}: {len(matrix['rounds'])} rounds x 3 phases of {args.seconds} s and "
+                  f"{len(matrix['incast'])} incasts ({incast_s:.0f} s), matrix {elapsed - previous:.1f} s = "
+                  f"{(elapsed - previous) / measured_s:.2f}x its phases' time; notes {matrix['notes']}")
             previous = elapsed
             for (edge, alone, both), figures in zip(edge_shares(matrix, config_of), matrix["edges"], strict=True):
                 print(f"  {edge:10} alone {figures['alone_Bps'] / 1e6:6.2f} MB/s = {alone:5.3f}   both ways "
