@@ -64,8 +64,9 @@ def lab3():
 
 def _private_directory(directory: Path) -> list[str]:
     """A wrapper that gives a node its own empty tmpfs at ``directory`` (a private mount namespace), as on
-    machines without a shared filesystem."""
-    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"',
+    machines without a shared filesystem. Absolute paths: the node's own PATH may lack them."""
+    unshare, sh, mount = (shutil.which(tool) or tool for tool in ("unshare", "sh", "mount"))
+    return [unshare, "--mount", "--propagation", "private", "--", sh, "-c", f'{mount} -t tmpfs tmpfs "$0" && exec "$@"',
             str(directory)]
 
 
