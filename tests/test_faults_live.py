@@ -1,8 +1,9 @@
 """Each lab fault through the real main job, named with its host (issue 20): ``diag reproduce`` on a lab with
-one built-in scenario on h1, the backend under test diag_tcp (it takes no turns, so the fault is the only
-slowdown), the lightest plan that still runs every N (the sweeps and the link probe). The fault's rule must
-fire and name h1 and only h1, no other host rule may name another host, the N=2 mechanism must not fire and
-the negative control must stay clean. The longer, fuller command is `python -m diag.bench.fault_scenarios`.
+one built-in scenario on h1 (small-windows and jumbo-host at once, on h1 and h2), the backend under test
+diag_tcp (it takes no turns, so the fault is the only slowdown), the lightest plan that still runs every N (the
+sweeps and the link probe). The fault's rule must fire and name its host and only it, no other host rule may
+name another host, the N=2 mechanism must not fire and the negative control must stay clean. The longer,
+fuller command is `python -m diag.bench.fault_scenarios`.
 """
 
 from __future__ import annotations
@@ -22,14 +23,21 @@ LIGHT_PLAN = ["--quick", "--max-n", "3", "--volumes", "4M", "--rate", "200mbit",
               "--skip", "trials,knobs,advise", "--probe-seconds", "1"]
 
 
-@pytest.mark.parametrize("scenario", ["none", "slow-nic", "shallow-buffer", "small-windows", "slow-cpu", "jumbo-host"])
+# Two faults at once, on two hosts, in one run: the small-windows scenario on h1 and the jumbo-host fault
+# (MTU 9000) on h2. Each must be named with its own host: a real cluster rarely has only one thing wrong.
+TWO_FAULTS = "small-windows+jumbo-host"
+TWO_FAULTS_ARGS = ["--lab-scenario", "small-windows", "--lab-fault", "h2:mtu=9000"]
+TWO_FAULTS_NAMED = {"window_at_host": {"h1"}, "node_fingerprints": {"h1", "h2"}}
+
+
+@pytest.mark.parametrize("scenario", ["none", "slow-nic", "shallow-buffer", "slow-cpu", TWO_FAULTS])
 def test_a_fault_is_named_with_its_host(scenario, tmp_path):
     """``none`` is the negative control: no fault, nothing named, N=2 not slower."""
     run_dir = tmp_path / "run"
     # The probe's incast phases are what place a shallow port's loss (and, with no fault, must blame nobody);
     # the other faults show without them.
     skip_incast = [] if scenario in ("none", "shallow-buffer") else ["--skip", "trials,knobs,advise,incast"]
-    fault = ["--lab-scenario", scenario] if scenario != "none" else []
+    fault = {"none": [], TWO_FAULTS: TWO_FAULTS_ARGS}.get(scenario, ["--lab-scenario", scenario])
     # a tenth of a core moves 4 MiB slowly (117 s for the run); its starvation shows at 1 MiB as well
     smaller = ["--volumes", "1M"] if scenario == "slow-cpu" else []
     done = subprocess.run([sys.executable, "-m", "diag", "reproduce", *LIGHT_PLAN, *skip_incast, *smaller, *fault,
@@ -38,10 +46,21 @@ def test_a_fault_is_named_with_its_host(scenario, tmp_path):
     meta = json.loads((run_dir / "run.json").read_text())
     if scenario == "none":
         assert not meta["lab"].get("faulty_hosts") and not meta["lab"].get("scenario")
+    elif scenario == TWO_FAULTS:
+        assert meta["lab"]["faulty_hosts"] == ["h1", "h2"] and meta["lab"]["scenario"]["name"] == "small-windows"
     else:
         assert FAULTY_HOST in meta["lab"]["faulty_hosts"] and meta["lab"]["scenario"]["name"] == scenario
-    outcome = read_outcome(scenario, "diag_tcp", run_dir, 0.0, done.returncode)
     findings = {f["rule"]: f for f in json.loads((run_dir / "report" / "findings.json").read_text())["findings"]}
+    if scenario == TWO_FAULTS:
+        outcome = read_outcome("small-windows", "diag_tcp", run_dir, 0.0, done.returncode)
+        detail = {rule: findings[rule]["statement"][:300] for rule in outcome.named if rule in findings}
+        assert {rule: outcome.named.get(rule) for rule in TWO_FAULTS_NAMED} == TWO_FAULTS_NAMED, (outcome, detail)
+        # no other host rule names a host, and no N=2 mechanism is named for faults that are not N=2's
+        assert {rule: hosts for rule, hosts in outcome.named.items() if rule not in TWO_FAULTS_NAMED and hosts} == {}, \
+            (outcome, detail)
+        assert outcome.mechanism != "fired", outcome
+        return
+    outcome = read_outcome(scenario, "diag_tcp", run_dir, 0.0, done.returncode)
     detail = {rule: findings[rule]["statement"][:300] for rule in (*EXPECTED[scenario], "cpu_bound") if rule in findings}
     assert outcome.right(), (outcome, detail)
 
