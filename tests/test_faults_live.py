@@ -38,8 +38,9 @@ def test_a_fault_is_named_with_its_host(scenario, tmp_path):
     # the other faults show without them.
     skip_incast = [] if scenario in ("none", "shallow-buffer") else ["--skip", "trials,knobs,advise,incast"]
     fault = {"none": [], TWO_FAULTS: TWO_FAULTS_ARGS}.get(scenario, ["--lab-scenario", scenario])
-    # a tenth of a core moves 4 MiB slowly (117 s for the run); its starvation shows at 1 MiB as well
-    smaller = ["--volumes", "1M"] if scenario == "slow-cpu" else []
+    # a tenth of a core moves 4 MiB slowly (117 s for the run), a quarter-rate NIC too (57 s); their pace
+    # shows at 1 MiB as well (97 s and 38 s)
+    smaller = ["--volumes", "1M"] if scenario in ("slow-cpu", "slow-nic") else []
     done = subprocess.run([sys.executable, "-m", "diag", "reproduce", *LIGHT_PLAN, *skip_incast, *smaller, *fault,
                            "--out", str(run_dir)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

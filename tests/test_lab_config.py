@@ -163,3 +163,20 @@ def test_down_all_sees_only_namespaces_a_lab_could_create() -> None:
         name = lab_name_of(netns)
         assert name is not None
         LabConfig(name=name).validated()
+
+
+def test_a_streams_bound_on_the_lab_is_its_slower_hosts_link() -> None:
+    """The in-place job's "the CPU limits this machine" note compares its first stream with this bound: on a
+    lab where h1's NIC is slowed, h0 -> h1 is bounded by h1's link, not the lab's rate (else a slow NIC
+    reads as a busy CPU)."""
+    from diag.inplace.links import lab_stream_bound_Bps
+    from diag.lab.topology import plan_lab
+    from diag.reproduce import lab_meta
+
+    meta = lab_meta(plan_lab(LabConfig(name="bound", hosts=3, rate="200mbit").with_faults(["h1:rate=25%"])))
+    full, quarter = meta["expected_goodput_Bps"], meta["host_list"][1]["link"]["expected_goodput_Bps"]
+    assert 0.24 < quarter / full < 0.26
+    assert lab_stream_bound_Bps(meta, "h0", "h1") == lab_stream_bound_Bps(meta, "h1", "h2") == quarter
+    assert lab_stream_bound_Bps(meta, "h0", "h2") == full
+    assert lab_stream_bound_Bps({"expected_goodput_Bps": full}, "a", "b") == full   # hosts not listed
+    assert lab_stream_bound_Bps({}, "a", "b") is None                               # not a lab

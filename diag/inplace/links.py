@@ -55,7 +55,7 @@ def measure_links(job: Any) -> None:
             f"{first.bidir_Bps / 1e6:.1f} + {second.bidir_Bps / 1e6:.1f} MB/s ({matrix.tool}); ring pattern, mean "
             "MB/s per edge: " + ", ".join(f"N={n} {r['mean_edge_Bps'] / 1e6:.1f}" for n, r in rings.items()))
     notes = list(matrix.notes)
-    expected = (job.options.lab or {}).get("expected_goodput_Bps")
+    expected = lab_stream_bound_Bps(job.options.lab or {}, first.src, first.dst)
     if expected and first.alone_Bps < CPU_BOUND_LINK_FRACTION * expected:
         notes.append(f"one TCP stream reached {first.alone_Bps / 1e6:.1f} MB/s, below {CPU_BOUND_LINK_FRACTION:.0%} "
                      f"of the {expected / 1e6:.1f} MB/s the lab's link allows: the CPU (or other load) limits this "
@@ -66,3 +66,14 @@ def measure_links(job: Any) -> None:
                      "stream: the hosts (their CPUs), not the link, are the limit there, and the report holds raw "
                      "TCP against the pattern at those N")
     job._note(notes)
+
+
+def lab_stream_bound_Bps(lab: dict[str, Any], src: str, dst: str) -> float | None:
+    """One TCP stream's goodput bound from src to dst on the lab (run.json's "lab"): the slower of the two
+    hosts' own links, which a fault (a slow NIC, another MTU) may have changed; the lab's rate where the
+    hosts are not listed. None outside the lab."""
+    own = {host.get("name"): host.get("link", {}).get("expected_goodput_Bps") for host in lab.get("host_list", [])}
+    bounds = [own.get(src), own.get(dst)]
+    if all(isinstance(bound, (int, float)) for bound in bounds):
+        return float(min(bounds))
+    return lab.get("expected_goodput_Bps")
