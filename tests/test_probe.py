@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import threading
 import time
@@ -42,13 +43,14 @@ HOSTS = 4
 BURST_BYTES = 50_000
 PHASE_SECONDS = 1
 TOLERANCE = 0.05                        # every edge within 5% of what the lab lets through
-# Both ways between a slowed host and a faster peer one of the two flows can fall ~20% under the ACK-sharing
-# ceiling and stay there for the phase: it is two-way TCP through unequal queues (each flow's ACKs wait behind
-# the other flow's data; the slowed host's deep tbf holds its own data, its switch port drops the peer's),
-# not a misreading: 0.82-0.92 in 5 of 6 `probe_matrix --slow h2:50mbit` matrices, at 2 s phases as at 1 s,
-# every such edge within 5% alone (docs/benchmarks.md). Such an edge still reads its slow host's rate, not
-# its peer's (2x above).
-UNEQUAL_BOTH_WAYS_FLOOR = 0.75
+# Both ways at once, one of an edge's two flows can fall well under the ACK-sharing ceiling and stay there for
+# the phase: two-way TCP through unequal queues (each flow's ACKs wait behind the other flow's data; a host's
+# own tbf is deep, its switch port shallow), not a misreading. In 24 matrices (2026-12-03, 1 s phases) 4 of
+# ~290 both-ways readings fell under 0.9: 0.60 and 0.86 between healthy hosts, 0.68 and 0.88 with h2 slowed;
+# their medians 0.985-1.013; at 2 s phases as at 1 s (docs/benchmarks.md). So each both-ways reading is held to BOTH_WAYS_FLOOR (an edge
+# that reads its peer's rate or half its own is still caught) and the matrix's median to TOLERANCE; every
+# edge alone, where no second flow takes part, to TOLERANCE.
+BOTH_WAYS_FLOOR = 0.75
 
 
 # ---- the schedule and the document (no root, no torch) ----------------------------------------------------
@@ -276,15 +278,15 @@ def run_probe(lab: Lab, steps: list[str], tmp: Path, *, path_of: dict[str, str] 
 
 
 def edges_out_of_band(matrix: dict[str, Any], config_of: dict[str, LabConfig]) -> list[str]:
-    """Edges not within TOLERANCE of what their slower host lets through: alone against the one-way goodput
-    bound, both ways against the ACK-sharing ceiling (from UNEQUAL_BOTH_WAYS_FLOOR where the ends' rates
-    differ)."""
-    out = []
-    for (edge, alone, both), figures in zip(edge_shares(matrix, config_of), matrix["edges"], strict=True):
-        unequal = config_of[figures["src"]].rate_bps != config_of[figures["dst"]].rate_bps
-        floor = UNEQUAL_BOTH_WAYS_FLOOR if unequal else 1 - TOLERANCE
-        if abs(alone - 1) > TOLERANCE or not floor <= both <= 1 + TOLERANCE:
-            out.append(f"{edge} alone {alone:.3f} both ways {both:.3f}")
+    """Edges not within TOLERANCE of what their slower host lets through alone (the one-way goodput bound),
+    or both ways outside BOTH_WAYS_FLOOR..1+TOLERANCE of the ACK-sharing ceiling; and the matrix's median
+    both-ways reading where it is not within TOLERANCE of the ceiling."""
+    shares = edge_shares(matrix, config_of)
+    out = [f"{edge} alone {alone:.3f} both ways {both:.3f}" for edge, alone, both in shares
+           if abs(alone - 1) > TOLERANCE or not BOTH_WAYS_FLOOR <= both <= 1 + TOLERANCE]
+    median = statistics.median(both for _, _, both in shares)
+    if abs(median - 1) > TOLERANCE:
+        out.append(f"median both ways {median:.3f}")
     return out
 
 
@@ -362,9 +364,9 @@ def check_incast(incast: list[dict[str, Any]], names: list[str], config_of: dict
 @pytest.mark.slow
 def test_matrix_reads_every_edge_with_both_tools_and_a_slowed_host(probe_lab: Lab, tmp_path: Path) -> None:
     """K=4 at 100mbit, iperf3 and diag's own streams: every ordered pair within 5% of the lab's goodput
-    alone and of its ACK-sharing ceiling both ways, and the ring pattern. Then h2's NIC is lowered to
-    50mbit with tc: h2's six edges read 50mbit, the other six 100mbit (iperf3; both ways, h2's edges from
-    UNEQUAL_BOTH_WAYS_FLOOR), and diag's own streams fill each incast (into h2 at its 50mbit)."""
+    alone, both ways against its ACK-sharing ceiling, and the ring pattern. Then h2's NIC is lowered to
+    50mbit with tc: h2's six edges read 50mbit, the other six 100mbit (iperf3), and diag's own streams fill
+    each incast (into h2 at its 50mbit). Both ways, each edge from BOTH_WAYS_FLOOR, their median within 5%."""
     if shutil.which("iperf3") is None:
         pytest.skip("iperf3 is not installed (.ci/setup installs it)")
     lab = probe_lab
