@@ -47,9 +47,9 @@ TOLERANCE = 0.05                        # every edge within 5% of what the lab l
 # the phase: two-way TCP through unequal queues (each flow's ACKs wait behind the other flow's data; a host's
 # own tbf is deep, its switch port shallow), not a misreading. In 24 matrices (2026-12-03, 1 s phases) 4 of
 # ~290 both-ways readings fell under 0.9: 0.60 and 0.86 between healthy hosts, 0.68 and 0.88 with h2 slowed;
-# their medians 0.985-1.013; at 2 s phases as at 1 s (docs/benchmarks.md). So each both-ways reading is held to BOTH_WAYS_FLOOR (an edge
-# that reads its peer's rate or half its own is still caught) and the matrix's median to TOLERANCE; every
-# edge alone, where no second flow takes part, to TOLERANCE.
+# their medians 0.985-1.013; at 2 s phases as at 1 s (docs/benchmarks.md). So each both-ways reading is held
+# to BOTH_WAYS_FLOOR (an edge that reads its peer's rate or half its own is still caught) and the matrix's
+# median to TOLERANCE; every edge alone, where no second flow takes part, to TOLERANCE.
 BOTH_WAYS_FLOOR = 0.75
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from diag.errors import DiagError
 from diag.goodput import RING_PATTERN_CPU_LIMIT
+from diag.lab.config import LabConfig
 
 # A single TCP stream below this fraction of the shaped goodput means the CPU, not the link, limits the lab.
 CPU_BOUND_LINK_FRACTION = 0.85
@@ -69,11 +70,10 @@ def measure_links(job: Any) -> None:
 
 
 def lab_stream_bound_Bps(lab: dict[str, Any], src: str, dst: str) -> float | None:
-    """One TCP stream's goodput bound from src to dst on the lab (run.json's "lab"): the slower of the two
-    hosts' own links, which a fault (a slow NIC, another MTU) may have changed; the lab's rate where the
+    """One TCP stream's goodput bound from src to dst on the lab (run.json's "lab"), as the lab computes it
+    (LabConfig.expected_goodput_between: a host's fault may lower its own link); the lab's rate where the
     hosts are not listed. None outside the lab."""
-    own = {host.get("name"): host.get("link", {}).get("expected_goodput_Bps") for host in lab.get("host_list", [])}
-    bounds = [own.get(src), own.get(dst)]
-    if all(isinstance(bound, (int, float)) for bound in bounds):
-        return float(min(bounds))
+    index = {host.get("name"): host.get("index") for host in lab.get("host_list", [])}
+    if isinstance(lab.get("config"), dict) and isinstance(index.get(src), int) and isinstance(index.get(dst), int):
+        return LabConfig.from_json(lab["config"]).expected_goodput_between(index[src], index[dst])
     return lab.get("expected_goodput_Bps")

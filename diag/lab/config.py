@@ -152,6 +152,13 @@ class LabConfig:
     def fault_for(self, index: int) -> HostFault | None:
         return next((fault for fault in self.faults if fault.index == index), None)
 
+    def expected_goodput_between(self, a: int, b: int) -> float:
+        """One TCP stream's payload rate between hosts a and b (indices): the slower of their two links, at
+        the smaller MTU (the MSS both SYNs agree on); expected_goodput_Bps where neither has a fault."""
+        slower = min((self.host_shape(a), self.host_shape(b)), key=lambda shape: shape.rate_bps)
+        mtu = min(self.host_shape(a).mtu, self.host_shape(b).mtu)
+        return replace(self, rate=slower.rate_bps, mtu=mtu, faults=()).expected_goodput_Bps
+
     def host_shape(self, index: int) -> HostShape:
         """Host `index`'s link as built: the lab's numbers, with its fault's rate, MTU and queues."""
         fault = self.fault_for(index)

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -116,9 +116,7 @@ class Lab:
     def expected_goodput_between(self, a: LabHost | int | str, b: LabHost | int | str) -> float:
         """One TCP stream's payload rate from a to b: the slower of the two links, at the smaller MTU (the
         MSS both SYNs agree on); the lab's expected_goodput_Bps where neither host has a fault."""
-        slower = min((self.host_shape(a), self.host_shape(b)), key=lambda shape: shape.rate_bps)
-        mtu = min(self.host_shape(a).mtu, self.host_shape(b).mtu)
-        return replace(self.config, rate=slower.rate_bps, mtu=mtu, faults=()).expected_goodput_Bps
+        return self.config.expected_goodput_between(self.host(a).index, self.host(b).index)
 
     def to_json(self) -> dict[str, Any]:
         """The "lab" object of run.json: everything a report needs to describe the network.
