@@ -34,8 +34,9 @@ def make_job(spec: SweepSpec, out: Path, argv: list[str] | None = None, quiet: b
 def run_worlds(spec: SweepSpec, job: Job, out: Path, run_dir: Path, world_sizes: list[int] | None = None,
                lab: Any = None, iface: str | None = None, master_addr: str = "127.0.0.1",
                master_port: int | None = None, capture: str | None = None, snaplen: int = 128,
-               observe: bool = False, tag_prefix: str = "") -> list[str]:
-    """Run every world size in turn; returns the capture tags written. Raises DiagError on failure."""
+               observe: bool = False, tag_prefix: str = "", tag: str | None = None) -> list[str]:
+    """Run every world size in turn; returns the capture tags written. Raises DiagError on failure.
+    ``tag``: what the captures and logs are named after (``<tag>-n<N>``; default: the transport and ops)."""
     from diag.harness import plan_rows
     from diag.hooks import CaptureHook, ObserveHook
     from diag.launch import HostLaunch, append_failure_end, run_world
@@ -75,24 +76,24 @@ def run_worlds(spec: SweepSpec, job: Job, out: Path, run_dir: Path, world_sizes:
             hooks.append(CaptureHook(iface=capture or None, snaplen=snaplen))
         if observe:
             hooks.append(ObserveHook())
-        tag = f"{tag_prefix}{transport_tag(spec)}-{'-'.join(spec.ops)}-n{n}"
+        world_tag = f"{tag_prefix}{tag or transport_tag(spec) + '-' + '-'.join(spec.ops)}-n{n}"
         # The gate (closing lines, exit status) is the launching command's, over all its world sizes. Ranks diag
         # starts itself get the raw transport's run token in their 0600 job file, not the store.
         world_job = replace(job, spec=spec, rows_before=done, rows_total=total, run_id=f"{job.run_id}-n{n}",
                             weight_before=weight_done, weight_total=sum(weights.values()), gate=False,
                             token=secrets.token_hex(TOKEN_BYTES),
                             meta={**job.meta, "lab": lab.name if lab is not None else None, "capture": capture,
-                                  "capture_tag": tag if capture is not None else None,
+                                  "capture_tag": world_tag if capture is not None else None,
                                   "run_dir": str(run_dir.resolve())})
         try:
-            run_world(world_job, hosts, logs, hooks, master_port=master_port, tag=tag, run_dir=run_dir)
+            run_world(world_job, hosts, logs, hooks, master_port=master_port, tag=world_tag, run_dir=run_dir)
         except DiagError as exc:
             append_failure_end(str(out), world_job.run_id, str(exc))
             raise
         done += rows_per_world[n]
         weight_done += weights[n]
         if capture is not None:
-            tags.append(tag)
-    if not job.quiet:
+            tags.append(world_tag)
+    if not job.quiet and not job.meta.get("trial"):   # a trial's blocks are not the spec's rows
         print(f"# {done} rows written to {out}", file=sys.stderr)
     return tags

@@ -220,6 +220,7 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
     import torch
     import torch.distributed as dist
 
+    from diag.external.arm import COMMAND_BACKEND, ArmFailed, CommandArm
     from diag.harness import measure_row, plan_rows
     from diag.transports.raw import create_transport
 
@@ -230,14 +231,23 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
     leader = group.global_rank(0) if group is not None else 0
     tell = say or (lambda text: print(text, file=sys.stderr, flush=True))
     transports: dict[str, Any] = {}
+    programs: dict[str, CommandArm] = {}   # arms whose block is a program's run (diag.external), not a row
+    failed: dict[str, str] = {}            # arm -> why it left the trial (a program that failed)
     try:
         for arm in spec.arms:   # the same order on every rank: raw meshes rendezvous by creation order
+            if arm.backend == COMMAND_BACKEND:
+                programs[arm.name] = CommandArm(arm, rank, world, group, spec.name)
+                continue
             transports[arm.name] = gloo if arm.backend != "raw" else create_transport(
                 arm_spec(base, arm, spec.sizes[0], 1, 0), rank, world, base.timeout_s,
                 store=group.store if group is not None else None, token=token)
         meter = _CpuMeter()
         summary: dict[str, Any] = {}
         for size_index, size in enumerate(spec.sizes):
+            if spec.comparisons and all(set(c.arm_names) & set(failed) for c in spec.comparisons):
+                if rank == 0:   # the arms left cannot decide anything: no block is worth running
+                    summary[str(size)] = {"rounds": 0, "stopped": "failed", "seconds": 0.0, "decisions": {}}
+                continue
             records: list[Any] = []
             budget = spec.budget_for(size)
             started = time.monotonic()
@@ -245,15 +255,24 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
             stopped = "max_rounds"
             for round_index in range(spec.max_rounds):
                 round_started = time.monotonic()
-                order = round_order(spec, size_index, round_index)
+                order = [n for n in round_order(spec, size_index, round_index) if n not in failed]
                 for position, name in enumerate(order):
                     arm = spec.arm(name)
-                    block_spec = arm_spec(base, arm, size, spec.block_iters,
-                                          spec.warmup if round_index == 0 else 0)
-                    (plan,) = plan_rows(block_spec, world)
                     meter.read()
-                    record = measure_row(transports[name], block_spec, plan, run_id, heartbeat)
-                    cpu = meter.read()
+                    if name in programs:
+                        try:   # a fresh process every block: the program's warm-up runs every time
+                            record = programs[name].measure(size, size_index, round_index, arm.op,
+                                                            spec.block_iters, spec.warmup, run_id, heartbeat)
+                        except ArmFailed as exc:
+                            failed[name] = str(exc)
+                            tell(f"  trial {spec.name}: {exc}; the arm leaves the trial")
+                            continue
+                    else:
+                        block_spec = arm_spec(base, arm, size, spec.block_iters,
+                                              spec.warmup if round_index == 0 else 0)
+                        (plan,) = plan_rows(block_spec, world)
+                        record = measure_row(transports[name], block_spec, plan, run_id, heartbeat)
+                    cpu = {**meter.read(), **(programs[name].cpu if name in programs else {})}
                     gathered: list[Any] = [None] * world if rank == 0 else []
                     dist.gather_object(cpu, gathered if rank == 0 else None, dst=leader, group=pg)
                     if record is not None:
@@ -269,9 +288,13 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
                 stop = torch.zeros(1, dtype=torch.int64)
                 if rank == 0:
                     decisions = decide_all(spec, records, size)
-                    open_rules = [key for key, d in decisions.items() if d.verdict == "undecided" and not d.final]
+                    alive = [c.key for c in spec.comparisons if not set(c.arm_names) & set(failed)]
+                    open_rules = [key for key in alive if key not in decisions
+                                  or (decisions[key].verdict == "undecided" and not decisions[key].final)]
                     elapsed = time.monotonic() - started
-                    if round_index + 1 >= spec.min_rounds and not open_rules:
+                    if not alive:
+                        stopped = "failed"   # every comparison names an arm that failed
+                    elif round_index + 1 >= spec.min_rounds and not open_rules:
                         stopped = "decided"
                     elif round_index + 1 >= spec.min_rounds and elapsed + longest_round > budget:
                         stopped = "budget"
@@ -289,8 +312,11 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
                 summary[str(size)] = {"rounds": round_index + 1, "stopped": stopped or "max_rounds",
                                       "seconds": round(time.monotonic() - started, 3),
                                       "decisions": {key: d.to_json() for key, d in decisions.items()}}
-        return {"trial": {"name": spec.name, "spec": spec.to_json(), "sizes": summary}} if rank == 0 else {}
+        return {"trial": {"name": spec.name, "spec": spec.to_json(), "sizes": summary,
+                          "failed_arms": failed}} if rank == 0 else {}
     finally:
+        for program in programs.values():
+            program.close()
         for name, transport in transports.items():
             if transport is not gloo:
                 try:

@@ -13,6 +13,7 @@ from typing import Any
 
 from diag import safefs
 from diag.records import Record
+from diag.report.arms import arm_blocks
 from diag.report.diagnose import Finding, diagnose, findings_to_json, format_threshold
 from diag.report.diagnose.findings import ordered, summary_lines
 from diag.report.document import (
@@ -147,6 +148,7 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
                    Table(LINK_REFERENCE_HEADER, reference_rows)]
     blocks += node_blocks(run)
     blocks += workaround_blocks(run.advise)
+    blocks += arm_blocks(run)
     # The card's figure is drawn once, there; here its caption says how to read it.
     blocks += [Heading(2, "Plots"),
                *(Text(f"{p.title} (in the verdict card above): {p.caption}") if p is head else FigureBlock(p)

@@ -1,0 +1,115 @@
+"""diag trial end to end: programs as arms of an interleaved trial, with stand-ins whose speeds are known.
+
+- loopback (no root, ~30 s): arms that sleep a known time every iteration (base 0.3 s, faster 0.2 s, same
+  0.3 s), read with the JSON-path adapter: faster is faster (1.5x), same is equal; diag report and diagnose
+  read the run's trial.
+- lab (root, ~60 s): tests/programs/move_bytes.py moves a fixed number of bytes over TCP between two lab hosts
+  at 50 Mbit/s (base 1.5 MiB, fewer 1 MiB, same 1.5 MiB: the link makes the time), beside arms that fail on
+  one rank only, print nothing, or hang past --block-timeout: each of those is one line naming the rank and
+  why, its arm leaves the trial, the others are decided, and diag exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diag.report import load_run
+from diag.report.arms import arm_tables
+
+pytestmark = pytest.mark.slow
+PROGRAM = Path(__file__).parent / "programs" / "move_bytes.py"
+SLEEP = ("python3 -c \"import json, time\nfor _ in range({iters}):\n t = time.perf_counter(); time.sleep(%s)\n"
+         " print(json.dumps({'seconds': time.perf_counter() - t}))\"")
+
+
+def _trial(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "diag", "trial", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _verdicts(run_dir: Path) -> dict[str, str]:
+    (table,) = arm_tables(load_run([str(run_dir)]))
+    return {v.arm: v.word for v in table.verdicts}
+
+
+def test_stand_ins_that_sleep_are_faster_and_equal_on_loopback(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    started = time.monotonic()
+    proc = _trial("--nproc", "2", "--sizes", "1K", "--adapter", "json:seconds", "--iters", "2", "--min-rounds", "4",
+                  "--max-rounds", "10", "--effect", "0.1", "--budget", "120", "--out", str(out), "--seed", "7",
+                  "--arm", f"base={SLEEP % 0.3}", "--arm", f"faster={SLEEP % 0.2}", "--arm", f"same={SLEEP % 0.3}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _verdicts(out) == {"faster": "faster", "same": "equal"}
+    (table,) = arm_tables(load_run([str(out)]))
+    faster = next(v for v in table.verdicts if v.arm == "faster")
+    assert faster.speedup is not None and 1.3 < faster.speedup.point < 1.7   # 0.3 s / 0.2 s
+    # the records are the trial's own blocks: backend command, the arm as its algo, the command as its knob
+    records = [json.loads(line) for line in (out / "records" / "ab.jsonl").read_text().splitlines()]
+    blocks = [r for r in records if r["event"] == "record"]
+    assert {(r["backend"], r["algo"]) for r in blocks} == {("command", "base"), ("command", "faster"),
+                                                           ("command", "same")}
+    assert all(r["block"]["trial"] == "ab" and len(r["times_s"]) == 2 for r in blocks)
+    assert all(r["extra"]["program"]["statistic"] == "samples" for r in blocks)
+    end = next(r for r in records if r["event"] == "end")
+    assert end["status"] == "ok" and end["trial"]["failed_arms"] == {}
+    assert "against the baseline" in proc.stdout and "faster: 1." in proc.stdout
+    # every block's output is kept, rank by rank
+    kept = sorted((out / "outputs" / "n2" / "faster").iterdir())
+    assert len(kept) == len([b for b in blocks if b["algo"] == "faster"])
+    assert "## rank 1" in kept[0].read_text()
+    # report and diagnose read the trial from files, like any trial
+    report = subprocess.run([sys.executable, "-m", "diag", "report", str(out)], capture_output=True, text=True,
+                            timeout=120)
+    assert report.returncode == 0, report.stderr[-2000:]
+    markdown = (out / "report" / "report.md").read_text()
+    assert "Programs compared (interleaved trials)" in markdown and "| faster |" in markdown.replace("  ", " ")
+    diagnose = subprocess.run([sys.executable, "-m", "diag", "diagnose", str(out)], capture_output=True, text=True,
+                              timeout=120)
+    assert diagnose.returncode == 0, diagnose.stderr[-2000:]
+    print(f"loopback stand-ins: {time.monotonic() - started:.0f} s")
+
+
+@pytest.fixture
+def lab2(need_root):
+    from diag.lab import LabConfig, lab_session
+
+    with lab_session(LabConfig(name=f"tp{os.getpid() % 100000}", hosts=2, rate="50mbit")) as lab:
+        yield lab
+
+
+def test_stand_ins_over_tcp_on_the_lab_and_arms_that_fail(lab2, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    move = f"python3 {PROGRAM} --rank {{rank}} --world {{world}} --master {{master}} --port {{port}} --iters {{iters}}"
+    started = time.monotonic()
+    proc = _trial("--lab", lab2.name, "--nproc", "2", "--sizes", "1M", "--adapter", "json:seconds@s",
+                  "--iters", "3", "--min-rounds", "4", "--max-rounds", "10", "--effect", "0.1", "--budget", "200",
+                  "--block-timeout", "8", "--out", str(out), "--name", "tcp",
+                  "--arm", f"base={move} --bytes 1572864",
+                  "--arm", f"fewer={move} --bytes {{bytes}}",
+                  "--arm", f"same={move} --bytes 1572864",
+                  "--arm", "fails=if [ {rank} = 1 ]; then echo rank one gives up >&2; exit 3; fi; sleep 60",
+                  "--arm", "silent=true",
+                  "--arm", "hangs=sleep 60")
+    wall = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert _verdicts(out) == {"fewer": "faster", "same": "equal"}
+    (table,) = arm_tables(load_run([str(out)]))
+    assert set(table.failed) == {"fails", "silent", "hangs"}
+    # one line each, naming the rank and why; rank 0 of 'fails' was stopped at once, not at the timeout
+    assert "rank 1 on 10." in table.failed["fails"] and "exit 3: rank one gives up" in table.failed["fails"]
+    assert "printed nothing the adapter json:seconds@s reads" in table.failed["silent"]
+    assert "no end after 8 s (--block-timeout)" in table.failed["hangs"]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("diag trial: trial tcp N=2: arm ")]
+    assert len(lines) == 3 and all("round 1" in line for line in lines)
+    records = [json.loads(line) for line in (out / "records" / "tcp.jsonl").read_text().splitlines()]
+    assert not [r for r in records if r["event"] == "record" and r["algo"] in table.failed]
+    # the 1 MiB arm moved its bytes over a 50 Mbit/s link (6.25 MB/s, less the headers): busbw = D / time
+    assert 4.0e6 < table.cells[("fewer", 1 << 20)].busbw_Bps < 6.25e6
+    print(f"lab stand-ins: {wall:.0f} s")
