@@ -224,11 +224,15 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
     from diag.harness import measure_row, plan_rows
     from diag.transports.raw import create_transport
 
-    spec = TrialSpec.from_json(trial_json)
     rank, world = gloo.rank, gloo.world_size
     # torch's collectives name their root by its global rank, also on a subgroup
     pg = group.control if group is not None else None
     leader = group.global_rank(0) if group is not None else 0
+    # Every rank runs rank 0's trial: its seed orders every round, and ranks that each built a spec (a user's
+    # own launch of diag trial, where each drew a seed) would otherwise run different arms in one slot.
+    box = [dict(trial_json)]
+    dist.broadcast_object_list(box, src=leader, group=pg)
+    spec = TrialSpec.from_json(box[0])
     tell = say or (lambda text: print(text, file=sys.stderr, flush=True))
     transports: dict[str, Any] = {}
     programs: dict[str, CommandArm] = {}   # arms whose block is a program's run (diag.external), not a row

@@ -1,8 +1,8 @@
 """diag trial end to end: programs as arms of an interleaved trial, with stand-ins whose speeds are known.
 
-- loopback (no root, ~30 s): arms that sleep a known time every iteration (base 0.3 s, faster 0.2 s, same
-  0.3 s), read with the JSON-path adapter: faster is faster (1.5x), same is equal; diag report and diagnose
-  read the run's trial.
+- in place (no root): torchrun starts diag trial on 2 ranks of this machine; arms that sleep a known time
+  every iteration (base 0.3 s, faster 0.2 s, same 0.3 s), read with the JSON-path adapter: faster is faster
+  (1.5x), same is equal; diag report and diagnose read the run's trial.
 - lab (root, ~60 s): tests/programs/move_bytes.py moves a fixed number of bytes over TCP between two lab hosts
   at 50 Mbit/s (base 1.5 MiB, fewer 1 MiB, same 1.5 MiB: the link makes the time), beside arms that fail on
   one rank only, print nothing, or hang past --block-timeout: each of those is one line naming the rank and
@@ -24,8 +24,9 @@ from diag.report import load_run
 from diag.report.arms import arm_tables
 
 pytestmark = pytest.mark.slow
-PROGRAM = Path(__file__).parent / "programs" / "move_bytes.py"
-SLEEP = ("python3 -c \"import json, time\nfor _ in range({iters}):\n t = time.perf_counter(); time.sleep(%s)\n"
+REPO = Path(__file__).resolve().parents[1]
+PROGRAM = REPO / "tests" / "programs" / "move_bytes.py"
+SLEEP = ("python3 -S -c \"import json, time\nfor _ in range({iters}):\n t = time.perf_counter(); time.sleep(%s)\n"
          " print(json.dumps({'seconds': time.perf_counter() - t}))\"")
 
 
@@ -39,17 +40,30 @@ def _verdicts(run_dir: Path) -> dict[str, str]:
     return {v.arm: v.word for v in table.verdicts}
 
 
-def test_stand_ins_that_sleep_are_faster_and_equal_on_loopback(tmp_path: Path) -> None:
+def test_stand_ins_that_sleep_are_faster_and_equal_in_place(tmp_path: Path) -> None:
+    """In place: the user's own torchrun starts diag trial on every rank (each rank draws its own seed: they
+    must still run rank 0's order)."""
+    from diag.launch import free_port
+
     out = tmp_path / "run"
     started = time.monotonic()
-    proc = _trial("--nproc", "2", "--sizes", "1K", "--adapter", "json:seconds", "--iters", "2", "--min-rounds", "4",
-                  "--max-rounds", "10", "--effect", "0.1", "--budget", "120", "--out", str(out), "--seed", "7",
-                  "--arm", f"base={SLEEP % 0.3}", "--arm", f"faster={SLEEP % 0.2}", "--arm", f"same={SLEEP % 0.3}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--nnodes", "1", "--node-rank", "0",
+         "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+         "-m", "diag", "trial", "--sizes", "1K", "--adapter", "json:seconds", "--iters", "2", "--min-rounds", "4",
+         "--max-rounds", "10", "--effect", "0.1", "--budget", "120", "--out", str(out),
+         "--arm", f"base={SLEEP % 0.3}", "--arm", f"faster={SLEEP % 0.2}", "--arm", f"same={SLEEP % 0.3}"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _verdicts(out) == {"faster": "faster", "same": "equal"}
     (table,) = arm_tables(load_run([str(out)]))
     faster = next(v for v in table.verdicts if v.arm == "faster")
     assert faster.speedup is not None and 1.3 < faster.speedup.point < 1.7   # 0.3 s / 0.2 s
+    # both ranks ran the same arm in every block: every sleep of arm faster was the short one
+    kept = sorted((out / "outputs" / "n2" / "faster").iterdir())
+    slept = [json.loads(line)["seconds"] for path in kept for line in path.read_text().splitlines()
+             if line.startswith("{")]
+    assert len(slept) == 2 * 2 * len(kept) and max(slept) < 0.27, slept
     # the records are the trial's own blocks: backend command, the arm as its algo, the command as its knob
     records = [json.loads(line) for line in (out / "records" / "ab.jsonl").read_text().splitlines()]
     blocks = [r for r in records if r["event"] == "record"]
@@ -61,19 +75,20 @@ def test_stand_ins_that_sleep_are_faster_and_equal_on_loopback(tmp_path: Path) -
     assert end["status"] == "ok" and end["trial"]["failed_arms"] == {}
     assert "against the baseline" in proc.stdout and "faster: 1." in proc.stdout
     # every block's output is kept, rank by rank
-    kept = sorted((out / "outputs" / "n2" / "faster").iterdir())
     assert len(kept) == len([b for b in blocks if b["algo"] == "faster"])
     assert "## rank 1" in kept[0].read_text()
-    # report and diagnose read the trial from files, like any trial
+    # report and diagnose read the trial from files, like any trial; the card is the arms'
     report = subprocess.run([sys.executable, "-m", "diag", "report", str(out)], capture_output=True, text=True,
                             timeout=120)
     assert report.returncode == 0, report.stderr[-2000:]
+    assert "slow:       faster against base: faster at N=2 (1." in report.stdout
+    assert "same against base: equal at N=2" in report.stdout and "warning" not in report.stderr
     markdown = (out / "report" / "report.md").read_text()
     assert "Programs compared (interleaved trials)" in markdown and "| faster |" in markdown.replace("  ", " ")
-    diagnose = subprocess.run([sys.executable, "-m", "diag", "diagnose", str(out)], capture_output=True, text=True,
-                              timeout=120)
-    assert diagnose.returncode == 0, diagnose.stderr[-2000:]
-    print(f"loopback stand-ins: {time.monotonic() - started:.0f} s")
+    from diag.report.diagnose import diagnose
+
+    assert not [f for f in diagnose(load_run([str(out)])) if f.status == "fired"]
+    print(f"in-place stand-ins: {time.monotonic() - started:.0f} s")
 
 
 @pytest.fixture
@@ -86,7 +101,7 @@ def lab2(need_root):
 
 def test_stand_ins_over_tcp_on_the_lab_and_arms_that_fail(lab2, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    move = f"python3 {PROGRAM} --rank {{rank}} --world {{world}} --master {{master}} --port {{port}} --iters {{iters}}"
+    move = f"python3 -S {PROGRAM} --rank {{rank}} --world {{world}} --master {{master}} --port {{port}} --iters {{iters}}"
     started = time.monotonic()
     proc = _trial("--lab", lab2.name, "--nproc", "2", "--sizes", "1M", "--adapter", "json:seconds@s",
                   "--iters", "3", "--min-rounds", "4", "--max-rounds", "10", "--effect", "0.1", "--budget", "200",

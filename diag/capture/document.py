@@ -206,9 +206,7 @@ def host_json(address: str, tx_bytes: int, rx_bytes: int, dup: dict[str, Any], s
 
 
 def phases_from_records(paths: Sequence[str | os.PathLike[str]]) -> list[dict[str, Any]]:
-    """One phase per timed iteration of every record (wall-clock windows), sorted by start; a block of an
-    interleaved trial also names its trial and arm (two arms of one transport, e.g. two programs, differ only
-    there)."""
+    """One phase per timed iteration of every record (wall-clock windows; a trial's block: its arm), by start."""
     from diag.records import load_records
 
     phases = []
@@ -219,9 +217,8 @@ def phases_from_records(paths: Sequence[str | os.PathLike[str]]) -> list[dict[st
                 phases.append({
                     "backend": record.backend, "algo": record.algo, "op": record.op,
                     "world_size": record.world_size, "size_bytes": record.size_bytes,
-                    "iteration": iteration if record.iter_windows_ns else None,
-                    "t_start_ns": int(start), "t_end_ns": int(end),
-                    **({"trial": record.block.get("trial"), "arm": record.block.get("arm")} if record.block else {}),
+                    "iteration": iteration if record.iter_windows_ns else None, "t_start_ns": int(start),
+                    "t_end_ns": int(end), **({k: record.block.get(k) for k in ("trial", "arm")} if record.block else {}),
                 })
     phases.sort(key=lambda ph: ph["t_start_ns"])
     return phases

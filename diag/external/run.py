@@ -218,9 +218,7 @@ def _in_place(options: ProgramTrial) -> int:
     if options.iface:
         os.environ["GLOO_SOCKET_IFNAME"] = options.iface
     shared = options.shared_dir or str((run_dir / "shared").resolve())
-    spec = options.trial_spec(world, run_dir, shared)
-    if rank != 0:   # only rank 0 writes outputs: another node may not see the run directory
-        spec = replace(spec, arms=tuple(replace(a, knobs={**a.knobs, "outputs_dir": ""}) for a in spec.arms))
+    spec = options.trial_spec(world, run_dir, shared)   # rank 0's is the one every rank runs (its seed)
     records = run_dir / "records" / f"{options.name}.jsonl"
     job = replace(make_job(_base_spec(options, spec), records, argv=list(options.argv)), gate=False,
                   meta={"trial": spec.to_json(), "kind": "trial"}, out=str(records.resolve()) if rank == 0 else None)

@@ -187,21 +187,6 @@ def table_lines(tables: list[ArmTable]) -> list[str]:
     return lines
 
 
-def arm_blocks(run: RunData) -> list[Any]:
-    """The report's section (diag.report.document blocks); none where the run has no such trial."""
-    from diag.report.document import Bullets, Heading, Table, Text
-
-    tables = arm_tables(run)
-    if not tables:
-        return []
-    blocks: list[Any] = [Heading(2, "Programs compared (interleaved trials)")]
-    for table in tables:
-        blocks += [Heading(3, table.title), Text(describe(table)), Table(HEADER, table_rows(table))]
-        if table.failed:
-            blocks.append(Bullets([(f"{name} failed", why) for name, why in table.failed.items()]))
-    return blocks
-
-
 def _where(items: list[ArmVerdict], by_n: dict[int, list[int]], n_of: dict[int, int]) -> str:
     """'N=2 (1 MiB .. 64 MiB)' or 'N=3 1 MiB, 16 MiB': a whole world size where every size there agrees."""
     parts = []
@@ -224,16 +209,15 @@ def _span(values: list[int]) -> str:
     return str(low) if low == high else f"{low}-{high}"
 
 
-def arm_verdict(run: RunData) -> Any:
-    """The verdict card of a run of ``diag trial`` (run.json kind "trial"), from the arms' tables: which arm is
-    faster than the baseline where, which are equal, what is undecided. None for any other run."""
+def arm_card(run: RunData) -> dict[str, Any] | None:
+    """The verdict card's fields (diag.report.verdict.Verdict) for a run of ``diag trial`` (run.json kind
+    "trial"), from the arms' tables: which arm is faster than the baseline where, which are equal, what is
+    undecided. None for any other run."""
     if (run.meta or {}).get("kind") != "trial":
         return None
     tables = arm_tables(run)
     if not tables:
         return None
-    from diag.report.verdict import Verdict
-
     n_of = {id(v): t.world_size for t in tables for v in t.verdicts}
     by_n = {t.world_size: t.sizes for t in tables}
     verdicts = [v for t in tables for v in t.verdicts]
@@ -258,7 +242,7 @@ def arm_verdict(run: RunData) -> Any:
     status = "fired" if moved else ("clear" if verdicts and decided == len(verdicts) else "undecided")
     sure = ("undecided" if not decided else "strong" if decided == len(verdicts) else "moderate")
     rounds = [r for t in tables for r in t.rounds.values() if r]
-    return Verdict(
+    return dict(
         slow="; ".join(sentences + failed) or "no comparison could be made: " + "; ".join(failed),
         slow_status=status,
         why="not asked: an A/B trial of programs says which arm is faster and by how much; the arms differ only in "
@@ -274,5 +258,5 @@ def arm_verdict(run: RunData) -> Any:
                     "bootstrap interval over rounds")
 
 
-__all__ = ["HEADER", "ArmCell", "ArmTable", "ArmVerdict", "arm_blocks", "arm_tables", "arm_verdict", "describe",
-           "is_arm_trial", "table_lines", "table_rows"]
+__all__ = ["HEADER", "ArmCell", "ArmTable", "ArmVerdict", "arm_card", "arm_tables", "describe", "is_arm_trial",
+           "table_lines", "table_rows"]

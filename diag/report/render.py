@@ -13,7 +13,8 @@ from typing import Any
 
 from diag import safefs
 from diag.records import Record
-from diag.report.arms import arm_blocks
+from diag.report.arms import HEADER as ARM_HEADER
+from diag.report.arms import arm_tables, describe, table_rows
 from diag.report.diagnose import Finding, diagnose, findings_to_json, format_threshold
 from diag.report.diagnose.findings import ordered, summary_lines
 from diag.report.document import (
@@ -121,6 +122,19 @@ def link_reference(run: RunData) -> tuple[str, list[list[str]]]:
              f"the limit, and the pattern is the reference at that N: the cpu_bound finding holds raw TCP against it "
              f"there (the plots keep the single stream).")
     return intro, rows
+
+
+def arm_blocks(run: RunData) -> list[Block]:
+    """Programs held against each other in the run's trials (diag trial), one table per world size."""
+    tables = arm_tables(run)
+    if not tables:
+        return []
+    blocks: list[Block] = [Heading(2, "Programs compared (interleaved trials)")]
+    for table in tables:
+        blocks += [Heading(3, table.title), Text(describe(table)), Table(ARM_HEADER, table_rows(table))]
+        if table.failed:
+            blocks.append(Bullets([(f"{name} failed", why) for name, why in table.failed.items()]))
+    return blocks
 
 
 def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Finding], models: list[GroupModel],
