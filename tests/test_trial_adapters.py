@@ -33,7 +33,9 @@ def test_gloo_benchmark_table_of_a_real_run() -> None:
     assert row.statistic == "p50" and row.fields["iterations"] == 3
     assert row.times_s == (row.fields["p50_s"],)
     assert row.fields["min_s"] <= row.fields["p50_s"] <= row.fields["p99_s"] <= row.fields["max_s"]
-    assert row.nwrong is None            # verify=true and no "Mismatch" line: checked, no error printed
+    assert row.nwrong == 0               # verify=true and no "Mismatch" line: checked, nothing wrong
+    unchecked = (DATA / "allgather-n2-4MiB-rank0.txt").read_text().replace("verify=true", "verify=false")
+    assert parse_gloo_benchmark(unchecked)[0].nwrong is None
 
 
 def test_gloo_benchmark_sweep_in_nanoseconds() -> None:

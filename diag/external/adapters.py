@@ -7,7 +7,8 @@ An adapter reads what one rank of one block printed (its stdout, or the file the
   ``printDistribution``): ``size (B)`` (per rank: elements x element size), ``elements``, ``min``, ``p50``,
   ``p99``, ``max`` (us, or ns with ``--nanos``), ``bandwidth (GB/s)``, ``iterations``. Only rank 0 prints.
   The block's time is the row's p50: the table has no mean but its bandwidth column, whose three decimals of
-  GiB/s are too coarse at a few MB/s (0.020 is 1.5% wide).
+  GiB/s are too coarse at a few MB/s (0.020 is 1.5% wide). With ``verify=true`` (its default) the wrong
+  elements are its "Mismatch at index" lines (0 when none), else unchecked.
 * ``nccl-tests``: nccl-tests' text table (src/util.cu, ``writeResultHeader`` / ``writeBenchmarkLineBody``):
   ``size`` (B, the op's total: nccl-tests' convention), ``count``, ``type``, ``redop``, ``root``, then
   ``time`` (us, the mean over the iterations), ``algbw``, ``busbw``, ``#wrong`` for out-of-place and again for
@@ -78,6 +79,9 @@ def parse_gloo_benchmark(text: str) -> list[ProgramRow]:
     rows: list[ProgramRow] = []
     unit = None
     errors = 0
+    # verify=true (its default): the first run of every size is checked (runner.cc) and each wrong element is
+    # one "Mismatch at index" line; without it nothing is checked
+    verified = re.search(r"\bverify=(true|false)\b", text)
     for line in text.splitlines():
         header = _GLOO_HEADER.search(line)
         if header:
@@ -100,7 +104,7 @@ def parse_gloo_benchmark(text: str) -> list[ProgramRow]:
             fields={"size_B": size, "elements": elements, "min_s": low * unit, "p50_s": p50 * unit,
                     "p99_s": p99 * unit, "max_s": high * unit, "bandwidth_GiBps": bandwidth,
                     "iterations": iterations}))
-    if errors:
+    if verified is not None and verified.group(1) == "true":
         rows = [ProgramRow(r.times_s, r.statistic, r.size_bytes, r.total_bytes, errors, r.fields) for r in rows]
     return rows
 
