@@ -63,7 +63,7 @@ class ArmCell:
     statistic: str                   # what each block's time is: "samples", "mean" (program's), "p50", "harness"
     vs_link: Interval | None = None  # busbw / the link's, same rounds
     overlap: float | None = None     # duplex overlap of its two-way connections (bytes-weighted), if captured
-    cpu: str = ""
+    cpu: str = ""                    # "machine busy / busiest thread" its blocks saw (diag.verdicts.ArmCpu)
 
 
 @dataclass
@@ -114,7 +114,7 @@ def arm_tables(run: RunData) -> list[ArmTable]:
                     name, size, row.volume_bytes,
                     row.total_bytes / arm.mean_s * (row.busbw_Bps / row.algbw_Bps if row.algbw_Bps else 0.0),
                     len(arm.blocks), program.get("statistic", "harness"),
-                    vs_link, overlaps.get((name, size)), cpu[name].text() if name in cpu else "")
+                    vs_link, overlaps.get((name, size)), _cpu_text(cpu.get(name)))
             for c in spec.comparisons:
                 if c.rule != ARM_RULE or not all(n in arms for n in c.arm_names):
                     continue
@@ -122,6 +122,13 @@ def arm_tables(run: RunData) -> list[ArmTable]:
                                                  table.stopped[size] == "budget", c.effect))
         tables.append(table)
     return tables
+
+
+def _cpu_text(cpu: Any) -> str:
+    if cpu is None:
+        return "-"
+    parts = [f"{v:.0%}" if v is not None else "?" for v in (cpu.machine_busy, cpu.busiest_thread)]
+    return " / ".join(parts)
 
 
 def _overlaps(run: RunData, trial: str, world_size: int) -> dict[tuple[str, int], float]:
@@ -142,7 +149,8 @@ def _overlaps(run: RunData, trial: str, world_size: int) -> dict[tuple[str, int]
     return {k: v[0] / v[1] for k, v in sums.items() if v[1] > 0}
 
 
-HEADER = ["per rank", "D", "arm", "busbw", "x link", "blocks", "against the baseline", "duplex overlap"]
+HEADER = ["per rank", "D", "arm", "busbw", "x link", "blocks", "against the baseline", "duplex overlap",
+          "CPU: machine / thread"]
 
 
 def table_rows(table: ArmTable) -> list[list[str]]:
@@ -160,7 +168,7 @@ def table_rows(table: ArmTable) -> list[list[str]]:
                          cell.vs_link.text() if cell.vs_link is not None else ("-" if name != LINK_ARM else "1"),
                          str(cell.blocks),
                          "(baseline)" if name == table.baseline else (v.text() if v is not None else "-"),
-                         f"{cell.overlap:.2f}" if cell.overlap is not None else "-"])
+                         f"{cell.overlap:.2f}" if cell.overlap is not None else "-", cell.cpu])
             first = False
     return rows
 
@@ -171,7 +179,8 @@ def describe(table: ArmTable) -> str:
                       for s in table.sizes)
     return (f"{table.title}: every arm against {table.baseline} (time ratio, 95% bootstrap interval over rounds; "
             f"speed-up = the baseline's time / the arm's); busbw from each arm's mean time per iteration (a block's "
-            f"time: {', '.join(stats)}); {stops}; from {table.source}")
+            f"time: {', '.join(stats)}); CPU: the machine's mean busy share over the arm's blocks / the median of "
+            f"its busiest thread's share of a core (a program's: sampled while it ran); {stops}; from {table.source}")
 
 
 def table_lines(tables: list[ArmTable]) -> list[str]:
