@@ -85,13 +85,13 @@ def _model_rows(models: list[GroupModel]) -> list[list[str]]:
                 f" -> {human_rate(1 / m.two_segment.beta2_s_per_byte)}"
                 if m.best == "two_segment" and m.two_segment and m.two_segment.beta1_s_per_byte > 0
                 and m.two_segment.beta2_s_per_byte > 0 else "-")
-        rows.append([m.transport, m.op, str(m.world_size), human_time(lin.alpha_s),
+        rows.append([m.label, m.op, str(m.world_size), human_time(lin.alpha_s),
                      human_rate(lin.bandwidth_Bps) if lin.beta_s_per_byte > 0 else "-", f"{lin.rel_rms:.1%}",
                      m.best, bend])
     return rows
 
 
-MODEL_HEADER = ["transport", "op", "N", "alpha (latency)", "1/beta (per-rank bytes/s)", "fit error (rel. RMS)",
+MODEL_HEADER = ["series", "op", "N", "alpha (latency)", "1/beta (per-rank bytes/s)", "fit error (rel. RMS)",
                 "best fit", "bend (two-segment)"]
 
 
