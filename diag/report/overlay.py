@@ -17,7 +17,7 @@ from pathlib import Path
 from diag import safefs
 from diag.records import Record
 from diag.report.compare import Comparison
-from diag.report.series import busbw_samples, series_label
+from diag.report.series import busbw_samples, mean_busbw, series_label
 from diag.units import human_bytes, human_rate
 
 SPREAD = (0.10, 0.90)        # the band: these quantiles of a row's per-iteration busbw
@@ -63,8 +63,8 @@ def overlay_png(a: Sequence[Record], b: Sequence[Record], a_name: str, b_name: s
                 if not rows_of:
                     continue
                 x = [r.size_bytes for r in rows_of]
-                y = [r.busbw_Bps / 1e6 for r in rows_of]
-                samples = [busbw_samples(r) or [r.busbw_Bps] for r in rows_of]
+                y = [mean_busbw(r) / 1e6 for r in rows_of]
+                samples = [busbw_samples(r) or [mean_busbw(r)] for r in rows_of]
                 low = [_quantile(s, SPREAD[0]) / 1e6 for s in samples]
                 high = [_quantile(s, SPREAD[1]) / 1e6 for s in samples]
                 name = f"{side}: {label}"
@@ -84,7 +84,7 @@ def overlay_png(a: Sequence[Record], b: Sequence[Record], a_name: str, b_name: s
         ax.legend(fontsize=7)
     for index in range(len(keys), rows * columns):
         axes[index // columns][index % columns].set_visible(False)
-    fig.suptitle(f"busbw vs size, A = {a_name} (solid), B = {b_name} (dashed); bands: "
+    fig.suptitle(f"busbw of the mean time vs size, A = {a_name} (solid), B = {b_name} (dashed); bands: "
                  f"p{SPREAD[0] * 100:.0f}..p{SPREAD[1] * 100:.0f} of the iterations", fontsize=10)
     fig.tight_layout()
     buffer = io.BytesIO()

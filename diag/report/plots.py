@@ -22,7 +22,7 @@ from diag.report.queries import (
     thread_cpu,
 )
 from diag.report.rundir import CaptureSet, RunData
-from diag.report.series import PAIRWISE_OPS, by_series, series_label
+from diag.report.series import PAIRWISE_OPS, by_series, mean_busbw, mean_time, series_label
 from diag.units import human_bytes
 
 # At most this many panels/lines per plot, so a big sweep stays readable.
@@ -71,16 +71,16 @@ def headline(run: RunData) -> FigureSpec | Skipped:
         for n in sorted(per_n):
             near = min(per_n[n].values(), key=lambda r: abs(r.volume_bytes - target))
             if abs(near.volume_bytes - target) <= SAME_VOLUME * target:
-                points.append((n, near.busbw_Bps / 1e6))
+                points.append((n, mean_busbw(near) / 1e6))
         if points:
             lines.append(Line(label, [p[0] for p in points], [p[1] for p in points], _style(label),
                               width=2.5 if label.startswith("torch:") else 1.5))
     if not lines:
         return Skipped(title, f"no rows at D={human_bytes(target)}")
-    panel = Panel(f"{op} busbw at D = {human_bytes(target)} per device", "world size N", "busbw [MB/s]",
+    panel = Panel(f"{op} busbw at D = {human_bytes(target)} per device", "world size N", "busbw of the mean time [MB/s]",
                   lines, refs=_link_ref(run), x="int", y_from_zero=True, legend="lower right")
     return FigureSpec("headline.png", title,
-                      f"{op} bus bandwidth (nccl-tests convention, MB/s = 1e6 B/s) against the number of ranks N, "
+                      f"{op} bus bandwidth of the mean time per iteration (nccl-tests convention, MB/s = 1e6 B/s) against the number of ranks N, "
                       f"each rank receiving the same volume D = {human_bytes(target)} at every N. On a full-duplex "
                       "link every transport should sit near the dashed link rate at every N; a backend line that "
                       "drops at N=2 while the raw-TCP lines stay up is the anomaly, and the gap is what the "
@@ -105,12 +105,12 @@ def time_vs_volume(run: RunData) -> FigureSpec | Skipped:
         for n in sorted(per_n)[:MAX_LINES]:
             rows = sorted(per_n[n].values(), key=lambda r: r.volume_bytes)
             volumes += [r.volume_bytes for r in rows if r.volume_bytes > 0]
-            lines.append(Line(f"N={n}", [r.volume_bytes for r in rows], [r.time_s * 1e3 for r in rows]))
+            lines.append(Line(f"N={n}", [r.volume_bytes for r in rows], [mean_time(r) * 1e3 for r in rows]))
         if link and len(set(volumes)) > 1:
             lo, hi = min(volumes), max(volumes)
             lines.append(Line(f"ideal D / link ({link * 8 / 1e9:.3g} Gbit/s)", [lo, hi],
                               [lo / link * 1e3, hi / link * 1e3], "k--"))
-        panels.append(Panel(f"{label} {op}", "per-device volume D = (N-1) x size [bytes]", "time per operation [ms]",
+        panels.append(Panel(f"{label} {op}", "per-device volume D = (N-1) x size [bytes]", "mean time per operation [ms]",
                             lines, x="bytes", y="log"))
     ideal = (f"The dashed line is the ideal time D / link rate ({run.link_source})." if link
              else "No link rate in run.json, so no ideal line.")
@@ -134,17 +134,17 @@ def busbw_vs_size(run: RunData) -> FigureSpec | Skipped:
         lines = []
         for n in sorted(series[key])[:MAX_LINES]:
             rows = sorted(series[key][n].values(), key=lambda r: r.size_bytes)
-            lines.append(Line(f"N={n}", [r.size_bytes for r in rows], [r.busbw_Bps / 1e6 for r in rows]))
-        panels.append(Panel(f"{key[0]} {key[1]}", "per-rank size [bytes]", "busbw [MB/s]", lines, refs=refs,
+            lines.append(Line(f"N={n}", [r.size_bytes for r in rows], [mean_busbw(r) / 1e6 for r in rows]))
+        panels.append(Panel(f"{key[0]} {key[1]}", "per-rank size [bytes]", "busbw of the mean time [MB/s]", lines, refs=refs,
                             x="bytes", y_from_zero=True))
     if single:
         rows: list[Record] = [next(iter(next(iter(series[k].values())).values())) for k in single]
-        panels.append(Panel("one-row experiments", "", "busbw [MB/s]",
+        panels.append(Panel("one-row experiments", "", "busbw of the mean time [MB/s]",
                             bars=Bars([f"{series_label(r)} {r.op} N={r.world_size} {human_bytes(r.size_bytes)}"
-                                       for r in rows], [("busbw", [r.busbw_Bps / 1e6 for r in rows])]),
+                                       for r in rows], [("busbw", [mean_busbw(r) / 1e6 for r in rows])]),
                             refs=refs))
     return FigureSpec("busbw_vs_size.png", title,
-                      "busbw (nccl-tests convention, MB/s = 1e6 B/s) per transport, one line per N. busbw is "
+                      "busbw of the mean time per iteration (nccl-tests convention, MB/s = 1e6 B/s) per transport, one line per N. busbw is "
                       "normalised so that all N should reach the same plateau at large sizes; a line that plateaus "
                       "lower (N=2) is the anomaly, and the size where it leaves the others is where it starts. "
                       "Compare the torch panels with the raw-TCP reference panels; experiments with one row each "
@@ -159,8 +159,8 @@ def efficiency(run: RunData) -> FigureSpec | Skipped:
     lines: dict[tuple[str, str], dict[int, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
     for r in run.records:
         ref = best_raw.get((r.op, r.world_size, r.size_bytes))
-        if r.backend != "raw" and ref and ref.busbw_Bps > 0:
-            lines[(series_label(r), r.op)][r.world_size].append((r.size_bytes, r.busbw_Bps / ref.busbw_Bps))
+        if r.backend != "raw" and ref and mean_busbw(ref) > 0:
+            lines[(series_label(r), r.op)][r.world_size].append((r.size_bytes, mean_busbw(r) / mean_busbw(ref)))
     if not lines:
         return Skipped(title, "backend and raw rows share no op, N and size")
     panels = []

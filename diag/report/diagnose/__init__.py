@@ -21,6 +21,7 @@ from diag.report.diagnose.advice import workarounds
 from diag.report.diagnose.base import Rule
 from diag.report.diagnose.control import negative_control
 from diag.report.diagnose.cpu_rules import cpu_bound, cpu_limited_world_sizes
+from diag.report.diagnose.dip import n2_busbw_dip
 from diag.report.diagnose.findings import (
     FINDINGS_SCHEMA,
     STATUSES,
@@ -43,7 +44,7 @@ from diag.report.diagnose.paired import (
     SHARED_CONNECTION,
     PairedExperiment,
 )
-from diag.report.diagnose.records_rules import backend_below_raw, data_errors, half_duplex_match, n2_busbw_dip
+from diag.report.diagnose.records_rules import backend_below_raw, data_errors, half_duplex_match
 from diag.report.diagnose.wire_rules import (
     capture_drops,
     idle_gaps,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from diag.records import Record
 from diag.report.diagnose.base import strength_of, undecided
+from diag.report.diagnose.dip import SeriesDip, series_dips
 from diag.report.diagnose.findings import Evidence, Finding
-from diag.report.diagnose.records_rules import SeriesDip, series_dips
 from diag.report.rundir import RunData
 from diag.report.series import knob
 from diag.report.thresholds import N2_DIP_RATIO, used
@@ -39,12 +39,17 @@ def negative_control(run: RunData) -> list[Finding]:
     """N=2 against N>=3 for the control series (series_dips, as n2_busbw_dip reads them): clear when none dips
     (the run says N=2 is not slower there), fired when one does (a slowdown that is not the backend's)."""
     thresholds = used(N2_DIP_RATIO)
-    controls = [d for d in series_dips(run) if is_control(_row(d))]
+    every = [d for d in series_dips(run) if is_control(_row(d))]
+    controls = [d for d in every if d.ratios]
     if not controls:
+        if every:
+            return undecided(NAME, "the control series have no N>=3 that can serve as their reference: "
+                             + "; ".join(f"{d.label} {d.op}{d.exclusions()}" for d in every), N2_DIP_RATIO)
         return undecided(NAME, "no raw-TCP (one connection per direction, both directions at once) or diag_tcp "
                          "series with N=2 and N>=3 rows at the same sizes: the negative control did not run",
                          N2_DIP_RATIO)
-    tables = "; ".join(f"{d.label} {d.op} (N=2 / N>=3 mean busbw by size: {d.table()})" for d in controls)
+    tables = "; ".join(f"{d.label} {d.op} (N=2 / {d.reference_label()} mean busbw by size: {d.table()}"
+                       f"{d.exclusions()})" for d in controls)
     dipping = [d for d in controls if d.status == "dip"]
     if dipping:
         evidence = []
@@ -53,7 +58,8 @@ def negative_control(run: RunData) -> list[Finding]:
                 if ratio.status == "dip":
                     evidence.append(Evidence(
                         f"{d.label} {d.op} at {d.axis}{human_bytes(size)}: N=2 mean busbw {human_rate(ratio.n2_Bps)} "
-                        f"vs N>=3 {human_rate(ratio.reference_Bps)} (ratio {ratio.ratio.text()})",
+                        f"vs N={','.join(map(str, ratio.reference))} {human_rate(ratio.reference_Bps)} (ratio "
+                        f"{ratio.ratio.text()})",
                         {"series": d.label, "op": d.op, "size_bytes": size, "ratio": ratio.ratio.point,
                          "world_size": 2, "control": True}, run.source_of(d.per_n[2][size]), "busbw_vs_size.png"))
         worst = min(e.values["ratio"] for e in evidence)

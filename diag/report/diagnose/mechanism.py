@@ -107,7 +107,7 @@ def _observations(findings: Sequence[Finding]) -> tuple[list[str], list[str]]:
     consistent: list[str] = []
     everywhere: list[str] = []
     for f in findings:
-        if f.status != "fired" or f.rule not in OBSERVATIONS:
+        if f.status not in ("fired", "observed") or f.rule not in OBSERVATIONS:
             continue
         sizes = {e.values.get("world_size") for e in f.evidence} - {None}
         if 2 not in sizes:
