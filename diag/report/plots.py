@@ -348,11 +348,19 @@ def link_matrix(run: RunData) -> FigureSpec | Skipped:
                      for src in names]
             panels.append(Panel(f"src -> dst goodput, {what}", "receiving node (dst)", "sending node (src)",
                                 grid=Grid(names, names, cells, "goodput [MB/s]")))
-    resent = {pair: 100 * share for pair, share in matrix.incast_flow_shares().items()}
-    if resent:
-        cells = [[resent.get((src, dst)) for dst in names] for src in names]
-        panels.append(Panel("segments resent, every other node sending into dst at once", "receiving node (dst)",
-                            "sending node (src)", grid=Grid(names, names, cells, "resent after warm-up [%]")))
+    shares, delivered = matrix.incast_shares()
+    if shares:
+        # Each sender's share of what the column's node received, the column headed by what its port delivered
+        # in all: starved flows beside one at the link rate read as what they are, an uneven share of a full
+        # port, not as loss (their resends per segment sent say little when they send almost nothing).
+        link = run.link_Bps
+        columns = [f"{dst}\n{delivered[dst] / 1e6:.1f} MB/s" + (f" ({delivered[dst] / link:.0%})" if link else "")
+                   if dst in delivered else dst for dst in names]
+        cells = [[100 * shares[(src, dst)] if (src, dst) in shares else None for dst in names] for src in names]
+        panels.append(Panel("incast: each sender's share of what dst received, every other node sending into dst at "
+                            "once", "receiving node (dst), with the goodput its port delivered in all",
+                            "sending node (src)", grid=Grid(names, columns, cells, "share of dst's goodput [%]",
+                                                            fmt="{:.0f}")))
     size = max(4.0, 0.8 * len(names) + 2.0)
     return FigureSpec("link_matrix.png", title,
                       f"Goodput from each node (row) to each other node (column), MB/s = 1e6 B/s, measured with "
@@ -363,8 +371,12 @@ def link_matrix(run: RunData) -> FigureSpec | Skipped:
                       "link. The right panel runs both directions of a pair at once (each its own connection): a "
                       "full-duplex link keeps each near the left panel's value."
                       + (" The third panel is the incast: every other node sends into the column's node at once, "
-                         "the one time traffic converges on a host's switch port. A bright column is a port (or NIC) "
-                         "that drops what converges on it, a shallow buffer." if resent else ""),
+                         "the one time traffic converges on a host's port. Under each column, what that port "
+                         "delivered in all (and its share of the link rate): near 100% is a port that delivers what "
+                         "converges on it, however unevenly the senders share it (TCP flows into one tail-drop queue "
+                         "often leave one near the link rate and starve the others: unfairness, not loss); a column "
+                         "well below the others is a port that drops what converges on it, a shallow buffer "
+                         "(loss_at_host reads its senders' resends)." if shares else ""),
                       panels, columns=len(panels), panel_size=(size + 1.2, size))
 
 

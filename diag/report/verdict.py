@@ -130,8 +130,11 @@ def _what_is_slow(rules: dict[str, list[Finding]]) -> tuple[str, str, list[str]]
     faults = host_faults(rules)
     if dip is not None and control is not None:
         text, status, used = _dip_text(dip)
-        return (text[:-1] + "; so is a transport that does not take turns (the negative control), so the "
-                "slowdown is not the backend's own.", status, [*used, CONTROL])
+        itself = any(e.values.get("series") == _series_of(dip) for e in control.evidence)
+        tail = ("; it takes no turns on a connection itself (the negative control), so what slows it is no "
+                "turn-taking mechanism's." if itself else "; so is a transport that does not take turns (the "
+                "negative control), so the slowdown is not the backend's own.")
+        return text[:-1] + tail, status, [*used, CONTROL]
     if dip is not None:   # a host fault beside it has its own row (at the hosts) and its own "to do"
         return _dip_text(dip)
     open_dip = next((f for f in _backend_dips(rules) if f.status == "undecided"), None)
@@ -142,6 +145,16 @@ def _what_is_slow(rules: dict[str, list[Finding]]) -> tuple[str, str, list[str]]
             text += f" Whether the backend loses more at N=2 is undecided: {_link_loss(open_dip)}."
         return text, "fired", [faults[0].rule]
     return _not_a_dip(rules, dips)
+
+
+def _series_of(f: Finding) -> str:
+    return str(f.evidence[0].values.get("series", "")) if f.evidence else ""
+
+
+def _cpu_at(rules: dict[str, list[Finding]], world_size: int) -> Finding | None:
+    """cpu_bound fired with evidence at this N (the machine, or a thread, saturated there)."""
+    return next((f for f in rules.get("cpu_bound", []) if f.status == "fired"
+                 and any(e.values.get("world_size") == world_size for e in f.evidence)), None)
 
 
 def _link_loss(f: Finding) -> str:
@@ -275,8 +288,11 @@ def _why(rules: dict[str, list[Finding]], slow_status: str) -> tuple[str, str, s
     control = _control_dipped(rules)
     faults = host_faults(rules)
     if control is not None:
-        named = ("; what the host findings name: " + "; ".join(_fault_why(f) for f in faults) if faults
-                 else "; no host finding names what slows it")
+        causes = [_fault_why(f) for f in faults]
+        cpu = _cpu_at(rules, 2)
+        if cpu is not None and cpu not in faults:
+            causes.append(f"the CPU: {plain(cpu.statement).split('; ', 1)[0]}")
+        named = ("; what the findings name: " + "; ".join(causes)) if causes else "; no host finding names what slows it"
         return (f"Not the backend's N=2 protocol: N=2 is slower for a transport that does not take turns too{named}.",
                 control.strength, plain(control.evidence[0].text), [CONTROL, *(f.rule for f in faults)], "")
     backend_dip = _strongest(_backend_dips(rules))

@@ -450,8 +450,9 @@ def capture_drops(run: RunData) -> list[Finding]:
     bad = [c for c in known if (c.kernel_dropped or 0) > 0 or c.flagged]
     if not bad:
         return [Finding(name, "clear", f"no kernel drops in {len(known)} captures")]
-    return [Finding(name, "fired", f"{len(bad)} captures lost packets in the kernel: findings from them "
-                    f"(duplex overlap, windows, retransmissions, gaps) are unreliable", "strong",
-                    tuple(Evidence(f"{c.label}: kernel dropped {c.kernel_dropped} packets",
-                                   {"kernel_dropped": c.kernel_dropped}, c.source("captures"))
-                          for c in bad))]
+    # About the capture, not the run's speed: an observation that says which findings it makes unreliable.
+    return [Finding(name, "observed", f"{len(bad)} captures lost packets in the kernel: findings from them "
+                    f"(duplex overlap, windows, retransmissions, gaps) are unreliable",
+                    evidence=tuple(Evidence(f"{c.label}: kernel dropped {c.kernel_dropped} packets",
+                                            {"kernel_dropped": c.kernel_dropped}, c.source("captures"))
+                                   for c in bad), explains="none: about the capture, not the loss")]
