@@ -114,7 +114,9 @@ def test_n3_n4_cpu_bound_while_the_trial_shows_the_n2_loss(tmp_path: Path) -> No
     assert "below the link measured beside it" in dip.statement
     assert "N>=3 cannot serve as the reference: N=3,4 left out of the reference: CPU-bound there" in dip.statement
     assert {e.values["reference_kind"] for e in dip.evidence} == {"trial"}
-    card = build_verdict(run, diagnose(run))
+    findings = diagnose(run)
+    assert findings_status(findings, "strong")[0] == 9        # the N=2 loss, shown beside the link: strong
+    card = build_verdict(run, findings)
     assert card.slow_status == "fired" and not card.slow.startswith("Nothing is slow")
     assert card.slow.startswith("torch:gloo all_gather at N=2: busbw is ")
     assert "below the link measured beside it in the same interleaved rounds" in card.slow

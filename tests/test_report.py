@@ -108,7 +108,7 @@ def test_report_cli_default_out_and_missing_parts(tmp_path: Path, capsys) -> Non
     root = write_run_dir(tmp_path / "bare", anomaly_records())
     assert main(["report", str(root)]) == 0
     out = capsys.readouterr().out
-    assert "finding (strong) n2_busbw_dip" in out and "plot not drawn: Per-thread CPU" in out
+    assert "finding (moderate) n2_busbw_dip" in out and "plot not drawn: Per-thread CPU" in out
     md = (root / "report" / "report.md").read_text()
     assert "### Missing inputs" in md and "run.json" in md and "Not drawn: no per-thread CPU samples" in md
     # re-runnable: a second run overwrites the same files

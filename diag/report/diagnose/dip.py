@@ -392,16 +392,25 @@ def _against_survey(run: RunData, dip: SeriesDip, readings: dict[int, LinkReadin
     # A second, interleaved line of evidence: the trial ran this backend beside the link in the same rounds.
     # Where it shows the loss there too, the dip is one step surer; the statement says which.
     trial_shown = [v for v in shown if readings[v].kind == TRIAL_LINK]
+    interleaved = any(r.kind == TRIAL_LINK for r in readings.values())
     if len(trial_shown) >= 2:
         strength = "strong"
     elif trial_shown and strength != "strong":
         strength = STRENGTHS[STRENGTHS.index(strength) - 1]
+    elif not interleaved and strength == "strong":
+        # one standard of evidence: survey rows are separate launches, one block each; without the interleaved
+        # trial beside the link a dip is at most moderate
+        strength = "moderate"
     why_not = ""
     if strength != "strong":
-        why_not = (f"; not strong: {len(dipping)} of {len(sizes)} sizes dip"
-                   + ("" if confirmed else f", none confirmed below {N2_DIP_RATIO.value}")
-                   + ("" if any(r.kind == TRIAL_LINK for r in readings.values())
-                      else "; no interleaved trial beside the link"))
+        reasons = []
+        if not (len(dipping) >= 2 and (confirmed or worst < N2_DIP_STRONG.value)):
+            reasons.append(f"{len(dipping)} of {len(sizes)} sizes dip"
+                           + ("" if confirmed else f", none confirmed below {N2_DIP_RATIO.value}"))
+        if not interleaved:
+            reasons.append("the survey rows are separate launches, one block each, and no interleaved trial ran "
+                           "beside the link")
+        why_not = "; not strong: " + "; ".join(reasons)
     deepest = min(dipping, key=lambda s: ratios[s].ratio.point)
     source = run.source_of(dip.per_n[2][sizes[-1]])
     evidence = [Evidence(
