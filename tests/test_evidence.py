@@ -336,3 +336,16 @@ def test_a_slow_host_beside_the_n2_mechanism_names_both(tmp_path: Path) -> None:
     card2 = build_verdict(run2, diagnose(run2))
     assert card2.slow.startswith("One host slows the run: h3's link is slow")
     assert not card2.why.startswith("M1:")
+
+
+def test_trial_blocks_are_not_reported_as_duplicate_rows(tmp_path: Path) -> None:
+    """A trial's rounds share their series, op, N and size with the survey row: they are its blocks, read as a
+    trial, and no warning says "in 6 records: the later one is shown" of them."""
+    root = write_run_dir(tmp_path / "r", survey({2: 0.75, 3: 1.0, 4: 1.0}))
+    spec = n2_trial(sizes=(4 * MiB, 16 * MiB))
+    write_trial(root / "records" / "n2-trial.jsonl", spec, trial_records(spec, shaped_times(ANOMALY_SHAPES), rounds=6))
+    run = load_run([root])
+    assert run.duplicate_rows() == []
+    rows = run.records
+    write_run_dir(tmp_path / "twice", [*rows, *rows])
+    assert len(load_run([tmp_path / "twice"]).duplicate_rows()) == len(rows)

@@ -235,6 +235,8 @@ class RunData:
         seen: dict[tuple[str, str, int, int], list[str]] = {}
         for f in self.record_files:
             for r in f.records:
+                if r.block:    # a trial's blocks are its rounds, read as a trial, never a second row
+                    continue
                 seen.setdefault((series_label(r), r.op, r.world_size, r.size_bytes), []).append(self.relative(f.path))
         from diag.units import human_bytes
 
