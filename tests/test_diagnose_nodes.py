@@ -180,6 +180,22 @@ def lossy_rx_run(root: Path, *, into: str = "h1", matrix: dict | None = None) ->
                              matrix=matrix or link_matrix())
 
 
+def test_one_edge_that_carries_nearly_all_the_loss_is_that_edges(tmp_path: Path) -> None:
+    """The slow-nic saved run: h1's shaper drops what h0 sends it (128,463 segments resent h0 -> h1), while
+    h0 -> h2 and h0 -> h3 resend 47 and 51, enough for the retransmissions rule's bar. The loss is the edge's
+    into h1, never "out of h0 from 3 peers"."""
+    resent = {("h0", "h1"): (1_521_086, 128_463), ("h0", "h2"): (17_792, 47), ("h0", "h3"): (22_545, 51)}
+    flows = {pair: direction(16 * MiB, packets=packets, retrans=count) for pair, (packets, count) in resent.items()}
+    flows.update({(d, "h0"): direction(16 * MiB, packets=12000) for d in ("h1", "h2", "h3")})
+    doc = ring(4, flows)
+    root = write_inplace_run(tmp_path / "run", ring_records(HEALTHY),
+                             analyses={n: {"gloo-all_gather--gloo-all_gather-n4": doc} for n in NODES})
+    [found] = loss_at_host(load_run([root]))
+    assert found.status == "fired" and found.statement.startswith("segments are lost on the directions into h1 (the "
+                                                                  "edge h0 -> h1 carries them")
+    assert "out of h0" not in found.statement and found.thresholds["LOSS_PEER_SHARE"] == 0.1
+
+
 def test_loss_at_one_host_names_it_with_cwnd_cuts_and_cost(tmp_path: Path) -> None:
     [found] = loss_at_host(load_run([lossy_rx_run(tmp_path / "run")]))
     assert found.status == "fired" and found.strength == "strong"
