@@ -334,11 +334,6 @@ def _build_class() -> type:
         def barrier(self, opts: Any = None) -> DiagTcpWork:
             return self._collective("barrier", self.transport.barrier, [])
 
-        def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-            """gloo's monitoredBarrier: rank 0 hears from every rank within ``timeout`` and names who did not."""
-            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or self._timeout_s)
-            self._monitored_barrier(seconds, wait_all_ranks)
-
         def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> DiagTcpWork:
             op = "all_reduce"
             name = reduce_name(op, opts)
@@ -693,39 +688,6 @@ def _build_class() -> type:
             for size in splits:
                 edges.append(edges[-1] + size * row_bytes)
             return list(itertools.pairwise(edges))
-
-        def _monitored_barrier(self, seconds: float, wait_all_ranks: bool) -> None:
-            """Every rank but 0 sends a byte to rank 0 and waits for its answer; rank 0 waits for each rank in
-            turn (or for all, with ``wait_all_ranks``) and names the ranks it did not hear from in time."""
-            op = "monitored_barrier"
-            world, me = self.transport.world_size, self.transport.rank
-            tag = -0x6D62   # a tag of its own, away from users' tags
-            if world == 1:
-                return
-            if me != 0:
-                token = torch.zeros(1, dtype=torch.uint8)
-                for kind in (SEND, RECV):
-                    work = self._p2p_post(op, kind, [token], 0, tag)
-                    work.wait(timedelta(seconds=seconds))
-                return
-            started = time.monotonic()
-            works = {peer: self._p2p_post(op, RECV, [torch.zeros(1, dtype=torch.uint8)], peer, tag)
-                     for peer in range(1, world)}
-            missing = []
-            for peer, work in works.items():
-                left = max(0.001, seconds - (time.monotonic() - started))
-                try:
-                    work.wait(timedelta(seconds=left))
-                except RuntimeError:
-                    missing.append(peer)
-                    if not wait_all_ranks:
-                        break
-            if missing:
-                names = ", ".join(self.rank_name(peer) for peer in missing)
-                raise dist.DistBackendError(f"{BACKEND_NAME} {op}: {names} failed to pass the monitored barrier "
-                                            f"within {seconds:g}s")
-            for peer in range(1, world):
-                self._p2p_post(op, SEND, [torch.zeros(1, dtype=torch.uint8)], peer, tag).wait()
 
     return DiagTcpProcessGroup
 
