@@ -44,6 +44,9 @@ ENV_ORDER = "DIAG_TCP_ORDER"
 ENV_KNOBS = "DIAG_TCP_KNOBS"
 ENV_TOKEN = "DIAG_TCP_TOKEN"
 # gloo's reduce functions (ProcessGroupGloo.cpp toFunction); AVG and PREMUL_SUM are refused as gloo does
+# Building the two meshes waits at least this long for every rank (ranks of a loaded machine reach
+# init_process_group seconds apart); operations keep the group's own timeout.
+SETUP_FLOOR_S = 60.0
 REDUCE_NAMES = {"SUM": "sum", "PRODUCT": "product", "MIN": "min", "MAX": "max", "BAND": "band", "BOR": "bor",
                 "BXOR": "bxor"}
 
@@ -94,9 +97,10 @@ def create_process_group(store: Any, rank: int, world_size: int, timeout: timede
     knobs = knobs_from_env()
     token = token_from_env()
     seconds = timeout.total_seconds()
-    collectives = RawTransport(knobs, rank, world_size, seconds, store=store, token=token)
+    setup = max(seconds, SETUP_FLOOR_S)
+    collectives = RawTransport(knobs, rank, world_size, seconds, store=store, token=token, setup_timeout_s=setup)
     try:
-        p2p_mesh = RawTransport(knobs, rank, world_size, seconds, store=store, token=token)
+        p2p_mesh = RawTransport(knobs, rank, world_size, seconds, store=store, token=token, setup_timeout_s=setup)
     except BaseException:
         collectives.close()
         raise
@@ -127,7 +131,8 @@ def _build_class() -> type:
 
     def failure(op: str, exc: BaseException) -> RuntimeError:
         """One line naming the backend and the op; communication failures as torch's DistBackendError."""
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        text = getattr(exc, "detail", None) or str(exc)
+        text = text.splitlines()[0] if text else type(exc).__name__
         kind = dist.DistBackendError if isinstance(exc, DiagError) else RuntimeError
         return kind(f"{BACKEND_NAME} {op}: {text}")
 

@@ -193,6 +193,7 @@ class Engine:
             self.broken = str(exc)
             self._abort_peers(wire.ABORT_MISMATCH if isinstance(exc, Mismatch) else wire.ABORT_FAILED,
                               exc)
+            exc.detail = str(exc)   # type: ignore[attr-defined]  # without the operation's name
             exc.args = (f"{what}: {exc}",)
             raise
 

@@ -65,7 +65,7 @@ class RawTransport:
     backend = "raw"
 
     def __init__(self, knobs: RawKnobs, rank: int, world_size: int, timeout_s: float,
-                 store: Any | None = None, token: bytes | None = None) -> None:
+                 store: Any | None = None, token: bytes | None = None, setup_timeout_s: float | None = None) -> None:
         """``token``: the run token, given to every rank over a private channel (diag's 0600 job file, or
         $DIAG_TCP_TOKEN); None: rank 0 makes one and publishes it in the store (the in-place trust model,
         docs/raw-tcp.md)."""
@@ -92,13 +92,15 @@ class RawTransport:
         self._sampler: threading.Thread | None = None
         self._p2p: P2PEngine | None = None
 
-        base = store if store is not None else rendezvous_store(rank, world_size, timeout_s)
+        setup_s = timeout_s if setup_timeout_s is None else setup_timeout_s   # rendezvous and connecting
+        self._setup_timeout_s = setup_s
+        base = store if store is not None else rendezvous_store(rank, world_size, setup_s)
         # Every rank creates transports in the same sequence, so its own counter names the same
         # generation everywhere: two transports in one process never read each other's keys.
         generation = base.add(f"{STORE_PREFIX}/generation/{rank}", 1)
         self._store = dist.PrefixStore(f"{STORE_PREFIX}/{generation}", base)   # keys: diag_raw/<gen>/<key>
-        self._store.set_timeout(timedelta(seconds=timeout_s))
-        deadline = time.monotonic() + timeout_s
+        self._store.set_timeout(timedelta(seconds=setup_s))
+        deadline = time.monotonic() + setup_s
         self._address = mesh.choose_address(knobs.iface)
         listener = mesh.listen(self._address, knobs)
         try:
@@ -154,7 +156,7 @@ class RawTransport:
             self._addresses = [bytes(store.get(f"addr/{peer}")).decode() for peer in range(self.world_size)]
         except RuntimeError as exc:
             raise DiagError(f"rank {self.rank}: not all ranks published their address within "
-                            f"{self.timeout_s:g}s ({str(exc).splitlines()[0]})") from None
+                            f"{self._setup_timeout_s:g}s ({str(exc).splitlines()[0]})") from None
         mismatched = [(peer, theirs) for peer, theirs in enumerate(fingerprints) if theirs != fingerprint]
         if mismatched:
             # Every rank read every rank's knobs, so all of them see the mismatch and refuse; but the
