@@ -24,7 +24,7 @@ VIA_EXEC = ["-m", "diag.exec"]
 
 
 def _torchrun(backend: str, out: Path, via: list[str], extra_env: dict[str, str] | None = None,
-              script: Path = SCRIPT, nproc: int = 2, args: list[str] | None = None, timeout: float = 240) -> None:
+              script: Path = SCRIPT, nproc: int = 2, args: list[str] | None = None, timeout: float = 420) -> None:
     env = {**os.environ, "DIST_BACKEND": backend, "BACKEND": backend, "PYTHONPATH": str(REPO), **(extra_env or {})}
     env.pop("GLOO_SOCKET_IFNAME", None)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),

@@ -67,7 +67,8 @@ for dtype in FLOATS + INTS:
     for name, op in OPS.items():
         if name in ("band", "bor", "bxor") and dtype in FLOATS:
             continue
-        for n in ((7, 300_001) if dtype in FLOATS and name in ("sum", "max") else (7,)):
+        # 300001 elements span several of gloo's 1 MiB segments per ring chunk
+        for n in ((7, 300_001) if dtype in (torch.float16, torch.bfloat16) and name == "sum" else (7,)):
             seed += 1
             t = values(dtype, n, seed)
             dist.all_reduce(t, op=op)
@@ -76,21 +77,21 @@ zero = torch.tensor([-0.0, -0.0, 0.0])
 dist.all_reduce(zero)
 out["all_reduce -0.0"] = [str(v) for v in zero.tolist()]
 
-for root in range(world):
+for root in (0, world - 1):
     for dtype, name in ((torch.float16, "sum"), (torch.float32, "max"), (torch.int64, "product")):
         seed += 1
-        t = values(dtype, 200_001, seed)
+        t = values(dtype, 20_001, seed)
         dist.reduce(t, root, op=OPS[name])
         if rank == root:   # elsewhere the tensor's contents are unspecified (gloo leaves its scratch there)
             out[f"reduce {dtype} {name} to {root}"] = digest(t)
 
 for dtype in (torch.bfloat16, torch.float32):
     seed += 1
-    big = values(dtype, world * 100_003, seed)
-    mine = torch.empty(100_003, dtype=dtype)
+    big = values(dtype, world * 10_003, seed)
+    mine = torch.empty(10_003, dtype=dtype)
     dist.reduce_scatter_tensor(mine, big)
     out[f"reduce_scatter_tensor {dtype}"] = digest(mine)
-    listed = torch.empty(100_003, dtype=dtype)
+    listed = torch.empty(10_003, dtype=dtype)
     dist.reduce_scatter(listed, list(big.chunk(world)))
     out[f"reduce_scatter list {dtype}"] = digest(listed)
     pair = [values(dtype, 5000, seed + 1), values(dtype, 77, seed + 2)]
