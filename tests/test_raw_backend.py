@@ -101,7 +101,7 @@ def test_every_op_a_program_calls_matches_gloo_bit_for_bit(tmp_path: Path, nproc
             assert text.startswith("diag_tcp all_reduce: ") and "\n" not in text and "object at 0x" not in text
         assert ours["tensor parallel matches one process"] and ours["tensor parallel up.weight.grad matches one process"]
         assert ours["all_reduce -0.0"] == ["-0.0", "-0.0", "0.0"]
-        assert ours["AVG"] == ours["PREMUL_SUM"] == ours["BAND float"] == "refused"
+        assert ours["AVG of integers"] == ours["PREMUL_SUM"] == ours["BAND float"] == "refused"
     rank0, rank1 = _results(tmp_path, "diag_tcp", nproc)[:2]
     assert rank0["irecv before isend: pending while the peer sleeps"]
     assert rank1["tags 2 then 1"] == [[2.0], [1.0, 1.0]]
@@ -135,11 +135,12 @@ def test_point_to_point_failures_are_bounded_precise_and_leave_the_group_usable(
     for result in (rank0, rank1):
         assert "died" not in result["all_reduce with different sizes"]["error"]
         for case in ("all_gather into outputs of the wrong size", "all_to_all_single with bad splits",
-                     "BAND on floats", "AVG", "reduce to a root outside the group"):
+                     "BAND on floats", "AVG of integers", "reduce to a root outside the group"):
             op = case.split()[0] if case.split()[0] in ("all_gather", "all_to_all_single") else None
             error = result[case]["error"]
             assert error.startswith(f"diag_tcp {op or ''}") and "\n" not in error, (case, error)
         assert result["works after a size mismatch"] and result["works after refused calls"]
+        assert result["coalesced irecv + isend"]
         assert result["works after a timed-out irecv"]
 
 

@@ -149,7 +149,11 @@ listed = [rank, "a"] if rank == 0 else [None, None]
 dist.broadcast_object_list(listed, src=0)
 out["broadcast_object_list"] = listed
 
-refused("AVG", lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.AVG))
+seed += 1
+average = values(torch.bfloat16, 50_001, seed)
+dist.all_reduce(average, op=dist.ReduceOp.AVG)
+out["all_reduce bfloat16 avg"] = digest(average)
+refused("AVG of integers", lambda: dist.all_reduce(torch.ones(3, dtype=torch.int64), op=dist.ReduceOp.AVG))
 refused("PREMUL_SUM", lambda: dist.all_reduce(torch.ones(3), op=dist._make_nccl_premul_sum(2.0)))
 refused("BAND float", lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND))
 after = torch.ones(4) * (rank + 1)

@@ -43,12 +43,12 @@ ENV_ALGO = "DIAG_TCP_ALGO"
 ENV_ORDER = "DIAG_TCP_ORDER"
 ENV_KNOBS = "DIAG_TCP_KNOBS"
 ENV_TOKEN = "DIAG_TCP_TOKEN"
-# gloo's reduce functions (ProcessGroupGloo.cpp toFunction); AVG and PREMUL_SUM are refused as gloo does
+# gloo's reduce functions (ProcessGroupGloo.cpp toFunction, and torch 2.13's AVG); PREMUL_SUM is refused as gloo does
 # Building the two meshes waits at least this long for every rank (ranks of a loaded machine reach
 # init_process_group seconds apart); operations keep the group's own timeout.
 SETUP_FLOOR_S = 60.0
 REDUCE_NAMES = {"SUM": "sum", "PRODUCT": "product", "MIN": "min", "MAX": "max", "BAND": "band", "BOR": "bor",
-                "BXOR": "bxor"}
+                "BXOR": "bxor", "AVG": "avg"}
 
 
 def knobs_from_env() -> Any:
@@ -147,9 +147,9 @@ def _build_class() -> type:
         name = reduce_types.get(kind, str(kind))
         if name in REDUCE_NAMES:
             return REDUCE_NAMES[name]
-        if name in ("AVG", "PREMUL_SUM"):
-            raise refuse(op, f"Cannot use ReduceOp.{name} with {BACKEND_NAME} (as with gloo); reduce with SUM "
-                             "and divide")
+        if name == "PREMUL_SUM":
+            raise refuse(op, f"Cannot use ReduceOp.{name} with {BACKEND_NAME} (as with gloo); multiply, then "
+                             "reduce with SUM")
         raise refuse(op, f"unknown reduce op {name}")
 
     def check_tensors(op: str, tensors: Sequence[torch.Tensor]) -> None:

@@ -15,8 +15,9 @@ own) and allreduce_coalesced (the tensors flattened into one) follow the same ri
 compares them with gloo bit for bit on 2 and 3 ranks.
 
 ``fn`` is gloo's: ``a + b``, ``a * b``, ``std::max(a, b)`` (``b`` if ``a < b``, else ``a``: the order decides
--0.0 against 0.0 and whether a NaN wins), ``std::min``, and for integers ``&``, ``|``, ``^``. Bools are
-reduced as the bytes they are (gloo treats them as uint8: a SUM of two True bytes is the byte 2).
+-0.0 against 0.0 and whether a NaN wins), ``std::min``, and for integers ``&``, ``|``, ``^``; bools as C++
+bools (a SUM is an OR); a bfloat16 NaN from a sum or product is c10's 0x7FC0; AVG (floating point only) is
+the SUM divided by the group size in the dtype, as torch 2.13's gloo does.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from diag.errors import DiagError
 if TYPE_CHECKING:
     import torch
 
-REDUCE_OPS = ("sum", "product", "max", "min", "band", "bor", "bxor")
+REDUCE_OPS = ("sum", "product", "max", "min", "band", "bor", "bxor", "avg")
 BITWISE_OPS = ("band", "bor", "bxor")
 MAX_SEGMENT_BYTES = 1 << 20      # gloo's AllreduceOptionsImpl::kMaxSegmentSize
 
@@ -39,6 +40,8 @@ def check_reduction(op: str, dtype: torch.dtype) -> None:
         raise DiagError(f"reduce op {op!r} is not supported (choose {', '.join(REDUCE_OPS)})")
     if op in BITWISE_OPS and (dtype.is_floating_point or dtype.is_complex):
         raise DiagError(f"Cannot use ReduceOp.{op.upper()} with non-integral dtype {dtype}")
+    if op == "avg" and not (dtype.is_floating_point or dtype.is_complex):
+        raise DiagError(f"ReduceOp.AVG of {dtype} tensors: the average is not a {dtype} (gloo fails the same way)")
 
 
 def ring_chunks(numel: int, element_size: int, world_size: int) -> list[tuple[int, int]]:
@@ -85,6 +88,8 @@ def reduce_like_gloo(values: list[torch.Tensor], op: str, start: int = 0, numel:
     the whole tensor), whose ring chunks decide each element's order."""
     import torch
 
+    if op == "avg":   # gloo (torch 2.13): the SUM, then divided by the group size in the dtype
+        return reduce_like_gloo(values, "sum", start, numel).div_(len(values))
     world_size = len(values)
     flat = [value.reshape(-1) for value in values]
     if flat[0].dtype == torch.bool:
@@ -104,7 +109,12 @@ def reduce_like_gloo(values: list[torch.Tensor], op: str, start: int = 0, numel:
     except (RuntimeError, TypeError) as exc:
         raise DiagError(f"reduce op {op.upper()} on {flat[0].dtype} tensors: {str(exc).splitlines()[0]}") from None
     if values[0].dtype == torch.bool:
-        out = out.view(torch.bool)
+        out = out.ne(0)   # gloo adds C++ bools: true + true is true (the byte 1)
+    elif values[0].dtype == torch.bfloat16 and op in ("sum", "product"):
+        # c10::BFloat16 rounds every NaN to 0x7FC0; torch's vectorized bf16 arithmetic keeps other NaN bits
+        nan = out.isnan()
+        if bool(nan.any()):
+            out[nan] = torch.tensor(0x7FC0, dtype=torch.int16).view(torch.bfloat16)
     return out.view(values[0].shape) if values[0].numel() == out.numel() else out
 
 
