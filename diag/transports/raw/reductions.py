@@ -15,8 +15,8 @@ own) and allreduce_coalesced (the tensors flattened into one) follow the same ri
 compares them with gloo bit for bit on 2 and 3 ranks.
 
 ``fn`` is gloo's: ``a + b``, ``a * b``, ``std::max(a, b)`` (``b`` if ``a < b``, else ``a``: the order decides
--0.0 against 0.0 and whether a NaN wins), ``std::min``, and for integers ``&``, ``|``, ``^``; bools as C++
-bools (a SUM is an OR); a bfloat16 NaN from a sum or product is c10's 0x7FC0; AVG (floating point only) is
+-0.0 against 0.0 and whether a NaN wins), ``std::min``, and for integers ``&``, ``|``, ``^``; bools as the
+bytes they are (gloo adds them as uint8: a SUM of two True is the byte 2); a bfloat16 NaN from a sum or product is c10's 0x7FC0; AVG (floating point only) is
 the SUM divided by the group size in the dtype, as torch 2.13's gloo does.
 """
 
@@ -53,6 +53,16 @@ def ring_chunks(numel: int, element_size: int, world_size: int) -> list[tuple[in
     segment_bytes = _round_up(_ceil_div(total, segments), element_size)
     chunk_elements = per_rank * segment_bytes // element_size
     return [(min(numel, c * chunk_elements), min(numel, (c + 1) * chunk_elements)) for c in range(world_size)]
+
+
+def copy_result(target: torch.Tensor, result: torch.Tensor) -> None:
+    """``target.copy_(result)``, bools byte for byte (a copy as bool would turn gloo's byte 2 into 1)."""
+    import torch
+
+    if target.dtype == torch.bool:
+        target.view(torch.uint8).copy_(result.reshape(target.shape).view(torch.uint8))
+    else:
+        target.copy_(result.reshape(target.shape))
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -109,7 +119,7 @@ def reduce_like_gloo(values: list[torch.Tensor], op: str, start: int = 0, numel:
     except (RuntimeError, TypeError) as exc:
         raise DiagError(f"reduce op {op.upper()} on {flat[0].dtype} tensors: {str(exc).splitlines()[0]}") from None
     if values[0].dtype == torch.bool:
-        out = out.ne(0)   # gloo adds C++ bools: true + true is true (the byte 1)
+        out = out.view(torch.bool)   # the bytes gloo leaves (true + true is the byte 2): copy them as bytes
     elif values[0].dtype == torch.bfloat16 and op in ("sum", "product"):
         # c10::BFloat16 rounds every NaN to 0x7FC0; torch's vectorized bf16 arithmetic keeps other NaN bits
         nan = out.isnan()
@@ -118,4 +128,4 @@ def reduce_like_gloo(values: list[torch.Tensor], op: str, start: int = 0, numel:
     return out.view(values[0].shape) if values[0].numel() == out.numel() else out
 
 
-__all__ = ["REDUCE_OPS", "check_reduction", "reduce_like_gloo", "ring_chunks"]
+__all__ = ["REDUCE_OPS", "check_reduction", "copy_result", "reduce_like_gloo", "ring_chunks"]

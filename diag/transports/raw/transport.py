@@ -16,7 +16,7 @@ from diag.errors import DiagError
 from diag.transports.raw import mesh, schedules, tcpinfo, wire
 from diag.transports.raw.engine import RECV, SEND, Engine, Link
 from diag.transports.raw.knobs import MAX_CHUNKS, RawKnobs
-from diag.transports.raw.reductions import REDUCE_OPS, check_reduction, reduce_like_gloo
+from diag.transports.raw.reductions import REDUCE_OPS, check_reduction, copy_result, reduce_like_gloo
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -327,7 +327,7 @@ class RawTransport:
         check_reduction(op, tensor.dtype)
         gathered = torch.empty((self.world_size, *tensor.shape), dtype=tensor.dtype)
         self.all_gather(gathered, tensor.contiguous())
-        tensor.copy_(reduce_like_gloo(list(gathered.unbind(0)), op))
+        copy_result(tensor, reduce_like_gloo(list(gathered.unbind(0)), op))
 
     def reduce(self, tensor: torch.Tensor, root: int, op: str = "sum") -> None:
         """``root`` receives every rank's tensor and reduces in gloo's order; the others' tensors are left as
@@ -341,7 +341,7 @@ class RawTransport:
             return
         gathered = torch.empty((self.world_size, *tensor.shape), dtype=tensor.dtype)
         self.gather([tensor_bytes(block) for block in gathered.unbind(0)], tensor_bytes(staged), root, "reduce")
-        tensor.copy_(reduce_like_gloo(list(gathered.unbind(0)), op))
+        copy_result(tensor, reduce_like_gloo(list(gathered.unbind(0)), op))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
                        whole: bool = True) -> None:
@@ -357,7 +357,7 @@ class RawTransport:
         self.all_to_all(received, input.contiguous().reshape(-1))
         blocks = list(received.view(self.world_size, -1).unbind(0))
         start = self.rank * output.numel() if whole else 0
-        output.copy_(reduce_like_gloo(blocks, op, start, input.numel() if whole else None).view(output.shape))
+        copy_result(output, reduce_like_gloo(blocks, op, start, input.numel() if whole else None))
 
     def point_to_point(self, names: Callable[[int], str]) -> P2PEngine:
         """Hand this transport's mesh to a non-blocking point-to-point engine (p2p.py) with its own thread;
