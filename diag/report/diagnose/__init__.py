@@ -20,7 +20,8 @@ from typing import Any
 from diag.report.diagnose.advice import workarounds
 from diag.report.diagnose.base import Rule
 from diag.report.diagnose.control import negative_control
-from diag.report.diagnose.cpu_rules import cpu_bound, cpu_limited_world_sizes
+from diag.report.diagnose.cpu_finding import cpu_bound
+from diag.report.diagnose.cpu_rules import cpu_limited_world_sizes
 from diag.report.diagnose.dip import n2_busbw_dip
 from diag.report.diagnose.findings import (
     FINDINGS_SCHEMA,

@@ -5,7 +5,7 @@ and is named."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from diag.report.diagnose.base import undecided
 from diag.report.diagnose.findings import STRENGTHS, Evidence, Finding
@@ -71,34 +71,6 @@ def cpu_limited_world_sizes(run: RunData) -> set[int]:
         if n is not None and (reach.get(n) is None or reach[n] < CPU_LINK_REACHED.value):
             limited.add(n)
     return limited
-
-
-def cpu_bound(run: RunData) -> list[Finding]:
-    """A thread near 100% of a core, or every core of the machine busy: the CPU, not the network, sets
-    the pace. With nodes (the in-place layout), per node: a node whose CPU is saturated while its link idles
-    is named (its ranks are CPU-starved); a machine several nodes share (the lab) is judged once, as before.
-
-    A finding where it costs time in this run: a node CPU-starved (its link waits on its CPU), or the CPU full
-    at an N where the backend has a measured loss (loss.measured_loss: the CPU may be part of that loss). Else
-    an observation: the CPU set the pace at N where nothing is measured slow (n2_busbw_dip leaves those N out
-    of its reference, and says so)."""
-    from diag.report.diagnose.loss import measured_loss
-
-    found = unjudged(run)
-    loss = measured_loss(run)
-    out = []
-    for f in found:
-        if f.status != "fired":
-            out.append(f)
-            continue
-        starved = any(e.values.get("kind") == "starved" for e in f.evidence)
-        costly = sorted({e.values.get("world_size") for e in f.evidence} & set(loss))
-        if starved or costly:
-            out.append(f)
-            continue
-        out.append(replace(f, status="observed", strength="", explains="none: the CPU set the pace at N where the "
-                           "backend has no measured loss; the dip leaves those N out of its reference"))
-    return out
 
 
 def unjudged(run: RunData) -> list[Finding]:
