@@ -183,7 +183,7 @@ def test_report_from_a_real_sweep(real_sweep: Path) -> None:
     md = (out / "report.md").read_text()
     rows = md_rows(md)
     for r in records:
-        assert any(row[0] == "torch:gloo" and row[2] == str(r.world_size) and row[7] == human_rate(r.busbw_Bps)
+        assert any(row[0] == r.series and row[2] == str(r.world_size) and row[7] == human_rate(r.busbw_Bps)
                    and row[8] == str(r.nwrong) for row in rows), r.key
     env = load_records(real_sweep / "records" / "gloo.jsonl").starts[0]["env"]
     assert env["kernel"] in (out / "report.html").read_text()
