@@ -178,7 +178,10 @@ def test_a_sweep_run_dir_and_its_files_are_private(tmp_path: Path) -> None:
                            "--iters", "1", "--warmup", "0", "--quiet", "--out", str(out), "--run-dir", str(run_dir)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for directory in (run_dir, run_dir / "logs", run_dir / "logs" / "state-n2", run_dir / "tcpinfo"):
+    (node,) = (run_dir / "nodes").iterdir()
+    assert list((node / "tcpinfo").glob("*.jsonl"))      # the raw transport's TCP_INFO, in its node's folder
+    for directory in (run_dir, run_dir / "logs", run_dir / "logs" / "state-n2", run_dir / "records",
+                      run_dir / "nodes", node, node / "tcpinfo"):
         assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700, directory
     assert stat.S_IMODE(os.stat(run_dir / "logs" / "job-n2.json").st_mode) == 0o600
 

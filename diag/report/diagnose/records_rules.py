@@ -26,7 +26,7 @@ from diag.report.thresholds import (
     used,
 )
 from diag.stats import Arm, Interval, Modes, bootstrap_means, interval, modes
-from diag.trial import arms_of
+from diag.trialspec import arms_of
 from diag.units import human_bytes, human_rate
 from diag.verdicts import MIN_ROUNDS, Control, control
 
