@@ -7,6 +7,7 @@ advise`` a plan of one trial step (the workarounds beside plain gloo). A new exp
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -137,8 +138,9 @@ class Plan:
         return any(step.kind == ADVISE for step in self.steps)
 
     def to_json(self) -> dict[str, Any]:
-        return {**{k: v for k, v in asdict(self).items() if k != "steps"},
-                "steps": [s.to_json() for s in self.steps]}
+        """The plan as a JSON object (lists, not tuples: what run.json and the job file hold, read back equal)."""
+        document = {**{k: v for k, v in asdict(self).items() if k != "steps"}, "steps": [s.to_json() for s in self.steps]}
+        return json.loads(json.dumps(document))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:

@@ -70,6 +70,24 @@ def write_records(path: Path, records: Iterable[Record], env: dict[str, Any] | N
     return path
 
 
+def write_steps(path: Path, tags: Iterable[str]) -> None:
+    """The start events that name each (step, N)'s files on the nodes, as the job writes them (meta ``tag``,
+    ``world_size``, the transport in ``spec``): how the report learns a capture's N. The fixtures name their
+    tags as the job does, ending in -n<N> (or _n<N>); a raw step's tag says raw."""
+    import re
+
+    with RecordWriter(path) as writer:
+        for tag in sorted(set(tags)):
+            found = re.search(r"[_-]n(\d+)$", tag)
+            if found is None:
+                continue
+            run_id = f"step-{tag}"
+            writer.start(run_id, world_size=int(found.group(1)), spec={"backend": "raw" if "raw" in tag else "gloo",
+                                                                       "algo": "ring" if "raw" in tag else "default"},
+                         meta={"tag": tag})
+            writer.end(run_id, "ok", rows=0)
+
+
 def write_run_dir(root: Path, records: Iterable[Record], *, meta: dict[str, Any] | None = None,
                   analyses: dict[str, dict[str, Any]] | None = None,
                   captures: dict[str, dict[str, Any]] | None = None,
@@ -81,6 +99,9 @@ def write_run_dir(root: Path, records: Iterable[Record], *, meta: dict[str, Any]
         (root / "advise").mkdir(exist_ok=True)
         (root / "advise" / "advise.json").write_text(json.dumps(advise))
     write_records(root / "records" / "sweep.jsonl", records, env)
+    tags = [*(analyses or {}), *(captures or {}), *(observe or {})]
+    if tags:
+        write_steps(root / "records" / "steps.jsonl", tags)
     if meta is not None:
         (root / "run.json").write_text(json.dumps(meta))
     for folder, items, suffix in (("analysis", analyses, ".json"), ("captures", captures, ".capture.json")):

@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     from diag.errors import DiagError
     from diag.lifeline import bind_to_parent, terminate_as_exception
 
-    # As diag.worker: die with the launcher, and take its SIGTERM as an exception (rank 0 saves run.json).
+    # Die with the launcher, and take its SIGTERM as an exception (rank 0 saves run.json, its records their end).
     bind_to_parent(signal.SIGKILL)
     terminate_as_exception()
     try:

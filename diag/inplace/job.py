@@ -372,6 +372,7 @@ class InPlaceJob:
                   weight_before=sum(a.weight for a in before),
                   weight_total=sum(a.weight for a in sweeps),
                   meta={**action.job_meta, "mode": self.options.mode, "lab": (self.options.lab or {}).get("name"),
+                        "tag": action.tag,   # every node's files of this (step, N): captures, analysis, observe
                         "capture": "" if action.capture else None,
                         "capture_tag": action.tag if action.capture else None,
                         "run_dir": str(self.root.resolve())})

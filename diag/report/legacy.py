@@ -1,5 +1,5 @@
-"""Run directories written by earlier releases, read into today's RunData (the writing side exists once:
-diag.runinfo's layout). Two layouts had one capture point at the directory's top instead of nodes/<node>/:
+"""Run directories written by earlier releases, read into today's RunData by diag.report.rundir (the writing
+side exists once: diag.runinfo's layout). This module finds their records. Two layouts had one capture point at the directory's top instead of nodes/<node>/:
 
 - **a sweep's <out>.d** (``diag sweep --capture --observe`` before every command wrote a run directory): logs/,
   captures/<tag>.pcap with <tag>.pcap.capture.json, observe/<tag>.jsonl and the raw transport's tcpinfo/ at
@@ -13,13 +13,10 @@ diag.runinfo's layout). Two layouts had one capture point at the directory's top
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from diag.errors import DiagError
-from diag.records import RecordFile, load_records, transport_label
-from diag.runinfo import read_run_json
+from diag.records import RecordFile, load_records
 
 CAPTURE_POINT = ("captures", "analysis", "observe", "tcpinfo")
 
@@ -35,28 +32,17 @@ def sweep_records(root: Path) -> Path | None:
     return beside if root.name.endswith(".d") and beside.is_file() else None
 
 
-def load_legacy_dir(root: Path) -> Any:
-    from diag.report.rundir import CaptureMeta, assemble, load_capture_point
-
-    record_paths = sorted((root / "records").glob("*.jsonl"))
-    record_files = [load_records(p) for p in record_paths]
-    if not record_files:
-        beside = sweep_records(root)
-        if beside is None:
-            raise DiagError(f"{root} has no records: neither records/*.jsonl nor, for a sweep's run directory "
-                            f"<out>.d, the <out>.jsonl beside it")
-        record_files = [_runs_of(load_records(beside), root)]
-    captures, tcpinfo = load_capture_point(root, "", None)
-    # Each world size's start event says which capture it wrote: N and the transport come from the records.
-    for start in (s for f in record_files for s in f.starts):
-        tag = (start.get("meta") or {}).get("capture_tag")
-        if tag in captures and isinstance(start.get("world_size"), int):
-            spec = start.get("spec") or {}
-            meta = captures[tag].meta or CaptureMeta()
-            captures[tag].meta = replace(
-                meta, world_size=meta.world_size or start["world_size"],
-                transport=meta.transport or transport_label(spec.get("backend", "?"), spec.get("algo", "default")))
-    return assemble(root, record_files, read_run_json(root), captures, tcpinfo, {})
+def legacy_records(root: Path) -> list[RecordFile]:
+    """The records of a directory of an earlier layout: its records/, or the <out>.jsonl beside a sweep's
+    <out>.d (its runs only)."""
+    record_files = [load_records(p) for p in sorted((root / "records").glob("*.jsonl"))]
+    if record_files:
+        return record_files
+    beside = sweep_records(root)
+    if beside is None:
+        raise DiagError(f"{root} has no records: neither records/*.jsonl nor, for a sweep's run directory "
+                        f"<out>.d, the <out>.jsonl beside it")
+    return [_runs_of(load_records(beside), root)]
 
 
 def _runs_of(records: RecordFile, root: Path) -> RecordFile:
@@ -71,4 +57,4 @@ def _runs_of(records: RecordFile, root: Path) -> RecordFile:
                       [e for e in records.ends if e.get("run_id") in mine], records.torn_lines)
 
 
-__all__ = ["is_legacy", "load_legacy_dir", "sweep_records"]
+__all__ = ["is_legacy", "legacy_records", "sweep_records"]

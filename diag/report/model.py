@@ -25,7 +25,7 @@ from diag.errors import DiagError
 from diag.records import Record, transport_label
 
 # Schema history: 1 - first version (linear + optional two_segment per transport/op/world_size). Strict JSON
-# since issue 22: a number that is not finite (a bandwidth where beta <= 0, a covariance the points cannot
+# since 2026-12-02: a number that is not finite (a bandwidth where beta <= 0, a covariance the points cannot
 # give) is written as null, and the document's "nonfinite" list says where and why (readers of schema 1
 # without it never saw a null, so it stays schema 1: nulls only replace what was invalid JSON).
 MODEL_SCHEMA = 1

@@ -14,7 +14,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -348,11 +348,10 @@ def _tag_of(path: Path, suffixes: Sequence[str]) -> str:
 
 def load_run_dir(root: Path) -> RunData:
     """A run directory (diag.runinfo's layout); one of an earlier release through diag.report.legacy."""
-    if not (root / "nodes").is_dir():
-        from diag.report.legacy import is_legacy, load_legacy_dir
+    from diag.report import legacy
 
-        if is_legacy(root):
-            return load_legacy_dir(root)
+    if legacy.is_legacy(root):
+        return _load_legacy_dir(root)
     record_dir = root / "records"
     record_paths = sorted(record_dir.glob("*.jsonl")) if record_dir.is_dir() else []
     if not record_paths:
@@ -362,10 +361,21 @@ def load_run_dir(root: Path) -> RunData:
     return assemble(root, [load_records(p) for p in record_paths], read_run_json(root), {}, [], _load_nodes(root))
 
 
+def _load_legacy_dir(root: Path) -> RunData:
+    """An earlier release's directory (diag.report.legacy): its one capture point at the top, each capture's N
+    and transport from the records' start events."""
+    from diag.report import legacy
+
+    record_files = legacy.legacy_records(root)
+    captures, tcpinfo = load_capture_point(root, "", None)
+    return assemble(root, record_files, read_run_json(root), captures, tcpinfo, {})
+
+
 def assemble(root: Path, record_files: list[RecordFile], meta: dict[str, Any] | None,
              captures: dict[str, CaptureSet], tcpinfo: list[dict[str, Any]], nodes: dict[str, NodeData]) -> RunData:
     """One RunData from what a layout's reader found: the nodes in the job's order (rank 0's node is the one
-    capture point the one-capture-point rules read), what is missing in plain sentences, advise.json."""
+    capture point the one-capture-point rules read), what is missing in plain sentences, every capture's N and
+    transport from the records, advise.json."""
     missing: list[str] = []
     if meta is None:
         missing.append("run.json (no measured link rate: no ideal line, no lab description)")
@@ -393,11 +403,32 @@ def assemble(root: Path, record_files: list[RecordFile], meta: dict[str, Any] | 
     if without:
         missing.append(f"nodes/<node>/fingerprint.json of {', '.join(without)} (their configuration is not "
                        "compared with the other nodes')")
+    steps = steps_by_tag(record_files)
+    for capture in everywhere:
+        if capture.tag in steps:
+            world_size, transport = steps[capture.tag]
+            known = capture.meta or CaptureMeta()
+            capture.meta = replace(known, world_size=known.world_size or world_size,
+                                   transport=known.transport or transport)
     # advise.json's own reader (its schema check), below diag.advise: the report never imports a command.
     from diag.advisefile import ADVISE_NAME, load_advise
 
     advise = load_advise(root / "advise") if (root / "advise" / ADVISE_NAME).is_file() else None
     return RunData(root, record_files, meta, captures, tcpinfo, missing, advise=advise, nodes=nodes)
+
+
+def steps_by_tag(record_files: Sequence[RecordFile]) -> dict[str, tuple[int, str]]:
+    """tag -> (N, transport): every (step, N) launch's start event names the tag of its files on every node
+    (meta ``tag``; an earlier release's sweep, ``capture_tag``). A capture is known by it, never by reading N
+    out of its file name."""
+    out: dict[str, tuple[int, str]] = {}
+    for start in (s for f in record_files for s in f.starts):
+        meta = start.get("meta") or {}
+        tag = meta.get("tag") or meta.get("capture_tag")
+        if isinstance(tag, str) and isinstance(start.get("world_size"), int):
+            spec = start.get("spec") or {}
+            out[tag] = (start["world_size"], transport_label(spec.get("backend", "?"), spec.get("algo", "default")))
+    return out
 
 
 def load_capture_point(folder: Path, where: str, node: str | None) -> tuple[dict[str, CaptureSet], list[dict[str, Any]]]:
@@ -465,4 +496,4 @@ def load_run(paths: Sequence[str | os.PathLike[str]]) -> RunData:
 
 
 __all__ = ["CaptureMeta", "CaptureSet", "LabInfo", "LinkInfo", "NodeData", "RunData", "RunInfo", "assemble",
-           "load_capture_point", "load_run", "load_run_dir"]
+           "load_capture_point", "load_run", "load_run_dir", "steps_by_tag"]
