@@ -53,6 +53,14 @@ def run_sweep(spec: SweepSpec, out: Path, *, run_dir: str | os.PathLike[str] | N
                         "under torchrun (diag.sweep(): SweepSpec(world_sizes=(2,)))")
     if min(world_sizes) < 2 and any(op in PAIRWISE_OPS for op in spec.ops):
         raise DiagError("point-to-point ops need at least 2 ranks")
+    if spec.backend == "nccl" and not in_place():
+        import torch
+
+        from diag.errors import EXIT_NO_DEVICE
+
+        if not torch.cuda.is_available():   # before any rank starts (in place, each rank says it itself)
+            raise DiagError("backend nccl needs CUDA, and no CUDA device is visible; use --backend gloo",
+                            exit_code=EXIT_NO_DEVICE)
     run_id = uuid.uuid4().hex[:12]
     if run_dir is not None:
         root = Path(run_dir)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from diag.errors import DiagError
+from diag.runinfo import step_tag, transport_name
 from diag.spec import SweepSpec
 from diag.trialspec import Comparison, TrialArm, TrialSpec
 from diag.units import parse_size
@@ -361,19 +362,12 @@ def step_trial(plan: Plan, step: Step, seed: int = 0) -> TrialSpec:
 def step_title(step: Step, world_size: int) -> str:
     """'gloo all_gather N=2', 'raw-ring-emulate-gloo all_gather N=3', 'gloo exchange send-first N=2'."""
     if step.sweep is not None:
-        return f"{transport_tag(step.sweep)} {','.join(step.sweep.ops)} N={world_size}"
+        spec = step.sweep
+        return f"{transport_name(spec.backend, spec.algo, spec.knobs)} {','.join(spec.ops)} N={world_size}"
     name = step.name.removesuffix(f"-{step.op}").removesuffix(f"-{step.op}-{step.order}")
     return f"{name} {step.op}{' ' + step.order if step.op == 'exchange' else ''} N={world_size}"
 
 
-def transport_tag(spec: SweepSpec) -> str:
-    """How a capture's file name spells the transport: gloo, raw-ring, raw-ring-emulate-gloo."""
-    label = spec.backend if spec.backend != "raw" else f"raw-{spec.algo}"
-    if spec.knobs.get("emulate"):
-        label += f"-emulate-{spec.knobs['emulate']}"
-    return label
-
-
 def capture_tag(step: Step, spec: SweepSpec, world_size: int) -> str:
-    """The tag of a step's files on every node at one N (captures/<tag>.pcap, analysis/<tag>.json, ...)."""
-    return f"{step.name}--{transport_tag(spec)}-{'-'.join(spec.ops)}-n{world_size}"
+    """The tag of a step's files on every node at one N (diag.runinfo.step_tag)."""
+    return step_tag(step.name, spec.backend, spec.algo, spec.knobs, spec.ops, world_size)

@@ -93,6 +93,20 @@ class RunInfo:
         safefs.write_file(root / RUN_NAME, json.dumps(self.to_json(), indent=1, default=str))
 
 
+def transport_name(backend: str, algo: str, knobs: dict[str, Any]) -> str:
+    """A transport as file names and step titles spell it: gloo, raw-ring, raw-ring-emulate-gloo."""
+    name = backend if backend != "raw" else f"raw-{algo}"
+    return f"{name}-emulate-{knobs['emulate']}" if knobs.get("emulate") else name
+
+
+def step_tag(step: str, backend: str, algo: str, knobs: dict[str, Any], ops: list[str] | tuple[str, ...],
+             world_size: int) -> str:
+    """The tag of one (step, N)'s files on every node (captures/<tag>.pcap, analysis/<tag>.json,
+    observe/<tag>.jsonl): <step>--<transport>-<ops>-n<N>. Each (step, N)'s start event names it too (meta
+    ``tag``)."""
+    return f"{step}--{transport_name(backend, algo, knobs)}-{'-'.join(ops)}-n{world_size}"
+
+
 def read_run_json(root: Path) -> dict[str, Any] | None:
     """The run directory's run.json as a JSON object; None where there is none or it is not one."""
     try:
@@ -103,4 +117,4 @@ def read_run_json(root: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-__all__ = ["RUN_NAME", "RUN_SCHEMA", "LabInfo", "LinkInfo", "RunInfo", "read_run_json"]
+__all__ = ["RUN_NAME", "RUN_SCHEMA", "LabInfo", "LinkInfo", "RunInfo", "read_run_json", "step_tag", "transport_name"]

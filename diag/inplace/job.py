@@ -222,8 +222,10 @@ class InPlaceJob:
             return
         for note in notes:
             self.run.info.notes.append(note)
-            # a sweep prints no progress lines, but what a node could not do is said on every command
-            print(f"[nodes] {note}", file=sys.stderr, flush=True) if self.quiet_steps else self.say(f"[nodes] {note}")
+            if self.quiet_steps:   # a sweep prints no progress lines, but what a node could not do is said
+                print(f"[nodes] {note}", file=sys.stderr, flush=True)
+            else:
+                self.say(f"[nodes] {note}")
         self.run.save()
 
     def _note_shared_hosts(self) -> None:

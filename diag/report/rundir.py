@@ -23,7 +23,7 @@ from diag.errors import DiagError
 from diag.goodput import RING_PATTERN_CPU_LIMIT
 from diag.records import Record, RecordFile, load_records, transport_label
 from diag.report.topology import LinkMatrix, NodeLookup, Topology
-from diag.runinfo import LabInfo, LinkInfo, RunInfo, read_run_json
+from diag.runinfo import LabInfo, LinkInfo, RunInfo, read_run_json, step_tag
 from diag.typedjson import from_json
 
 T = TypeVar("T")
@@ -358,7 +358,11 @@ def load_run_dir(root: Path) -> RunData:
         record_paths = sorted(root.glob("*.jsonl"))  # a folder of plain sweep outputs
     if not record_paths:
         raise DiagError(f"{root} has no records (records/*.jsonl): run `diag reproduce --out {root}` first")
-    return assemble(root, [load_records(p) for p in record_paths], read_run_json(root), {}, [], _load_nodes(root))
+    # The last release kept its advise steps' records apart (advise/records.jsonl): they name those steps' files.
+    earlier_advise = root / "advise" / "records.jsonl"
+    named_by = [load_records(earlier_advise)] if earlier_advise.is_file() else []
+    return assemble(root, [load_records(p) for p in record_paths], read_run_json(root), {}, [], _load_nodes(root),
+                    named_by)
 
 
 def _load_legacy_dir(root: Path) -> RunData:
@@ -372,7 +376,8 @@ def _load_legacy_dir(root: Path) -> RunData:
 
 
 def assemble(root: Path, record_files: list[RecordFile], meta: dict[str, Any] | None,
-             captures: dict[str, CaptureSet], tcpinfo: list[dict[str, Any]], nodes: dict[str, NodeData]) -> RunData:
+             captures: dict[str, CaptureSet], tcpinfo: list[dict[str, Any]], nodes: dict[str, NodeData],
+             named_by: Sequence[RecordFile] = ()) -> RunData:
     """One RunData from what a layout's reader found: the nodes in the job's order (rank 0's node is the one
     capture point the one-capture-point rules read), what is missing in plain sentences, every capture's N and
     transport from the records, advise.json."""
@@ -403,7 +408,7 @@ def assemble(root: Path, record_files: list[RecordFile], meta: dict[str, Any] | 
     if without:
         missing.append(f"nodes/<node>/fingerprint.json of {', '.join(without)} (their configuration is not "
                        "compared with the other nodes')")
-    steps = steps_by_tag(record_files)
+    steps = steps_by_tag([*record_files, *named_by])
     for capture in everywhere:
         if capture.tag in steps:
             world_size, transport = steps[capture.tag]
@@ -419,15 +424,23 @@ def assemble(root: Path, record_files: list[RecordFile], meta: dict[str, Any] | 
 
 def steps_by_tag(record_files: Sequence[RecordFile]) -> dict[str, tuple[int, str]]:
     """tag -> (N, transport): every (step, N) launch's start event names the tag of its files on every node
-    (meta ``tag``; an earlier release's sweep, ``capture_tag``). A capture is known by it, never by reading N
-    out of its file name."""
+    (meta ``tag``; an earlier release's sweep: ``capture_tag``; its run directories: the layout's own rule,
+    diag.runinfo.step_tag, applied to the start event and its records file <step>.jsonl). A capture is known
+    by its records, never by reading N out of its file name."""
     out: dict[str, tuple[int, str]] = {}
-    for start in (s for f in record_files for s in f.starts):
-        meta = start.get("meta") or {}
-        tag = meta.get("tag") or meta.get("capture_tag")
-        if isinstance(tag, str) and isinstance(start.get("world_size"), int):
-            spec = start.get("spec") or {}
-            out[tag] = (start["world_size"], transport_label(spec.get("backend", "?"), spec.get("algo", "default")))
+    for records in record_files:
+        for start in records.starts:
+            meta, spec, world_size = start.get("meta") or {}, start.get("spec") or {}, start.get("world_size")
+            if not isinstance(world_size, int) or not isinstance(spec, dict):
+                continue
+            backend, algo = spec.get("backend", "?"), spec.get("algo", "default")
+            tag = meta.get("tag") or meta.get("capture_tag")
+            if not tag and spec.get("ops") and meta.get("run_dir"):
+                # the last release's advise ran each workaround as a step of its own, into advise/records.jsonl
+                step = f"advise-{meta['advise']}" if meta.get("advise") else records.path.stem
+                tag = step_tag(step, backend, algo, spec.get("knobs") or {}, spec["ops"], world_size)
+            if isinstance(tag, str):
+                out[tag] = (world_size, transport_label(backend, algo))
     return out
 
 
