@@ -288,7 +288,8 @@ def _supervise(procs: list[subprocess.Popen[bytes]], state_dir: Path, watchdog_s
             _stop_all(procs, state_dir, job_path)
             break
         latest = _latest_progress_ns(state_dir, world_size, launched_ns)
-        if failure is None and latest and time.time_ns() - latest > watchdog_s * 1e9:
+        if failure is None and latest and time.time_ns() - latest > watchdog_s * 1e9 and not _all_finished(
+                state_dir, world_size):
             failure = "hung"
             _stop_all(procs, state_dir, job_path)
             break
@@ -296,6 +297,12 @@ def _supervise(procs: list[subprocess.Popen[bytes]], state_dir: Path, watchdog_s
     if failure is None and any(p.returncode != 0 for p in procs):
         failure = "failed"
     return failure
+
+
+def _all_finished(state_dir: Path, world_size: int) -> bool:
+    """Every rank said it is done (or failed): it is leaving, not hung, however slowly its process exits."""
+    states = _read_states(state_dir)
+    return len(states) >= world_size and all(s.get("status") in ("done", "failed") for s in states.values())
 
 
 def _failure_message(kind: str, world_size: int, state_dir: Path, logs: list[Path], job: Launchable,

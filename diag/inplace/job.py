@@ -321,7 +321,7 @@ class InPlaceJob:
         takes_part = {node.name for node in self.topology.nodes_of(members)}
         if progress is not None:
             self.say(f"[{index}/{total}] {action.title}  {progress.status()}")
-        self.state.update(status="running", step=action.title)
+        self.state.update(status="step", step=action.title)   # "running": a row of it runs (diag.worker)
         self.world.barrier(f"before {action.title}")
         if self.node_work is not None and self.node.name in takes_part:
             self.node_work.start_step(action.tag, action.capture, self.plan.observe)
