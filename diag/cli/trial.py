@@ -76,8 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="exit 8 when an arm is shown slower than the baseline (a CI gate)")
 
     where = parser.add_argument_group("where ranks run")
-    where.add_argument("--nproc", type=_int_list,
-                       help="world sizes, one trial each, e.g. 2,3,4 (without it: in place under torchrun)")
+    where.add_argument("--nproc", "--world-sizes", dest="nproc", type=_int_list,
+                       help="world sizes, a trial at each, e.g. 2,3,4: one launch of max(N) ranks, each N on the "
+                            "first N (without --lab: K local ranks); under torchrun (in place: default, the "
+                            "launch's size) spell it --world-sizes, which torchrun does not take for its own "
+                            "--nproc-per-node")
     where.add_argument("--lab", nargs="?", const="diag", default=None, metavar="NAME",
                        help="one rank in each lab host's namespace (default lab name: diag)")
     where.add_argument("--iface", help="without --lab: the network interface of the ranks (GLOO_SOCKET_IFNAME)")
@@ -90,8 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                    "output), run.json; diag report reads it")
     out.add_argument("--name", default="ab", help="the trial's name in the records (default ab)")
     out.add_argument("--capture", nargs="?", const="", default=None, metavar="IFACE",
-                     help="capture packets with tcpdump on rank 0's host link and analyse them per block (duplex "
-                          "overlap per arm)")
+                     help="every node captures its own link with tcpdump during the trial, analysed per block at "
+                          "the end (duplex overlap per arm)")
     out.add_argument("--snaplen", type=int, default=128, help="capture snap length (default 128)")
 
 

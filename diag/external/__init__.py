@@ -3,13 +3,12 @@ variable or a kernel setting A/B-tested with the same rounds, seeded order, CPU 
 and budget stop as diag's own arms (diag/trial.py), on every host of the lab or of the in-place job.
 
 ``adapters`` (pure): what a program prints -> timed rows. ``arm``: one block of a command arm on one rank
-(the trial's hook). ``run``: the ``diag trial`` driver (run directory, one launch per world size, captures
-and their analysis). The records are the trial's own blocks, so report and diagnose read them as any trial.
+(the trial's hook). ``run``: the ``diag trial`` driver (a plan of one trial step at every N, run on the one
+job: diag.runplan). The records are the trial's own blocks, so report and diagnose read them as any trial;
+what they say of a program (its backend, its comparisons' rule, the link arm) is defined with the trial's
+spec (diag.trialspec), which the report imports instead of this package.
 """
 
-# What the records say of a program's trial (read by diag.report.arms, which imports nothing else from here).
-COMMAND_BACKEND = "command"      # TrialArm.backend of a program's arm; its records' backend ("command:<arm>")
-ARM_RULE = "arm_difference"      # the rule of each arm's comparison with the trial's baseline
-LINK_ARM = "link"                # diag's raw-TCP reference arm beside the programs (--link)
+from diag.trialspec import ARM_RULE, COMMAND_BACKEND, LINK_ARM
 
 __all__ = ["ARM_RULE", "COMMAND_BACKEND", "LINK_ARM"]

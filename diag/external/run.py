@@ -1,29 +1,31 @@
 """``diag trial``: programs as the arms of an interleaved trial, at one or more world sizes.
 
-One launch per world size (diag.runner.run_worlds: one torchrun per lab host, or local ranks; in place, the
-user's own launch), each running one trial (diag/trial.py) whose command arms are diag.external.arm. The run
-directory is diag's own layout: records/<name>.jsonl (the trial's blocks), run.json, outputs/ (every block's
-output, rank by rank), shared/ ({shared}), captures/ and analysis/ with --capture. At the end the arms'
-table (diag.report.arms) is printed from those files.
+A plan of one trial step (diag.plan: at every N of --nproc, per-rank sizes given or chosen per N from
+--volumes) run on the one job (diag.runplan: K = max(N) ranks, one launch for every N: one torchrun per lab
+host, or K local ranks; in place, the user's own launch), each N's trial (diag/trial.py) on the subgroup of
+the first N ranks, its command arms run by diag.external.arm. The run directory is the job's layout
+(diag.runinfo): records/<name>.jsonl (the trial's blocks, one run per N), run.json, nodes/<node>/ (every
+node's capture and its analysis with --capture), and this command's own outputs/ (every block's output,
+rank by rank) and shared/ ({shared}). At the end the arms' table (diag.report.arms) is printed from those
+files.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from diag import safefs
 from diag.errors import EXIT_FAILED, EXIT_SLOWER, DiagError
-from diag.external import ARM_RULE, COMMAND_BACKEND, LINK_ARM
 from diag.external.adapters import adapter
-from diag.trial import Comparison, TrialArm, TrialSpec
+from diag.trialspec import ARM_RULE, COMMAND_BACKEND, LINK_ARM, Comparison, TrialArm, TrialSpec
 from diag.units import human_bytes, parse_size_list
 
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
@@ -109,7 +111,7 @@ class ProgramTrial:
         e = self.element_bytes
         return tuple(sorted({max(e, int(v / per_rank) // e * e) for v in self.volumes}))
 
-    def trial_spec(self, world_size: int, run_dir: Path, shared: str) -> TrialSpec:
+    def trial_spec(self, sizes: tuple[int, ...], run_dir: Path, shared: str) -> TrialSpec:
         knobs = {"adapter": self.adapter, "cwd": self.cwd, "shared_dir": shared,
                  "outputs_dir": str((run_dir / "outputs").resolve()), "block_timeout_s": self.block_timeout_s,
                  "element_bytes": self.element_bytes}
@@ -122,9 +124,25 @@ class ProgramTrial:
         # comparison with it would keep the trial running where it is only nearly equal to the baseline.
         comparisons = tuple(Comparison(ARM_RULE, "difference", on=a.name, off=base, effect=self.effect)
                             for a in arms if a.name not in (base, LINK_ARM))
-        return TrialSpec(self.name, tuple(arms), comparisons, sizes=self.sizes_at(world_size),
-                         block_iters=self.iters, warmup=self.warmup, min_rounds=self.min_rounds,
-                         max_rounds=self.max_rounds, budget_s=self.budget_s, seed=self.seed)
+        return TrialSpec(self.name, tuple(arms), comparisons, sizes=sizes, block_iters=self.iters,
+                         warmup=self.warmup, min_rounds=self.min_rounds, max_rounds=self.max_rounds,
+                         budget_s=self.budget_s, seed=self.seed)
+
+    def plan(self, world_sizes: tuple[int, ...], run_dir: Path, shared: str) -> Any:
+        """One trial step at every world size, on the one job: per-rank sizes as given (--sizes), or chosen per
+        N from the volumes D in the op's own bus model; every node captures during it with --capture. The
+        job's collectives may wait a whole block of another rank's program (its results are gathered after
+        it), so the subgroups' timeout is the block's and a minute."""
+        from diag.plan import Plan, Step
+
+        sizes_at = {str(n): self.sizes_at(n) for n in world_sizes}
+        spec = self.trial_spec(sizes_at[str(world_sizes[0])], run_dir, shared)
+        step = Step(self.name, "trial", op=self.op, volumes="per_n" if self.volumes else "given", trial=spec,
+                    budget_share=1.0, sizes_at=sizes_at if self.volumes else {}, captured=self.capture is not None)
+        return Plan(world_sizes=world_sizes, warmup=self.warmup, iters=self.iters, steps=(step,),
+                    trial_budget_s=self.budget_s, name="trial", probe=False, incast=False,
+                    capture=self.capture is not None, observe=False, report=False,
+                    timeout_s=self.block_timeout_s + 60.0)
 
 
 def options_from_args(args: argparse.Namespace) -> ProgramTrial:
@@ -151,118 +169,59 @@ def options_from_args(args: argparse.Namespace) -> ProgramTrial:
         argv=tuple(sys.argv[1:]))
 
 
-def _base_spec(options: ProgramTrial, spec: TrialSpec) -> Any:
-    """The launch's own sweep spec: gloo carries the trial's messages; the link arm's rows come from it."""
-    from diag.spec import SweepSpec
-
-    return SweepSpec(backend="gloo", ops=(options.op,), sizes=spec.sizes, warmup=spec.warmup,
-                     iters=spec.block_iters * len(spec.arms) * spec.min_rounds,
-                     timeout_s=options.block_timeout_s + 60.0)
-
-
 def run_program_trial(options: ProgramTrial) -> int:
-    if os.environ.get("RANK") is not None and not options.world_sizes and not options.lab:
-        return _in_place(options)
-    if not options.world_sizes:
+    from diag.inplace.job import JobOptions
+    from diag.runinfo import read_run_json
+    from diag.runplan import in_place, run_plan
+
+    here = in_place()
+    if not options.world_sizes and not here:
         raise DiagError("no ranks to run: pass --nproc 2,3,4 (with --lab: one rank per lab host), or start "
                         "diag trial under torchrun")
+    world_sizes = options.world_sizes or (int(os.environ.get("WORLD_SIZE") or 1),)
+    if any(n < 2 for n in world_sizes):
+        raise DiagError("a trial needs at least 2 ranks: start diag trial under torchrun --nproc-per-node 2 or more")
     lab = None
     if options.lab:
+        if here:
+            raise DiagError("--lab starts diag's own ranks in the lab's namespaces: run it without torchrun/srun")
         from diag.lab import load_lab
 
         lab = load_lab(options.lab)
-        if max(options.world_sizes) > len(lab.hosts):
-            raise DiagError(f"lab {lab.name!r} has {len(lab.hosts)} hosts, fewer than N={max(options.world_sizes)}: "
-                            f"run diag lab up --name {lab.name} --hosts {max(options.world_sizes)}")
-    run_dir = _run_dir(options)
-    meta = _meta(options, "lab" if lab is not None else "local", lab)
-    records = run_dir / "records" / f"{options.name}.jsonl"
-    shared = options.shared_dir or str((run_dir / "shared").resolve())
-    launch_failures: list[str] = []
-    captured: list[str] = []
-    from diag.runner import make_job, run_worlds
-
-    for n in options.world_sizes:
-        spec = options.trial_spec(n, run_dir, shared)
-        base = _base_spec(options, spec)
-        print(f"diag trial {options.name} N={n}: {', '.join(a.name for a in spec.arms)} at "
-              f"{', '.join(human_bytes(s) for s in spec.sizes)} per rank", file=sys.stderr, flush=True)
-        job = replace(make_job(base, records, argv=list(options.argv)), meta={"trial": spec.to_json(), "kind": "trial"})
-        try:
-            tags = run_worlds(base, job, records, run_dir, world_sizes=[n], lab=lab, iface=options.iface,
-                              capture=options.capture, snaplen=options.snaplen, tag=options.name)
-        except DiagError as exc:
-            launch_failures.append(f"N={n}: {exc}")
-            print(f"diag trial: N={n} failed: {exc}", file=sys.stderr, flush=True)
-            tags = [f"{options.name}-n{n}"] if options.capture is not None else []
-        captured += tags
-        meta["failures"] = launch_failures
-        safefs.write_file(run_dir / "run.json", json.dumps(meta, indent=1, default=str))
-    # after every world size ran: a long trial's capture takes minutes to analyse (1.7 GB at N=2 for four
-    # sizes up to 64 MiB at 200 Mbit/s), and every verdict is on disk before the first analysis starts
-    for tag in captured:
-        _analyse(run_dir, tag, records)
-    return _finish(options, run_dir, launch_failures)
-
-
-def _in_place(options: ProgramTrial) -> int:
-    """Every rank of the user's launch runs this: one trial at the launch's world size."""
-    from diag.runner import make_job
-    from diag.worker import env_rank, run_job
-
-    rank, world = env_rank()
-    # rank 0's directory is the run's (its spec, {shared} included, is the one every rank runs)
-    run_dir = _run_dir(options) if rank == 0 else Path(options.out or "runs/trial")
-    if options.iface:
-        os.environ["GLOO_SOCKET_IFNAME"] = options.iface
-    shared = options.shared_dir or str((run_dir / "shared").resolve())
-    spec = options.trial_spec(world, run_dir, shared)   # rank 0's is the one every rank runs (its seed)
-    records = run_dir / "records" / f"{options.name}.jsonl"
-    job = replace(make_job(_base_spec(options, spec), records, argv=list(options.argv)), gate=False,
-                  meta={"trial": spec.to_json(), "kind": "trial"}, out=str(records.resolve()) if rank == 0 else None)
-    code = run_job(job)
-    if rank != 0:
-        return code
-    meta = _meta(options, "in-place", None)
-    meta["failures"] = [] if code == 0 else [f"N={world}: the trial's launch failed (exit {code})"]
-    safefs.write_file(run_dir / "run.json", json.dumps(meta, indent=1, default=str))
-    return _finish(options, run_dir, meta["failures"])
-
-
-def _run_dir(options: ProgramTrial) -> Path:
+    rank = int(os.environ.get("RANK") or 0) if here else 0
     run_dir = Path(options.out or Path("runs") / f"trial-{time.strftime('%Y%m%d-%H%M%S')}")
-    if (run_dir / "records" / f"{options.name}.jsonl").exists():
-        raise DiagError(f"{run_dir} already holds the records of a trial {options.name}: choose a new --out")
-    safefs.private_dir(run_dir, "--out")
-    for sub in ("records", "outputs", "shared"):
-        safefs.private_dir(run_dir / sub)
-    return run_dir
-
-
-def _meta(options: ProgramTrial, mode: str, lab: Any) -> dict[str, Any]:
-    lab_json = None
-    if lab is not None:
-        from diag.reproduce import lab_meta
-
-        lab_json = lab_meta(lab)
-    return {"created_ns": time.time_ns(), "kind": "trial", "mode": mode, "cpu_count": os.cpu_count(),
-            "lab": lab_json, "argv": list(options.argv), "trial": asdict(options), "failures": []}
-
-
-def _analyse(run_dir: Path, tag: str, records: Path) -> None:
-    pcap = run_dir / "captures" / f"{tag}.pcap"
-    if not pcap.is_file():
-        return
-    from diag.capture import analyze_files
-
-    print(f"diag trial: analysing {pcap.name} ({pcap.stat().st_size / 1e6:.0f} MB)", file=sys.stderr, flush=True)
+    if rank == 0:
+        _make_run_dir(run_dir)
+    shared = options.shared_dir or str((run_dir / "shared").resolve())
+    plan = options.plan(world_sizes, run_dir, shared)
+    if rank == 0:
+        print(f"diag trial {options.name}: {', '.join(a.name for a in plan.steps[0].trial.arms)} at N="
+              f"{', '.join(map(str, world_sizes))}: " + "; ".join(
+                  f"N={n} {', '.join(human_bytes(s) for s in plan.sizes_of(plan.steps[0], n))}" for n in world_sizes)
+              + " per rank", file=sys.stderr, flush=True)
+    job = JobOptions(plan=plan.to_json(), command="trial", out=str(run_dir.resolve()), run_id=uuid.uuid4().hex[:12],
+                     iface=options.iface, capture_iface=options.capture or None, snaplen=options.snaplen,
+                     argv=options.argv)
+    failures: list[str] = []
     try:
-        document = analyze_files([str(pcap)], records=[str(records)])
-    except DiagError as exc:
-        print(f"diag trial: analysis of {pcap.name} failed: {exc}", file=sys.stderr)
-        return
-    safefs.private_dir(run_dir / "analysis")
-    safefs.write_file(run_dir / "analysis" / f"{tag}.json", json.dumps(document, default=str))
+        run_plan(job, lab=lab)
+    except DiagError as exc:   # the job died: what it finished is on disk, and the table says what that is
+        failures.append(str(exc))
+        print(f"diag trial: {exc}", file=sys.stderr, flush=True)
+    if rank != 0:
+        return EXIT_FAILED if failures else 0
+    info = read_run_json(run_dir) or {}
+    failures += [f"{f.get('step')}: {f.get('error')}" for f in info.get("failures") or [] if f.get("step") != "job"]
+    return _finish(options, run_dir, failures)
+
+
+def _make_run_dir(run_dir: Path) -> None:
+    """The run directory and this command's own parts of it (the job adds records/, nodes/ and run.json)."""
+    if (run_dir / "records").is_dir() and any((run_dir / "records").iterdir()):
+        raise DiagError(f"{run_dir} already holds records: choose a new --out")
+    safefs.private_dir(run_dir, "--out")
+    for sub in ("outputs", "shared"):
+        safefs.private_dir(run_dir / sub)
 
 
 def _finish(options: ProgramTrial, run_dir: Path, launch_failures: list[str]) -> int:

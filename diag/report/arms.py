@@ -9,11 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from diag.external import ARM_RULE, LINK_ARM
 from diag.report.rundir import RunData
 from diag.report.thresholds import BIDIR_MIN_BYTES
 from diag.stats import Interval
-from diag.trial import arms_of, cpu_of
+from diag.trialspec import ARM_RULE, LINK_ARM, arms_of, cpu_of
 from diag.units import human_bytes, human_rate
 from diag.verdicts import Decision, control
 
@@ -219,10 +218,10 @@ def _span(values: list[int]) -> str:
 
 
 def arm_card(run: RunData) -> dict[str, Any] | None:
-    """The verdict card's fields (diag.report.verdict.Verdict) for a run of ``diag trial`` (run.json kind
+    """The verdict card's fields (diag.report.verdict.Verdict) for a run of ``diag trial`` (run.json command
     "trial"), from the arms' tables: which arm is faster than the baseline where, which are equal, what is
     undecided. None for any other run."""
-    if (run.meta or {}).get("kind") != "trial":
+    if run.info.command != "trial":
         return None
     tables = arm_tables(run)
     if not tables:
