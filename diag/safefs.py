@@ -292,6 +292,9 @@ def _step(parent_fd: int, name: str, parent_path: Path, *, create: bool, flag: s
         except FileNotFoundError:
             if not create:
                 raise DiagError(f"{_where(flag, path)} does not exist") from None
+            problem = _step_problem(parent, os.geteuid())   # checked before anything is made there
+            if problem is not None:
+                raise DiagError(f"{_where(flag, path)}: {parent_path} {problem}") from None
             try:
                 os.mkdir(name, PRIVATE_DIR_MODE, dir_fd=parent_fd)
             except FileExistsError:

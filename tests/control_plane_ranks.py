@@ -159,7 +159,18 @@ def scenario_records(world: World, base: Path, rank: int) -> dict[str, Any]:
     return out
 
 
-SCENARIOS = {"pickles": scenario_pickles, "ship": scenario_ship, "big": scenario_big, "records": scenario_records}
+def scenario_marker(world: World, base: Path, rank: int) -> dict[str, Any]:
+    """prepare() as every rank of the job runs it (rank 1 is started where a FIFO sits at the marker)."""
+    from diag.plan import resolve_plan
+
+    world.topology = topology(world.world_size)
+    plan = resolve_plan(True, world.world_size, None, "gloo", ())
+    job = InPlaceJob(JobOptions(out=str(base / "run")), world, world.topology, plan, lambda text: None)
+    job.prepare()
+    return {"shared": job.shared}
+
+
+SCENARIOS = {"marker": scenario_marker, "pickles": scenario_pickles, "ship": scenario_ship, "big": scenario_big, "records": scenario_records}
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,14 +15,17 @@ import pytest
 
 from diag.inplace.transfer import node_file_problem, record_name_problem
 from diag.lifeline import CHILD_CWD, child_env, python_command
-from tests.common import free_port
+from tests.common import free_port, need_root
 
 RANKS = Path(__file__).resolve().parent / "control_plane_ranks.py"
 
 
-def run_ranks(scenarios: str, base: Path, world_size: int, timeout_s: float = 300) -> list[dict[str, Any]]:
+def run_ranks(scenarios: str, base: Path, world_size: int, timeout_s: float = 300,
+              wrap: dict[int, list[str]] | None = None) -> list[dict[str, Any]]:
+    """Every rank's report; ``wrap``: a command that starts the rank of that index (a private mount)."""
     port = str(free_port())
-    procs = [subprocess.Popen(python_command(str(RANKS), scenarios, str(base)), cwd=CHILD_CWD, text=True,
+    procs = [subprocess.Popen([*(wrap or {}).get(rank, []), *python_command(str(RANKS), scenarios, str(base))],
+                              cwd=CHILD_CWD, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=child_env({**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size),
                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}))
@@ -146,3 +150,20 @@ def test_record_names_are_plain() -> None:
     assert record_name_problem("sweep.jsonl") is None
     for bad in ("../sweep.jsonl", "a/b.jsonl", ".hidden.jsonl", "sweep.json", 3):
         assert record_name_problem(bad) is not None
+
+
+def test_a_fifo_planted_at_the_shared_marker_is_never_waited_on(tmp_path: Path) -> None:
+    """The run directory is not shared with rank 1, which sees its own empty tmpfs there (a machine of its
+    own), with a FIFO at the marker rank 0 writes. Reading the marker followed it and blocked until a writer
+    came (never): the whole job hung. Now the node reads it without blocking, finds no marker, and the job
+    goes on, the directory taken as not shared."""
+    need_root()
+    unshare, sh, mount, mkfifo = (shutil.which(tool) for tool in ("unshare", "sh", "mount", "mkfifo"))
+    if not all((unshare, sh, mount, mkfifo)):
+        pytest.skip("needs unshare, sh, mount and mkfifo for a private mount")
+    os.chmod(tmp_path, 0o700)
+    (tmp_path / "run").mkdir(mode=0o700)
+    private_fifo = [unshare, "--mount", "--propagation", "private", "--", sh, "-c",
+                    f'{mount} -t tmpfs tmpfs "$0" && {mkfifo} "$0/.diag-shared" && exec "$@"', str(tmp_path / "run")]
+    reports = run_ranks("marker", tmp_path, 2, timeout_s=240, wrap={1: private_fifo})
+    assert [r["marker"] for r in reports] == [{"shared": False}] * 2, reports

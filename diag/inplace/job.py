@@ -41,6 +41,7 @@ from diag.plan import (
     step_title,
     step_trial,
 )
+from diag.textsafe import lines, visible
 from diag.transports.group import GroupContext
 from diag.units import human_bytes
 
@@ -128,7 +129,7 @@ def make_say(started: float, rank: int) -> Callable[[str], None]:
         if rank != 0:
             return
         elapsed = int(time.monotonic() - started)
-        print(f"{elapsed // 60:2d}:{elapsed % 60:02d} {text}", file=sys.stderr, flush=True)
+        print(f"{elapsed // 60:2d}:{elapsed % 60:02d} {visible(text)}", file=sys.stderr, flush=True)
 
     return say
 
@@ -464,11 +465,11 @@ class InPlaceJob:
         self.run.meta["elapsed_s"] = round(elapsed, 1)
         self.run.save()
         print(f"\ndiag reproduce: done in {elapsed / 60:.1f} min; report: {self.root / 'report' / 'report.html'}")
-        print("\n".join(verdict_lines(result.verdict)) if result.verdict else "")
+        print(lines("\n".join(verdict_lines(result.verdict))) if result.verdict else "")   # nodes' strings escaped
         fired = [f for f in result.findings if f.status == "fired"]
         print(f"findings ({len(fired)}):")
         for line in summary_lines(result.findings):
-            print(f"  {line}")
+            print(f"  {visible(line)}")
         print(f"  every finding with its evidence: {self.root / 'report' / 'report.md'}, "
               f"{self.root / 'report' / 'findings.json'}", flush=True)
         if self.failures:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ipaddress
 import math
-import os
 import re
 import socket
 import subprocess
@@ -35,7 +34,7 @@ from typing import Any
 
 from diag import goodput
 from diag.errors import DiagError
-from diag.lifeline import CHILD_CWD, child_env, python_command
+from diag.lifeline import CHILD_CWD, UNPRIVILEGED_USER, child_env, tool_command
 from diag.probe.coordinator import Coordinator, first_sentence
 
 TOOLS = ("auto", "iperf3", "socket")
@@ -442,7 +441,7 @@ class _Iperf3Side(_Side):
         said = "no output"
         for _attempt in range(SERVER_START_ATTEMPTS):
             port = _free_port(address)
-            proc = _spawn(goodput.iperf3_server_argv(address, port))
+            proc = _spawn(goodput.iperf3_server_argv(address, port), user=UNPRIVILEGED_USER)
             deadline = time.monotonic() + goodput.GRACE_S
             while time.monotonic() < deadline and proc.poll() is None:
                 if goodput.listening_on(port):
@@ -501,8 +500,9 @@ def _free_port(address: str) -> int:
         return int(probe.getsockname()[1])
 
 
-def _spawn(argv: list[str]) -> subprocess.Popen[str]:
-    """A tool that dies with this rank (diag.lifeline: the parent-death signal), even if the rank is killed."""
-    return subprocess.Popen([*python_command("-m", "diag.lifeline", str(os.getpid()), "--"), *argv],
+def _spawn(argv: list[str], user: str | None = None) -> subprocess.Popen[str]:
+    """A tool that dies with this rank (diag.lifeline: the parent-death signal), even if the rank is killed;
+    as ``user`` where given (iperf3's servers serve whoever connects first: they hold no privilege)."""
+    return subprocess.Popen(tool_command(argv, user=user),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHILD_CWD,
                             env=child_env())
