@@ -1,6 +1,6 @@
-"""Strings nodes wrote (a fingerprint's kernel and sysctls, a note) reach the terminal and report.md with
-every control and escape sequence shown as an escape and no HTML tag that a Markdown viewer would render, as
-report.html already escapes them (diag.textsafe)."""
+"""Strings nodes wrote (a fingerprint's kernel and sysctls) reach the terminal and report.md with every
+control and escape sequence shown as an escape and no HTML tag that a Markdown viewer would render, as
+report.html already escapes them (diag.textsafe); and the report says where a node's unsent files stay."""
 
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ def test_node_strings_are_escaped_on_the_terminal_and_in_report_md(tmp_path: Pat
     fingerprints = {n: fingerprint(n) for n in NODES}
     fingerprints["h2"] = fingerprint("h2", tcp_rmem=RMEM)
     fingerprints["h2"]["kernel"] = KERNEL
+    left = {"h3": {"directory": "/runs/r1/nodes/h3",
+                   "files": [{"path": "/runs/r1/nodes/h3/captures/a.pcap", "bytes": 3 << 30, "why": "too big"}]}}
     root = write_inplace_run(tmp_path / "run", ring_records({2: LAB_Bps, 3: LAB_Bps, 4: LAB_Bps}),
-                             matrix=link_matrix(), fingerprints=fingerprints)
+                             matrix=link_matrix(), fingerprints=fingerprints, meta={"left_on_nodes": left})
     proc = run_diag("report", str(root), timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     terminal = proc.stdout + proc.stderr
@@ -35,6 +37,8 @@ def test_node_strings_are_escaped_on_the_terminal_and_in_report_md(tmp_path: Pat
     assert "\\x1b]0;owned\\x07" in terminal and "\\x1b]0;owned\\x07" in report_md   # shown, not obeyed
     assert "<img src=x" not in report_md and "<script>" not in report_md
     assert "\n# Verdict: all good" not in report_md
+    # what a node did not send rank 0 stays on it: the nodes table says where
+    assert "1 files left on the node in /runs/r1/nodes/h3 (run.json left_on_nodes)" in report_md
     findings = json.loads((root / "report" / "findings.json").read_text())
     assert any("6.8.0\x1b[31m\x9b-evil <script>" in text for text in strings(findings))   # the data is kept as it came
 
