@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,6 @@ import torch.distributed as dist
 
 from diag import safefs
 from diag.errors import DiagError
-from diag.inplace import transfer
 from diag.inplace.job import InPlaceJob, JobOptions, Run
 from diag.inplace.node import NodeWork
 from diag.inplace.topology import RankIdentity, build_topology
@@ -84,6 +84,8 @@ def scenario_pickles(world: World, base: Path, rank: int) -> dict[str, Any]:
 
 def scenario_ship(world: World, base: Path, rank: int) -> dict[str, Any]:
     """h1 offers what a hostile node would; h2 is an honest node whose directory holds planted entries."""
+    from diag.inplace import transfer
+
     transfer.CHUNK_BYTES = 64 << 10
     transfer.SHIP_NODE_BYTES = 1 << 20
     job = job_of(world, base / f"run-{rank}", rank)
@@ -119,6 +121,8 @@ def scenario_ship(world: World, base: Path, rank: int) -> dict[str, Any]:
 
 def scenario_big(world: World, base: Path, rank: int) -> dict[str, Any]:
     """h1 sends one 96 MiB result; rank 0's peak memory must not grow with it (one chunk at a time)."""
+    from diag.inplace import transfer
+
     job = job_of(world, base / f"run-{rank}", rank)
     if rank == 1:
         directory = node_dir(job)
@@ -177,15 +181,14 @@ def main() -> None:
     """Runs the scenarios named (comma-separated) one after the other in the same processes (importing torch
     is most of a rank's start); each one's report under its name."""
     scenarios, base = sys.argv[1].split(","), Path(sys.argv[2])
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     world = World(GroupCoordinator())
-    report: dict[str, Any] = {"rank": world.rank}
-    for scenario in scenarios:
+    for scenario in scenarios:   # one line per scenario, as it ends: what came before a hang is kept
         try:
-            report[scenario] = SCENARIOS[scenario](world, base, world.rank)
+            report = SCENARIOS[scenario](world, base, world.rank)
         except DiagError as exc:
-            report[scenario] = {"error": str(exc)}
-    print(json.dumps(report), flush=True)
+            report = {"error": str(exc)}
+        print(json.dumps({"rank": world.rank, scenario: report}), flush=True)
     os._exit(0)   # a hostile peer may have left a collective half done: no clean shutdown to wait for
 
 

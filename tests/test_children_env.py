@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from diag import goodput
-from diag.lifeline import SECRET_ENV
 from diag.probe.flows import Flow, ProbeNode
 from tests.common import need_root
 
@@ -32,6 +31,7 @@ def uid_of(pid: int) -> int:
 
 
 def test_the_token_variable_is_the_backends() -> None:
+    from diag.lifeline import SECRET_ENV
     from diag.transports.raw.backend import ENV_TOKEN
 
     assert ENV_TOKEN in SECRET_ENV

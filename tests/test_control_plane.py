@@ -8,12 +8,12 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from diag.inplace.transfer import node_file_problem, record_name_problem
 from diag.lifeline import CHILD_CWD, child_env, python_command
 from tests.common import free_port, need_root
 
@@ -30,8 +30,15 @@ def run_ranks(scenarios: str, base: Path, world_size: int, timeout_s: float = 30
                               env=child_env({**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size),
                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}))
              for rank in range(world_size)]
+    deadline = time.monotonic() + timeout_s
+    outputs = []
     try:
-        outputs = [proc.communicate(timeout=timeout_s) for proc in procs]
+        for proc in procs:
+            try:
+                outputs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                outputs.append(proc.communicate())
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -39,9 +46,12 @@ def run_ranks(scenarios: str, base: Path, world_size: int, timeout_s: float = 30
                 proc.wait(10)
     reports = []
     for rank, (out, err) in enumerate(outputs):
-        lines = [line for line in out.splitlines() if line.startswith("{")]
-        assert lines, f"rank {rank} printed no report: {err[-2000:]}"
-        reports.append(json.loads(lines[-1]))
+        report: dict[str, Any] = {}
+        for line in out.splitlines():
+            if line.startswith("{"):
+                report.update(json.loads(line))
+        assert report, f"rank {rank} printed no report: {err[-2000:]}"
+        reports.append(report)
     return reports
 
 
@@ -136,17 +146,23 @@ def test_record_names_from_rank_0_are_checked_on_every_node(two_ranks: tuple[Pat
                                   "analysis/.hidden.json", "nodes/h2/fingerprint.json", "records/a.jsonl",
                                   "analysis/a.json\n", "captures/a.pcap"])
 def test_node_file_shapes_refuse_everything_else(path: str) -> None:
+    from diag.inplace.transfer import node_file_problem
+
     assert node_file_problem(path, keep_pcaps=False) is not None
 
 
 @pytest.mark.parametrize("path", ["fingerprint.json", "analysis/sweep--raw-ring-all_gather-n2.json",
                                   "observe/x.jsonl", "tcpinfo/tcpinfo-rank1.jsonl", "captures/a.pcap.capture.json"])
 def test_node_file_shapes_take_what_a_node_writes(path: str) -> None:
+    from diag.inplace.transfer import node_file_problem
+
     assert node_file_problem(path, keep_pcaps=False) is None
     assert node_file_problem("captures/a.pcap", keep_pcaps=True) is None
 
 
 def test_record_names_are_plain() -> None:
+    from diag.inplace.transfer import record_name_problem
+
     assert record_name_problem("sweep.jsonl") is None
     for bad in ("../sweep.jsonl", "a/b.jsonl", ".hidden.jsonl", "sweep.json", 3):
         assert record_name_problem(bad) is not None

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from node_helpers import NODES, LAB_Bps, fingerprint, link_matrix, ring_records, write_inplace_run
 
-from diag.textsafe import markdown, visible
 from tests.common import run_diag
 
 # what a node could put in its fingerprint: set the terminal's title, clear the screen, turn the text around,
@@ -54,6 +53,8 @@ def strings(value: object) -> list[str]:
 
 
 def test_visible_and_markdown() -> None:
+    from diag.textsafe import markdown, visible
+
     assert visible("a\x1b[2Jb\nc\u202ed\te") == "a\\x1b[2Jb\\nc\\u202ed\te"
     assert visible("a\nb", keep_newlines=True) == "a\nb"
     assert markdown("x <img src=y> <b> a < b, N<=4\n# h") == "x &lt;img src=y> &lt;b> a < b, N<=4 # h"
