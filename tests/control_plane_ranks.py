@@ -188,7 +188,7 @@ def main() -> None:
             report = SCENARIOS[scenario](world, base, world.rank)
         except DiagError as exc:
             report = {"error": str(exc)}
-        print(json.dumps({"rank": world.rank, scenario: report}), flush=True)
+        print(json.dumps({"rank": world.rank, scenario: report}, default=repr), flush=True)
     os._exit(0)   # a hostile peer may have left a collective half done: no clean shutdown to wait for
 
 

@@ -183,3 +183,15 @@ def test_a_fifo_planted_at_the_shared_marker_is_never_waited_on(tmp_path: Path) 
                     f'{mount} -t tmpfs tmpfs "$0" && {mkfifo} "$0/.diag-shared" && exec "$@"', str(tmp_path / "run")]
     reports = run_ranks("marker", tmp_path, 2, timeout_s=240, wrap={1: private_fifo})
     assert [r["marker"] for r in reports] == [{"shared": False}] * 2, reports
+
+
+def test_no_module_calls_torchs_pickling_collectives() -> None:
+    """torch's object collectives unpickle what arrives; diag's control plane moves data (messages.py)."""
+    import re
+
+    pickling = re.compile(r"\b_?dist\.(all_gather_object|broadcast_object_list|gather_object|scatter_object_list|"
+                          r"send_object_list|recv_object_list)\(")
+    package = Path(__file__).resolve().parent.parent / "diag"
+    calls = [f"{path.relative_to(package)}: {match.group(0)}" for path in sorted(package.rglob("*.py"))
+             for match in pickling.finditer(path.read_text())]
+    assert calls == []
