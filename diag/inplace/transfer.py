@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 
 from diag import safefs
 from diag.errors import DiagError
-from diag.transports.messages import MessageError
 from diag.units import human_bytes
 
 if TYPE_CHECKING:
@@ -220,11 +219,10 @@ def receive_node_files(world: World, src: int, node: str, directory: safefs.Dir,
 
     shipment = NodeShipment(node)
     try:
-        manifest = world.recv(src, what)
-    except MessageError as exc:
+        files, skipped = _parse_manifest(world.recv(src, what), node, src)
+    except DiagError as exc:   # MessageError too: nothing is taken, and the leader is told so before the job stops
         world.send({"take": []}, src, what)
         raise DiagError(f"{what}: {exc}") from None
-    files, skipped = _parse_manifest(manifest, node, src)
     for path, why in skipped:
         shipment.left.append(Left(f"{node_path}/{path}", None, why))
     take: list[int] = []
@@ -339,7 +337,8 @@ def share_records(world: World, records: safefs.Dir | None, local: Callable[[], 
         total = sum(size for _, size in manifest)
         if total > RECORDS_TOTAL_BYTES:
             note = (f"the run's records ({human_bytes(total)}) exceed the {human_bytes(RECORDS_TOTAL_BYTES)} diag "
-                    "sends the nodes: each node analysed its captures without them (no phases by step)")
+                    "sends the nodes: the other nodes' captures were not analysed (run diag analyze there with "
+                    "the records)")
             for fd in fds:
                 os.close(fd)
             manifest, fds = [], []
