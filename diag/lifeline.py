@@ -75,6 +75,30 @@ def tool_command(argv: list[str], *, user: str | None = None) -> list[str]:
     return python_command("-m", "diag.lifeline", str(os.getpid()), *(("--user", user) if user else ()), "--", *argv)
 
 
+def runnable_by_others(program: str) -> str | None:
+    """The real path of ``program`` (looked up on PATH as :func:`shutil.which` does) if a user without
+    privilege can run it there: every directory on the way searchable by others and the file executable by
+    them; None otherwise (absent, or only root can reach it, e.g. a PATH entry in a directory of root's)."""
+    import shutil
+
+    found = shutil.which(program)
+    if found is None:
+        return None
+    real = os.path.realpath(found)
+    try:
+        if not os.stat(real).st_mode & 0o001:
+            return None
+        parent = os.path.dirname(real)
+        while True:
+            if not os.stat(parent).st_mode & 0o001:
+                return None
+            if parent == os.path.dirname(parent):
+                return real
+            parent = os.path.dirname(parent)
+    except OSError:
+        return None
+
+
 def drop_privileges(user: str) -> None:
     """Become ``user`` (its uid and primary group, no supplementary groups) if root; a no-op otherwise."""
     if os.geteuid() != 0:
@@ -151,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     parent, mode, target, rest = int(args[0]), args[1], args[2], args[3:]
     if user:
-        drop_privileges(user)   # before the prctl: a change of credentials clears the parent-death signal
+        # Found on root's PATH first (an entry there may be a directory of root's that the user cannot reach),
+        # then run by its real path as the user; before the prctl: a change of credentials clears the
+        # parent-death signal.
+        target = runnable_by_others(target) or target
+        drop_privileges(user)
     # SIGTERM: torch's launcher and tcpdump both handle it by stopping what they started / flushing.
     bind_to_parent(signal.SIGTERM, parent)
     if mode == "--":

@@ -53,12 +53,21 @@ def test_tcpdump_gets_no_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert TOKEN_VALUE not in "".join(env.values())
 
 
-def test_an_iperf3_server_runs_unprivileged_and_without_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("path", ["system", "private-bin"])
+def test_an_iperf3_server_runs_unprivileged_and_without_the_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   path: str) -> None:
+    """``private-bin``: root's PATH starts with a directory of root's (0700) holding a link to iperf3, as a
+    node's own PATH may: iperf3 is found there as root and run by its real path as the unprivileged user."""
     need_root()
     if not goodput.iperf3_available():
         pytest.skip("iperf3 is not installed")
     from diag.probe.flows import _Iperf3Side
 
+    if path == "private-bin":
+        private = tmp_path / "bin"
+        private.mkdir(mode=0o700)
+        (private / "iperf3").symlink_to(shutil.which("iperf3") or "iperf3")
+        monkeypatch.setenv("PATH", str(private))   # its only way to iperf3
     monkeypatch.setenv("DIAG_TCP_TOKEN", TOKEN_VALUE)
     me = ProbeNode("a", "127.0.0.1", 0)
     side = _Iperf3Side(me, {"a": me, "b": ProbeNode("b", "127.0.0.1", 1)}, [Flow("b", "a")], 1)
