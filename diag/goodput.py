@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import socket
 import struct
@@ -110,6 +111,12 @@ class RingPatternMeasurement:
 # ---- iperf3 ---------------------------------------------------------------------------------------------
 
 def iperf3_available() -> bool:
+    """iperf3 is installed where its servers can run as an unprivileged user (diag.lifeline, as root), or
+    on PATH (otherwise)."""
+    if os.geteuid() == 0:
+        from diag.lifeline import runnable_by_others
+
+        return runnable_by_others("iperf3") is not None
     return shutil.which("iperf3") is not None
 
 

@@ -25,6 +25,7 @@ from diag.errors import DiagError
 from diag.goodput import EdgeFlow, RingPatternMeasurement, iperf3_available
 from diag.lab import netns as ns_tools
 from diag.lab.topology import Lab, LabHost
+from diag.lifeline import CHILD_CWD, UNPRIVILEGED_USER, child_env, tool_command
 
 IPERF3_PORT = 5201              # inside the lab's private namespaces, so it clashes with nothing
 
@@ -95,8 +96,9 @@ def measure_ring_pattern(lab: Lab, world_size: int, seconds: float = 3.0) -> Rin
     try:
         for _sender, receiver in edges:
             servers.append(subprocess.Popen(
-                [*lab.exec_prefix(receiver), *goodput.iperf3_server_argv(receiver.address, IPERF3_PORT)],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                [*lab.exec_prefix(receiver), *tool_command(goodput.iperf3_server_argv(receiver.address, IPERF3_PORT),
+                                                            user=UNPRIVILEGED_USER)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=CHILD_CWD))
         for _sender, receiver in edges:
             _wait_listening(receiver, IPERF3_PORT)
         for sender, receiver in edges:
@@ -154,8 +156,9 @@ def _run_streams(pairs: list[tuple[LabHost, LabHost]], seconds: float) -> list[f
 def _measure_iperf3(lab: Lab, host_a: LabHost, host_b: LabHost, seconds: float) -> LinkMeasurement:
     if not iperf3_available():
         raise DiagError("iperf3 is not installed; use the built-in measurement (--tool socket) or apt-get install iperf3")
-    server = subprocess.Popen([*lab.exec_prefix(host_b), "iperf3", "-s", "-p", str(IPERF3_PORT), "-B", host_b.address],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen([*lab.exec_prefix(host_b), *tool_command(
+        ["iperf3", "-s", "-p", str(IPERF3_PORT), "-B", host_b.address], user=UNPRIVILEGED_USER)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(), cwd=CHILD_CWD)
     try:
         _wait_listening(host_b, IPERF3_PORT)
         single = _iperf3_client(lab, host_a, host_b, seconds, bidir=False)

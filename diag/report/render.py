@@ -203,16 +203,27 @@ def node_blocks(run: RunData) -> list[Block]:
 
 
 def _node_data(run: RunData, name: str) -> str:
+    left = _left_on_node(run, name)
     node = run.nodes.get(name)
     if node is None:
-        return "none (no nodes/" + name + "/)" if run.nodes else "-"
+        return ("none (no nodes/" + name + "/)" if run.nodes else "-") + (f"; {left}" if left else "")
     analyses = sum(1 for c in node.captures.values() if c.analysis)
     observed = sum(1 for c in node.captures.values() if c.observe)
     parts = ["fingerprint" if node.fingerprint is not None else "no fingerprint",
              f"{analyses} capture analyses", f"{observed} observer files"]
     if node.tcpinfo:
         parts.append(f"{len(node.tcpinfo)} TCP_INFO samples")
-    return ", ".join(parts)
+    return ", ".join(parts + ([left] if left else []))
+
+
+def _left_on_node(run: RunData, name: str) -> str | None:
+    """What a node did not send rank 0 (too big, not a result, not a regular file), and where it stays
+    (run.json ``left_on_nodes``, written where the run directory is not shared; it says why per file)."""
+    left_on_nodes = run.info.extra.get("left_on_nodes")
+    left = left_on_nodes.get(name) if isinstance(left_on_nodes, dict) else None
+    if not (isinstance(left, dict) and isinstance(left.get("files"), list) and left["files"]):
+        return None
+    return f"{len(left['files'])} files left on the node in {left.get('directory')} (run.json left_on_nodes)"
 
 
 def write_report(run: RunData, out_dir: Path) -> ReportResult:
