@@ -16,22 +16,24 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from diag.capture import schema
 from diag.capture.busy import BusyRuns, DataStream, duplex, flight_events, p95_s, round_trip_s, stall_limit_s
 from diag.capture.document import (
     DEFAULT_MSS,
     MAX_BINS,
     SEGMENT_SIZE_EDGES,
-    connection_json,
-    direction_json,
+    connection_document,
+    direction_document,
     endpoint_text,
-    host_json,
+    host_document,
     median_s,
     size_histogram,
 )
 from diag.capture.pcapfile import ACK, FIN, RST, SYN
 from diag.capture.quantile import OrderStats, median_ranks, percentile_ranks
+from diag.capture.schema import DIRECTIONS
 from diag.capture.source import VERDICTS, Chunk, Pass
-from diag.capture.turns import DIRECTIONS, Turns
+from diag.capture.turns import Turns
 
 if TYPE_CHECKING:
     from diag.capture.analysis import Analysis
@@ -512,45 +514,44 @@ class Aggregation:
                 host.tx.join(joined.get((index, True), []))
                 host.rx.join(joined.get((index, False), []))
 
-    # -- the JSON ----------------------------------------------------------------------------------------
+    # -- the document ------------------------------------------------------------------------------------
 
-    def result(self, observed: set[str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def result(self, observed: set[str] | None = None) -> tuple[list[schema.Connection], list[schema.Host]]:
         """The connections and hosts; observed: the addresses whose NIC the capture sees (None: this
         aggregation's own capture point, for the whole capture)."""
         if self.rows == 0:
             return [], []
-        connections = [self._connection_json(self.connections[c]) for c in sorted(self.connections)]
-        return connections, self._hosts_json(self.observed_addresses() if observed is None else observed)
+        connections = [self._connection_document(self.connections[c]) for c in sorted(self.connections)]
+        return connections, self._hosts_document(self.observed_addresses() if observed is None else observed)
 
-    def _direction_json(self, conn: Connection, d: int, t0: float) -> dict[str, Any]:
+    def _direction_document(self, conn: Connection, d: int, t0: float) -> schema.Direction:
         streamer, c = self.top.streamer, conn.c
         throughput = None
         if self.top.with_series:
             assert conn.dirs[d].series is not None
             bin_s = self._bins(conn)[2]
-            throughput = {"bin_s": bin_s, "t0": t0, "Bps": [round(float(v) / bin_s, 1) for v in conn.dirs[d].series]}
-        return direction_json(conn.dirs[d], conn.dirs[1 - d], int(streamer.wscale[c, d]), streamer.mss_of(c, d),
-                              bool(streamer.syn_seen[c, d]), self.top.idle_gap_s, throughput)
+            throughput = schema.Throughput(bin_s, t0, [round(float(v) / bin_s, 1) for v in conn.dirs[d].series])
+        return direction_document(conn.dirs[d], conn.dirs[1 - d], int(streamer.wscale[c, d]),
+                                  streamer.mss_of(c, d), bool(streamer.syn_seen[c, d]), self.top.idle_gap_s,
+                                  throughput)
 
-    def _connection_json(self, conn: Connection) -> dict[str, Any]:
+    def _connection_document(self, conn: Connection) -> schema.Connection:
         streamer = self.top.streamer
         t0 = self._span_s(conn)[0]
-        dirs = {name: self._direction_json(conn, d, t0) for d, name in enumerate(DIRECTIONS)}
+        dirs = {name: self._direction_document(conn, d, t0) for d, name in enumerate(DIRECTIONS)}
         dup = duplex(conn.dirs[0].stream, conn.dirs[1].stream)
-        rtts = tuple(median_s(dirs[name]["rtt_ms"]) for name in DIRECTIONS)
+        rtts = tuple(median_s(dirs[name].rtt_ms) for name in DIRECTIONS)
         assert conn.turns is not None
-        turns = conn.turns.json((dup["x_active_s"], dup["y_active_s"]), dup["overlap_s"], dup["active_s"], rtts)
-        return connection_json(conn.c, endpoint_text(streamer.endpoints, streamer.connections.conn_a[conn.c]),
-                               endpoint_text(streamer.endpoints, streamer.connections.conn_b[conn.c]), dirs, dup, turns,
-                               streamer.tunnel_of(conn.c))
+        turns = conn.turns.document((dup["x_active_s"], dup["y_active_s"]), dup["overlap_s"], dup["active_s"], rtts)
+        return connection_document(conn.c, endpoint_text(streamer.endpoints, streamer.connections.conn_a[conn.c]),
+                                   endpoint_text(streamer.endpoints, streamer.connections.conn_b[conn.c]), dirs, dup,
+                                   turns, streamer.tunnel_of(conn.c))
 
-    def _hosts_json(self, observed: set[str]) -> list[dict[str, Any]]:
+    def _hosts_document(self, observed: set[str]) -> list[schema.Host]:
         names = self.top.streamer.addresses
         hosts = []
         for index in sorted(self.hosts, key=lambda i: names[i]):
             host = self.hosts[index]
-            hosts.append(host_json(names[index], host.tx.bytes, host.rx.bytes, duplex(host.tx, host.rx),
-                                   names[index] in observed))
+            hosts.append(host_document(names[index], host.tx.bytes, host.rx.bytes, duplex(host.tx, host.rx),
+                                       names[index] in observed))
         return hosts
-
-

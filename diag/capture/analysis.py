@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from diag.capture import native
+from diag.capture import native, schema
 from diag.capture import source as sources
 from diag.capture.aggregation import Aggregation
 from diag.capture.document import (
@@ -58,9 +58,9 @@ class Analysis:
 
     def _aggregations(self) -> None:
         self.overall = Aggregation(self, None, capture_point=True)
-        self.phase_aggs = [Aggregation(self, (p["t_start_ns"] / 1e9, p["t_end_ns"] / 1e9)) for p in self.phases]
+        self.phase_aggs = [Aggregation(self, (p.t_start_ns / 1e9, p.t_end_ns / 1e9)) for p in self.phases]
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> schema.Analysis:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-helper") as self.helper:
             return self._passes()
 
@@ -72,7 +72,7 @@ class Analysis:
         finally:
             self.helping.on = False
 
-    def _passes(self) -> dict[str, Any]:
+    def _passes(self) -> schema.Analysis:
         streamer = self.streamer
         counts = self._feeder(Pass.COUNTS)
         ahead = [True]
@@ -115,8 +115,8 @@ class Analysis:
         return self._document()
 
     def _phases_feeder(self, step: Pass) -> Callable[[Chunk], None]:
-        starts = np.array([p["t_start_ns"] for p in self.phases], dtype=np.int64)
-        ends = np.array([p["t_end_ns"] for p in self.phases], dtype=np.int64)
+        starts = np.array([p.t_start_ns for p in self.phases], dtype=np.int64)
+        ends = np.array([p.t_end_ns for p in self.phases], dtype=np.int64)
 
         def feed(chunk: Chunk) -> None:
             ts = chunk.ts_ns
@@ -146,25 +146,25 @@ class Analysis:
 
         return feed
 
-    def _document(self) -> dict[str, Any]:
+    def _document(self) -> schema.Analysis:
         source = self.source
         connections, hosts = self.overall.result()
-        observed = {host["address"] for host in hosts if host["nic_observed"]}
+        observed = {host.address for host in hosts if host.nic_observed}
         phases_out = []
         attributed = 0
         for phase, agg in zip(self.phases, self.phase_aggs, strict=True):
             conns, hs = agg.result(observed)
             attributed += agg.rows
-            phases_out.append({"phase": phase, "packets": int(agg.rows), "connections": conns, "hosts": hs})
+            phases_out.append(schema.Phase(phase, int(agg.rows), conns, hs))
         extra = [NO_PHASE_PACKETS] if self.phases and attributed == 0 and self.streamer.rows else []
         tcp_packets = [r.packets for r in source.results] if source.single else [self.streamer.rows]
-        omitted = {}
-        if (connections_omitted := self.streamer.omitted()) is not None:
-            omitted["connections_omitted"] = connections_omitted
+        omitted = self.streamer.omitted()
+        hosts_omitted = None
         if self.streamer.listed_hosts is not None:
-            omitted["hosts_omitted"] = {"count": int(np.count_nonzero(self.streamer.host_bytes)) - len(hosts)}
+            hosts_omitted = schema.Omitted(int(np.count_nonzero(self.streamer.host_bytes)) - len(hosts))
         return document(source.paths, source.results, tcp_packets, connections, hosts, observed, phases_out,
-                        extra, self.bin_s, self.idle_gap_s, omitted)
+                        extra, self.bin_s, self.idle_gap_s,
+                        schema.Omitted(**omitted) if omitted is not None else None, hosts_omitted)
 
     def packets(self) -> Packets:
         """The one chunk's packet table and TCP state (OneChunk sources only)."""
@@ -183,7 +183,7 @@ def analyze_files(paths: Sequence[str | os.PathLike[str]], records: Sequence[str
                   bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S,
                   with_series: bool = True) -> dict[str, Any]:
     """The `diag analyze --json` object for these capture files (and sweep phases from records)."""
-    return analyze(paths, records, bin_s, idle_gap_s, with_series, keep_sequence=False)[0]
+    return analyze(paths, records, bin_s, idle_gap_s, with_series, keep_sequence=False)[0].to_json()
 
 
 def chunked(paths: Sequence[str | os.PathLike[str]]) -> bool:
@@ -195,9 +195,10 @@ def chunked(paths: Sequence[str | os.PathLike[str]]) -> bool:
 
 def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.PathLike[str]] | None = None,
             bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S, with_series: bool = True,
-            keep_sequence: bool = True, spill_window: int = SPILL_WINDOW) -> tuple[dict[str, Any], Packets | None]:
-    """analyze_files plus the packet table with its TCP state (for --plot: keep_sequence keeps each packet's
-    relative sequence numbers, and the captures are then one chunk in memory); None without keep_sequence."""
+            keep_sequence: bool = True, spill_window: int = SPILL_WINDOW) -> tuple[schema.Analysis, Packets | None]:
+    """The analysis document (typed: analyze_files' JSON is its to_json()) plus the packet table with its TCP
+    state (for --plot: keep_sequence keeps each packet's relative sequence numbers, and the captures are then
+    one chunk in memory); None without keep_sequence."""
     from diag.errors import DiagError
 
     if not paths:

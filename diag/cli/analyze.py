@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                                   keep_sequence=bool(args.plot))
     # One string from the C encoder, built once for --out and --json alike (json.dump streams thousands of
     # small writes through Python).
-    text = json.dumps(result) + "\n" if args.out or args.json else ""
+    text = json.dumps(result.to_json()) + "\n" if args.out or args.json else ""
     if args.out:
         from diag import safefs
 
@@ -94,8 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(text)
     else:
-        from diag.capture.schema import Analysis
         from diag.capture.table import format_table
 
-        print(format_table(Analysis.from_json(result)))
+        print(format_table(result))
     return 0
