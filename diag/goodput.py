@@ -29,11 +29,6 @@ from dataclasses import dataclass
 
 from diag.errors import DiagError
 
-# The ring pattern at N below this share of the single-stream link: N flows at once are more than the
-# machine's CPU drives at the link rate, so the pattern, not the link, is the reference at that N (the job's
-# note, the report's link-reference table). The same share as diagnose's CPU_LINK_REACHED, so the table and
-# cpu_bound name the same N; above it the pattern is within iperf3's run-to-run noise of the single stream.
-RING_PATTERN_CPU_LIMIT = 0.85
 CHUNK_BYTES = 256 * 1024
 WARMUP_FRACTION = 0.2           # of the run: slow start and queue build-up, excluded from the rate
 MAX_WARMUP_S = 0.5

@@ -48,6 +48,11 @@ MIN_ROUNDS = Threshold("MIN_ROUNDS", 3, "fewest blocks (interleaved rounds, or l
 CPU_CONFOUNDED = Threshold("CPU_CONFOUNDED", 0.9, "an arm whose machine was at least this busy (all cores "
                            "averaged), or one of whose ranks had a thread at least this share of a core, while "
                            "the arm it is held against was not, can neither convict nor clear a network mechanism")
+CPU_LINK_REACHED = Threshold("CPU_LINK_REACHED", 0.85, "what a measured rate must reach of the link's to show the "
+                             "link, not the CPU, sets the pace: below it a busy machine limits that N (raw TCP at N "
+                             "against the measured link rate), the lab's one stream (against its shaped bound) and "
+                             "the ring pattern of N flows at once (against the single stream: the pattern, not the "
+                             "link, is then the reference at that N)")
 
 DESIGNS = ("knock-out", "knock-in", "difference")
 VERDICTS = ("shown", "ruled_out", "undecided")
