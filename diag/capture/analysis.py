@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from diag.capture import native, schema
+from diag import analysisdoc as doc
+from diag.capture import native
 from diag.capture import source as sources
 from diag.capture.aggregation import Aggregation
 from diag.capture.document import (
@@ -31,6 +32,7 @@ from diag.capture.document import (
     IDLE_GAP_S,
     NO_PHASE_PACKETS,
     Packets,
+    aggregation_document,
     document,
     phases_from_records,
 )
@@ -60,7 +62,7 @@ class Analysis:
         self.overall = Aggregation(self, None, capture_point=True)
         self.phase_aggs = [Aggregation(self, (p.t_start_ns / 1e9, p.t_end_ns / 1e9)) for p in self.phases]
 
-    def run(self) -> schema.Analysis:
+    def run(self) -> doc.Analysis:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-helper") as self.helper:
             return self._passes()
 
@@ -72,7 +74,7 @@ class Analysis:
         finally:
             self.helping.on = False
 
-    def _passes(self) -> schema.Analysis:
+    def _passes(self) -> doc.Analysis:
         streamer = self.streamer
         counts = self._feeder(Pass.COUNTS)
         ahead = [True]
@@ -102,6 +104,7 @@ class Analysis:
 
         streamer.run(Pass.CONNECTIONS, first_read)
         counted()  # (after an error the helper's shutdown waits for them, and what they raise is dropped)
+        streamer.one_connection()
         if not ahead[0] or streamer.listed is not None or streamer.listed_hosts is not None:
             self._aggregations()  # count again, the listed connections and hosts only
             streamer.run(Pass.COUNTS, self._feeder(Pass.COUNTS))
@@ -146,25 +149,25 @@ class Analysis:
 
         return feed
 
-    def _document(self) -> schema.Analysis:
+    def _document(self) -> doc.Analysis:
         source = self.source
-        connections, hosts = self.overall.result()
+        connections, hosts = aggregation_document(self.overall)
         observed = {host.address for host in hosts if host.nic_observed}
         phases_out = []
         attributed = 0
         for phase, agg in zip(self.phases, self.phase_aggs, strict=True):
-            conns, hs = agg.result(observed)
+            conns, hs = aggregation_document(agg, observed)
             attributed += agg.rows
-            phases_out.append(schema.Phase(phase, int(agg.rows), conns, hs))
+            phases_out.append(doc.Phase(phase, int(agg.rows), conns, hs))
         extra = [NO_PHASE_PACKETS] if self.phases and attributed == 0 and self.streamer.rows else []
         tcp_packets = [r.packets for r in source.results] if source.single else [self.streamer.rows]
         omitted = self.streamer.omitted()
         hosts_omitted = None
         if self.streamer.listed_hosts is not None:
-            hosts_omitted = schema.Omitted(int(np.count_nonzero(self.streamer.host_bytes)) - len(hosts))
+            hosts_omitted = doc.Omitted(int(np.count_nonzero(self.streamer.host_bytes)) - len(hosts))
         return document(source.paths, source.results, tcp_packets, connections, hosts, observed, phases_out,
                         extra, self.bin_s, self.idle_gap_s,
-                        schema.Omitted(**omitted) if omitted is not None else None, hosts_omitted)
+                        doc.Omitted(**omitted) if omitted is not None else None, hosts_omitted)
 
     def packets(self) -> Packets:
         """The one chunk's packet table and TCP state (OneChunk sources only)."""
@@ -195,7 +198,7 @@ def chunked(paths: Sequence[str | os.PathLike[str]]) -> bool:
 
 def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.PathLike[str]] | None = None,
             bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S, with_series: bool = True,
-            keep_sequence: bool = True, spill_window: int = SPILL_WINDOW) -> tuple[schema.Analysis, Packets | None]:
+            keep_sequence: bool = True, spill_window: int = SPILL_WINDOW) -> tuple[doc.Analysis, Packets | None]:
     """The analysis document (typed: analyze_files' JSON is its to_json()) plus the packet table with its TCP
     state (for --plot: keep_sequence keeps each packet's relative sequence numbers, and the captures are then
     one chunk in memory); None without keep_sequence."""

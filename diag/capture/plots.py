@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from diag import safefs
+from diag.analysisdoc import Analysis
 from diag.capture.document import Packets
-from diag.capture.schema import Analysis
 
 # Plot at most this many connections (the ones that carried the most bytes) so a busy capture stays readable.
 MAX_PLOTTED_CONNECTIONS = 8

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from diag.analysisdoc import DIRECTIONS, TWO_WAY_MIN_BYTES, ControlFrames, Handoff, Phase, TurnSummary
+from diag.analysisdoc import Turns as TurnsDocument
 from diag.capture.quantile import OrderStats, median_ranks, np_median
-from diag.capture.schema import DIRECTIONS, TWO_WAY_MIN_BYTES, ControlFrames, Handoff, Phase, TurnSummary
-from diag.capture.schema import Turns as TurnsDocument
 from diag.capture.source import Fallback, Pass
 
 if TYPE_CHECKING:

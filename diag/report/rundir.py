@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from diag.capture.schema import Analysis, Connection, Host, Phase
+from diag.analysisdoc import Analysis, Connection, Host, Phase
 from diag.errors import DiagError
 from diag.records import Record, RecordFile, load_records, transport_label
 from diag.report.topology import LinkMatrix, NodeLookup, Topology

@@ -6,7 +6,7 @@ A threshold is read as ``N2_DIP_RATIO.value``; the name in a finding is the cons
 
 from __future__ import annotations
 
-from diag.capture.schema import TWO_WAY_MIN_BYTES
+from diag.analysisdoc import TWO_WAY_MIN_BYTES
 from diag.report.compare import ALPHA as _ALPHA
 
 # The experiments' thresholds live with the decisions that use them, below the report (the trials decide with

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diag.capture.schema import Connection
+from diag.analysisdoc import Connection
 from diag.report.diagnose.base import drop_note, strength_of, undecided, weaken
 from diag.report.diagnose.findings import Evidence, Finding
 from diag.report.queries import (
