@@ -8,11 +8,9 @@ next (quantile.OrderStats). Sums of bytes are whole numbers, so they are exact i
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -116,9 +114,6 @@ _EMPTY = np.zeros(0, np.int64)
 # A side of a chunk of one connection with at most this share of its rows is read by its rows, not a mask
 # (a gather of a few rows is cheaper than an AND over all of them: an ACK-only direction).
 ONE_SIDE_ROWS = 0.125
-# Work items (a chunk's hosts, one connection's data packets or order statistics' values) that may wait for
-# the helper thread.
-MAX_BESIDE = 16
 Values = tuple[OrderStats, np.ndarray]
 
 
@@ -154,7 +149,6 @@ class Aggregation:
         # the capture point (the whole capture's aggregation only)
         self._point: dict[int, bool] | None = {} if capture_point else None
         self._point_started = False
-        self._pending: deque[Future[None]] = deque()  # work on the helper thread (_beside)
 
     # -- routing -----------------------------------------------------------------------------------------
 
@@ -179,7 +173,7 @@ class Aggregation:
         if step in (Pass.COUNTS, Pass.CADENCE) and data.size and int(data_bytes.max()) > DEFAULT_MSS:
             data_mss = self.top.streamer.mss[chunk.conn[data], chunk.direction[data]].astype(np.int64)
             data_mss[data_mss <= 0] = DEFAULT_MSS
-        self._beside(self._hosts, step, chunk, data, data_ts, data_bytes, data_mss)
+        self._hosts(step, chunk, data, data_ts, data_bytes, data_mss)
         for c, sides in self._sides(step, chunk, rows, data, data_ts, data_bytes):
             connection = self.connections.get(c)
             if connection is None:
@@ -210,7 +204,7 @@ class Aggregation:
         if len(self.top.streamer.addresses) == 1 and all(side.sizes.size for side in sides):
             data = np.flatnonzero(chunk.plen > 0)
             both = (chunk.ts_ns[data] / 1e9, chunk.plen[data].astype(np.int64), chunk.direction[data])
-        self._beside(self._one_hosts, step, sides, both)
+        self._one_hosts(step, sides, both)
         connection = self.connections.get(0)
         if connection is None:
             if step is not Pass.COUNTS:
@@ -293,7 +287,7 @@ class Aggregation:
                 assert chunk.state is not None
                 acks = _on_side(chunk.sparse("peer_in_flight"), sides[1 - d])
                 conn.dirs[d].stream.add_runs(*flight_events(ts_all, chunk.state["in_flight"], sides[d].data, *acks))
-        self._beside(self._data_packets, step, conn, data_ts, data_size)
+        self._data_packets(step, conn, data_ts, data_size)
 
     def _data_packets(self, step: Pass, conn: Connection, data_ts: list[np.ndarray], sizes: list[np.ndarray]
                       ) -> None:
@@ -383,7 +377,7 @@ class Aggregation:
 
     def _order_stats(self, conn: Connection, d: int, chunk: Chunk, side: Side, add: bool) -> None:
         """The values of the window, in-flight and RTT order statistics, picked here and counted (Pass.CADENCE,
-        with their minimum and maximum) or collected (Pass.RUNS) on the helper thread."""
+        with their minimum and maximum) or collected (Pass.RUNS)."""
         out = conn.dirs[d]
         st = chunk.state
         assert st is not None
@@ -407,7 +401,7 @@ class Aggregation:
                 high = int(flight.max())
                 out.in_flight_max = high if out.in_flight_max is None else max(out.in_flight_max, high)
             values.append((out.in_flight, flight))
-        self._beside(_order_values, values, add)
+        _order_values(values, add)
 
     def bins(self, conn: Connection) -> tuple[float, float, float, int]:
         t0, t1 = self._span_s(conn)
@@ -424,23 +418,6 @@ class Aggregation:
         return float(conn.t0_ns) / 1e9, float(conn.t1_ns) / 1e9
 
     # -- hosts -------------------------------------------------------------------------------------------
-
-    def _beside(self, work: Callable[..., None], *args: Any) -> None:
-        """work(*args) on the analysis' helper thread, in order, beside this thread's work on the same rows
-        (numpy releases the GIL in its loops): the hosts, and each connection's work on its data packets.
-        Such work reads only arrays of its own (the chunk's address ids and data packets are fresh arrays,
-        never views of the reader's buffers) and streamer state that only grows. At most MAX_BESIDE wait;
-        settle waits for all."""
-        if getattr(self.top.helping, "on", False):  # this is the helper thread: at once
-            work(*args)
-            return
-        while len(self._pending) >= MAX_BESIDE:
-            self._pending.popleft().result()
-        self._pending.append(self.top.helper.submit(work, *args))
-
-    def _beside_done(self) -> None:
-        while self._pending:
-            self._pending.popleft().result()
 
     def _hosts(self, step: Pass, chunk: Chunk, data: np.ndarray, ts: np.ndarray, nbytes: np.ndarray,
                mss: np.ndarray | None) -> None:
@@ -516,7 +493,6 @@ class Aggregation:
 
     def settle(self, step: Pass) -> None:
         """What one pass's end decides for the next."""
-        self._beside_done()
         streams = [s for conn in self.connections.values() for s in (conn.dirs[0].stream, conn.dirs[1].stream)]
         streams += [s for host in self.hosts.values() for s in ((host.tx,) if host.rx is host.tx else (host.tx, host.rx))]
         if step is Pass.COUNTS:

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +36,6 @@ from diag.capture.document import (
 from diag.capture.source import SPILL_WINDOW, Chunk, Fallback, FileChunks, OneChunk, Pass, Streamer
 from diag.capture.tcpstate import analyze_packets
 
-# Kept chunks of the first read that may wait for the helper thread to count them.
-MAX_COUNTING = 4
-
 
 class Analysis:
     """The aggregations of one packet source (the whole capture and each record phase) and the passes that
@@ -54,7 +48,6 @@ class Analysis:
         self.idle_gap_s = idle_gap_s
         self.with_series = with_series
         self.streamer = Streamer(source, spill_window)
-        self.helping = threading.local()  # .on: this thread is the helper, running Analysis.on_helper's work
         self.phases = phases_from_records(records) if records else []
         self._aggregations()
 
@@ -63,47 +56,20 @@ class Analysis:
         self.phase_aggs = [Aggregation(self, (p.t_start_ns / 1e9, p.t_end_ns / 1e9)) for p in self.phases]
 
     def run(self) -> doc.Analysis:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-helper") as self.helper:
-            return self._passes()
-
-    def on_helper(self, work: Callable[..., None], *args: Any) -> None:
-        """work(*args) on the helper thread, where the aggregations do what they hand to it at once."""
-        self.helping.on = True
-        try:
-            work(*args)
-        finally:
-            self.helping.on = False
-
-    def _passes(self) -> doc.Analysis:
         streamer = self.streamer
         counts = self._feeder(Pass.COUNTS)
         ahead = [True]
-        counting: deque[Future[None]] = deque()  # kept chunks counted on the helper thread
-
-        def counted() -> None:
-            while counting:
-                counting.popleft().result()
 
         def first_read(chunk: Chunk) -> None:
             # Pass.COUNTS rides along the first read while every connection seen so far will be listed (the
-            # usual case: one read less), a kept chunk (a copy that stays as it is) on the helper thread beside
-            # the reading; past MAX_LISTED_CONNECTIONS its aggregations are dropped.
+            # usual case: one read less); past MAX_LISTED_CONNECTIONS its aggregations are dropped.
             if ahead[0] and streamer.nconn > sources.MAX_LISTED_CONNECTIONS:
-                counted()
                 ahead[0] = False
                 self._aggregations()
-            if not ahead[0]:
-                return
-            if streamer.keeping:  # the copy is kept anyway: the lag is bounded only to keep the order cheap
-                while len(counting) >= MAX_COUNTING:
-                    counting.popleft().result()
-                counting.append(self.helper.submit(self.on_helper, counts, chunk))
-            else:
-                counted()
+            if ahead[0]:
                 counts(chunk)
 
         streamer.run(Pass.CONNECTIONS, first_read)
-        counted()  # (after an error the helper's shutdown waits for them, and what they raise is dropped)
         streamer.one_connection()
         if not ahead[0] or streamer.listed is not None or streamer.listed_hosts is not None:
             self._aggregations()  # count again, the listed connections and hosts only

@@ -298,11 +298,6 @@ class Streamer:
             self._settle_handshakes()
             self._select()
 
-    @property
-    def keeping(self) -> bool:
-        """The chunk Pass.CONNECTIONS hands on is a kept copy (its arrays stay as they are)."""
-        return self._keeper is not None and self._keeper.kept is not None
-
     def _replay(self, consume: Callable[[Chunk], None], with_state: bool) -> None:
         """A pass over the kept chunks. The first pass with the TCP state computes it (the kernel fed chunk by
         chunk, the next chunk on a helper thread while this one is consumed; or analyze_packets over
