@@ -194,7 +194,7 @@ class Aggregation:
             found = [np.flatnonzero(data & (chunk.direction == d)) for d in (0, 1)]
             chunk.one_data = tuple((rows.astype(np.int32), chunk.ts_ns[rows] / 1e9, chunk.plen[rows].astype(np.int32))
                                    for rows in found)
-        sides = [Side(None, rows, ts, sizes.astype(np.int64)) for rows, ts, sizes in chunk.one_data]
+        sides = [Side(None, rows, ts, sizes) for rows, ts, sizes in chunk.one_data]   # int32 sizes: sums widen
         if step is not Pass.OVERLAP:   # the last pass reads the data packets only
             for d, side in enumerate(sides):
                 side.mask = chunk.direction == d
@@ -278,8 +278,9 @@ class Aggregation:
             for d in (0, 1):
                 self._count_direction(conn.dirs[d], chunk, sides[d])
         if step is Pass.CADENCE:
+            self._state_counts(conn, chunk, sides, whole)
             for d in (0, 1):
-                self._state_direction(conn, d, chunk, sides[d])
+                self._order_stats(conn, d, chunk, sides[d], add=True)
         elif step is Pass.RUNS:
             for d in (0, 1):
                 self._order_stats(conn, d, chunk, sides[d], add=False)
@@ -338,17 +339,27 @@ class Aggregation:
             out.raw_max = raw if out.raw_max is None else max(out.raw_max, raw)
         out.raw_positive_max = max(out.raw_positive_max, int(win[mine].max() if side.mask is not None else win.max()))
 
-    def _state_direction(self, conn: Connection, d: int, chunk: Chunk, side: Side) -> None:
-        out = conn.dirs[d]
+    def _state_counts(self, conn: Connection, chunk: Chunk, sides: list[Side], whole: bool) -> None:
+        """Each direction's unique bytes and verdict counts; whole (every row is one side's or the other's):
+        the side of more rows counts the chunk's less the other side's."""
         st = chunk.state
         assert st is not None
-        mine = side.rows if side.rows is not None else side.mask
-        if side.count:
-            out.unique += int(st["new_bytes"][mine].sum())
-            for k, name in enumerate(VERDICTS):  # a flag AND a mask counts faster than a gather
-                out.verdicts[k] += int(np.count_nonzero(st[name] & side.mask if side.mask is not None
-                                                        else st[name][mine]))
-        self._order_stats(conn, d, chunk, side, add=True)
+        derived = (0 if sides[0].count > sides[1].count else 1) if whole else None
+        counts: list[list[int] | None] = [None, None]
+        for d, side in enumerate(sides):
+            if d != derived and side.count:
+                mine = side.rows if side.rows is not None else side.mask
+                counts[d] = [int(st["new_bytes"][mine].sum())] + [  # a flag AND a mask counts faster than a gather
+                    int(np.count_nonzero(st[name] & side.mask if side.mask is not None else st[name][mine]))
+                    for name in VERDICTS]
+        if derived is not None and sides[derived].count:
+            other = counts[1 - derived] or [0] * (len(VERDICTS) + 1)
+            counts[derived] = [int(st["new_bytes"].sum()) - other[0]] + [
+                int(np.count_nonzero(st[name])) - other[k + 1] for k, name in enumerate(VERDICTS)]
+        for d, got in enumerate(counts):
+            if got is not None:
+                conn.dirs[d].unique += got[0]
+                conn.dirs[d].verdicts = [a + b for a, b in zip(conn.dirs[d].verdicts, got[1:], strict=True)]
 
     def _cadence_direction(self, conn: Connection, d: int, data_ts: np.ndarray, sizes: np.ndarray) -> None:
         out = conn.dirs[d]
