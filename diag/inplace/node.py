@@ -127,17 +127,19 @@ class NodeWork:
 
     def analyze(self, records: list[str]) -> None:
         """Analyse every capture of this node against the run's records (analysis/<tag>.json)."""
-        from diag.capture import analyze_files
+        from dataclasses import replace
+
+        from diag.capture.analysis import analyze
 
         for pcap in sorted((self.directory / "captures").glob("*.pcap")):
             started = time.monotonic()
             try:
-                result = analyze_files([str(pcap)], records=records)
+                result, _packets = analyze([str(pcap)], records=records, keep_sequence=False)
             except DiagError as exc:
                 self.note(f"analysis of {pcap.name} failed: {exc}")
                 continue
-            result.setdefault("node", self.node.name)
-            safefs.write_file(self.directory / "analysis" / f"{pcap.stem}.json", json.dumps(result, default=str))
+            document = replace(result, node=self.node.name).to_json()
+            safefs.write_file(self.directory / "analysis" / f"{pcap.stem}.json", json.dumps(document, default=str))
             self.analysis_seconds += time.monotonic() - started
 
     def files(self, keep_pcaps: bool) -> tuple[list[Outgoing], list[Left]]:

@@ -16,7 +16,8 @@ Every local step is bounded (GRACE_S beyond ``seconds``), so every leader reache
 when its tool or its peer is stuck, and every rank then raises the same one line naming the node and the
 pair. A peer that never reaches an exchange (dead, or stuck outside the probe) is bounded by the
 coordinator's own timeout, named by the phase and its pairs. Listeners, sockets and iperf3 processes are
-closed and reaped on every path, and iperf3 dies with its rank (diag.lifeline) even if the rank is killed.
+closed and reaped on every path, and iperf3 dies with its rank (diag.lifeline) even if the rank is killed
+(on a lab host measured from outside, ProbeNode.exec_prefix, with the lab).
 """
 
 from __future__ import annotations
@@ -49,11 +50,14 @@ POLL_S = 0.02
 
 @dataclass(frozen=True)
 class ProbeNode:
-    """A host of the job: its name, its address on the job's interface, and the rank that acts for it."""
+    """A host of the job: its name, its address on the job's interface, and the rank that acts for it;
+    exec_prefix: what starts a tool on it where that is not the rank's own process (the lab measured from
+    outside: `ip netns exec` and the host's cgroup, Lab.exec_prefix)."""
 
     name: str
     address: str
     leader_rank: int
+    exec_prefix: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -337,6 +341,7 @@ class _Side(ABC):
         self.me, self.nodes, self.seconds = me, nodes, seconds
         self.node_name = me.name if me else ""
         self.address = me.address if me else ""      # used only where this rank leads a node of the flows
+        self.tool_prefix = me.exec_prefix if me else ()
         self.receiving = [index for index, flow in enumerate(flows) if me and flow.dst == me.name]
         self.sending = [index for index, flow in enumerate(flows) if me and flow.src == me.name]
         self.flows = flows
@@ -441,7 +446,7 @@ class _Iperf3Side(_Side):
         said = "no output"
         for _attempt in range(SERVER_START_ATTEMPTS):
             port = _free_port(address)
-            proc = _spawn(goodput.iperf3_server_argv(address, port), user=UNPRIVILEGED_USER)
+            proc = _spawn(self.tool_prefix, goodput.iperf3_server_argv(address, port), user=UNPRIVILEGED_USER)
             deadline = time.monotonic() + goodput.GRACE_S
             while time.monotonic() < deadline and proc.poll() is None:
                 if goodput.listening_on(port):
@@ -459,7 +464,8 @@ class _Iperf3Side(_Side):
     def run(self, ports: dict[int, Any]) -> dict[int, Any]:
         for index in self.sending:
             peer = self.nodes[self.flows[index].dst]
-            self.clients[index] = _spawn(goodput.iperf3_client_argv(peer.address, ports[index], self.seconds))
+            self.clients[index] = _spawn(self.tool_prefix,
+                                         goodput.iperf3_client_argv(peer.address, ports[index], self.seconds))
         limit_s = self.seconds + 2 * goodput.GRACE_S
         deadline = time.monotonic() + limit_s
         node = self.node_name
@@ -500,9 +506,12 @@ def _free_port(address: str) -> int:
         return int(probe.getsockname()[1])
 
 
-def _spawn(argv: list[str], user: str | None = None) -> subprocess.Popen[str]:
-    """A tool that dies with this rank (diag.lifeline: the parent-death signal), even if the rank is killed;
-    as ``user`` where given (iperf3's servers serve whoever connects first: they hold no privilege)."""
-    return subprocess.Popen(tool_command(argv, user=user),
+def _spawn(prefix: Sequence[str], argv: list[str], user: str | None = None) -> subprocess.Popen[str]:
+    """A tool that dies with this rank (diag.lifeline: the parent-death signal), even if the rank is killed; or,
+    on a node with an exec prefix (a lab host measured from outside), started through it as `diag lab exec`
+    starts a command: the lab ends whatever runs on its hosts when it is torn down. As ``user`` where given
+    (iperf3's servers serve whoever connects first: they hold no privilege)."""
+    command = [*prefix, *(tool_command(argv, user=user) if user else argv)] if prefix else tool_command(argv, user=user)
+    return subprocess.Popen(command,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHILD_CWD,
                             env=child_env())
