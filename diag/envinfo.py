@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from diag.lifeline import CHILD_CWD, child_env
+
 SYSCTLS = (
     "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem", "net.ipv4.tcp_congestion_control",
     "net.ipv4.tcp_slow_start_after_idle", "net.core.rmem_max", "net.core.wmem_max",
@@ -38,7 +40,8 @@ def _run(argv: list[str], timeout: float = 3.0) -> str | None:
     if shutil.which(argv[0]) is None:
         return None
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, env=child_env(),
+                             cwd=CHILD_CWD)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None

@@ -18,6 +18,8 @@ data types and the reading of its blocks are diag.trialspec, which the report im
 
 from __future__ import annotations
 
+import math
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -67,6 +69,16 @@ class _CpuMeter:
                 "busiest_thread": busiest / wall if busiest is not None else None}
 
 
+def _cpu_shares(said: Any) -> dict[str, float | None]:
+    """One rank's CPU reading as another rank received it: a share (a finite number) or None per key."""
+    def share(value: Any) -> float | None:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return float(value) if ok else None
+
+    said = said if isinstance(said, dict) else {}
+    return {key: share(said.get(key)) for key in ("machine_busy", "busiest_thread")}
+
+
 def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any], base: Any,
               emit: Callable[[Any], None], run_id: str, heartbeat: Callable[[], None] | None = None,
               say: Callable[[str], None] | None = None, token: bytes | None = None, group: Any = None) -> dict[str, Any]:
@@ -81,6 +93,7 @@ def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any]
 
     from diag.external.arm import ArmFailed, CommandArm
     from diag.harness import measure_row, plan_rows
+    from diag.transports import messages
     from diag.transports.raw import create_transport
 
     spec = TrialSpec.from_json(trial_json)
@@ -91,11 +104,8 @@ def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any]
     # torch's collectives name their root by its global rank, also on a subgroup
     pg = group.control if group is not None else None
     leader = group.global_rank(0) if group is not None else 0
-    # Every rank runs rank 0's trial: its seed orders every round, and ranks that each built a spec (a user's
-    # own launch of diag trial, where each drew its own run directory) would otherwise differ in one slot.
-    box = [dict(trial_json)]
-    dist.broadcast_object_list(box, src=leader, group=pg)
-    spec = TrialSpec.from_json(box[0])
+    if spec.programs:
+        spec = _programs_of_rank0(spec, pg)
     tell = say or (lambda text: print(text, file=sys.stderr, flush=True))
     transports: dict[str, Any] = {}
     programs: dict[str, CommandArm] = {}   # arms whose block is a program's run (diag.external), not a row
@@ -140,8 +150,8 @@ def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any]
                         (plan,) = plan_rows(block_spec, world)
                         record = measure_row(transports[name], block_spec, plan, run_id, heartbeat)
                     cpu = {**meter.read(), **(programs[name].cpu if name in programs else {})}
-                    gathered: list[Any] = [None] * world if rank == 0 else []
-                    dist.gather_object(cpu, gathered if rank == 0 else None, dst=leader, group=pg)
+                    # data, never a pickle (diag.transports.messages); a rank's CPU shares checked as numbers
+                    gathered = [_cpu_shares(g) for g in messages.all_gather(cpu, group=pg)]
                     if record is not None:
                         # a block is short by design: the sample-count warning speaks of rows, not blocks
                         record = replace(record, warnings=[w for w in record.warnings if "samples" not in w],
@@ -191,6 +201,31 @@ def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any]
                     transport.close()
                 except Exception as exc:  # closing must not hide the trial's own error
                     tell(f"  trial: closing arm {name}: {exc}")
+
+
+def _programs_of_rank0(spec: TrialSpec, pg: Any) -> TrialSpec:
+    """A trial of programs with rank 0's directories for the programs ({shared}, where block outputs go): in
+    a user's own launch every rank named its own run directory. Each rank keeps its own commands (what its
+    own command line asked; rank 0 never sends another rank something to run), and a rank whose arms differ
+    from rank 0's stops the trial in one line."""
+    from diag.errors import DiagError
+    from diag.transports import messages
+
+    mine = {a.name: [a.knobs.get("command"), a.knobs.get("adapter")] for a in spec.arms if a.backend == COMMAND_BACKEND}
+    first = next(a for a in spec.arms if a.backend == COMMAND_BACKEND)
+    said = messages.broadcast({"arms": mine, "shared_dir": first.knobs.get("shared_dir", ""),
+                               "outputs_dir": first.knobs.get("outputs_dir", "")}, src=0, group=pg)
+    differs = [r for r, arms in enumerate(messages.all_gather(mine, group=pg)) if arms != said.get("arms")]
+    if differs:
+        raise DiagError(f"trial {spec.name}: rank {differs[0]} was given other arms than rank 0 (--arm, --adapter): "
+                        "start every rank with the same command line")
+    paths = {k: str(said.get(k) or "") for k in ("shared_dir", "outputs_dir")}
+    for key, path in paths.items():   # {shared} goes into every rank's shell command: a plain absolute path only
+        if path and not re.fullmatch(r"/[A-Za-z0-9._/+-]*", path):
+            raise DiagError(f"trial {spec.name}: rank 0's {key.replace('_dir', '')} directory {path[:80]!r} is not a "
+                            "plain absolute path (letters, digits, . _ / + -): choose --out or --shared-dir so")
+    return replace(spec, arms=tuple(replace(a, knobs={**a.knobs, **paths}) if a.backend == COMMAND_BACKEND else a
+                                    for a in spec.arms))
 
 
 __all__ = ["arm_spec", "run_trial"]

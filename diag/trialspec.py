@@ -132,6 +132,11 @@ class TrialSpec:
         return next(a for a in self.arms if a.name == name)
 
     @property
+    def programs(self) -> bool:
+        """Some arm is a program (diag trial)."""
+        return any(a.backend == COMMAND_BACKEND for a in self.arms)
+
+    @property
     def torch_backends(self) -> tuple[str, ...]:
         """The torch.distributed backends its arms run on, in arm order (each needs a process group)."""
         return tuple(dict.fromkeys(a.backend for a in self.arms if a.on_torch))

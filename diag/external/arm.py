@@ -6,6 +6,9 @@ this module only runs one block of a command arm on this rank and, on the trial'
 ranks printed into one record through the arm's adapter (diag.external.adapters). The ranks meet through the
 trial's own process group (the block's port and prefix, every rank's result) and its store (a rank whose
 command failed tells the others, which stop theirs at once instead of waiting out the block's timeout).
+What travels between ranks is data (diag.transports.messages: JSON, never a pickle), checked on arrival:
+what rank 0 says goes into a shell command only as an address, a port or a name of letters and digits, and
+what the other ranks printed reaches rank 0 as text for the adapter.
 
 The command is the user's own shell command (``/bin/sh -c``), run in the directory ``diag trial`` was started
 from, with these placeholders filled in (unknown braces are left alone) and the same values in the
@@ -26,6 +29,7 @@ environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun sets them, a
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import shutil
@@ -44,7 +48,11 @@ from diag.external import COMMAND_BACKEND
 from diag.external.adapters import ProgramRow, adapter
 from diag.units import human_bytes
 
-OUTPUT_LIMIT = 1 << 20               # bytes of each stream a rank keeps (the tail) and sends to rank 0
+OUTPUT_LIMIT = 256 << 10             # bytes of each stream a rank keeps (the tail) and sends to rank 0
+RESULT_LIMIT = 8 << 20               # one rank's result message: three tails, JSON-escaped at worst 6 bytes a byte
+RESULT_TAG = 0x7D1A                  # the point-to-point tag of a block's results on the trial's control group
+STATUSES = ("ok", "exit", "timeout", "stopped")
+_PREFIX = re.compile(r"[A-Za-z0-9._-]{1,200}")
 POLL_S = 0.05
 CPU_SAMPLE_S = 0.25
 KILL_GRACE_S = 2.0
@@ -89,6 +97,50 @@ def interface_address(iface: str | None) -> str:
         if entry.family.name == "AF_INET":
             return str(entry.address)
     return "127.0.0.1"
+
+
+def _address(said: Any, rank: int) -> str:
+    """A rank's address as another rank received it: an IP address, or the block cannot be run."""
+    try:
+        return str(ipaddress.ip_address(str(said)))
+    except ValueError:
+        raise DiagError(f"rank {rank} sent {str(said)[:60]!r} as its address: is every rank running the same "
+                        "diag?") from None
+
+
+def _block(said: Any) -> dict[str, Any]:
+    """Rank 0's port and prefix of a block, checked before either reaches a shell command."""
+    port = said.get("port") if isinstance(said, dict) else None
+    prefix = said.get("prefix") if isinstance(said, dict) else None
+    if (not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536
+            or not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix)):
+        raise DiagError("rank 0 sent a block's port and prefix that are not a port and a name; refused: is every "
+                        "rank running the same diag?")
+    return {"port": port, "prefix": prefix}
+
+
+def _result(said: Any, rank: int) -> dict[str, Any]:
+    """What rank ``rank`` says its command did, as rank 0 received it: known fields of known types (its rank is
+    the one it was received from); anything else is a failed block naming it."""
+    if not isinstance(said, dict):
+        said = {}
+
+    def text(key: str) -> str | None:
+        value = said.get(key)
+        return value[-OUTPUT_LIMIT:] if isinstance(value, str) else None
+
+    def number(key: str, kind: type) -> Any:
+        value = said.get(key)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(value, kind) \
+            else None
+
+    status = said.get("status") if said.get("status") in STATUSES else None
+    return {"rank": rank, "host": str(said.get("host") or "?")[:64], "status": status or "exit",
+            "rc": number("rc", int), "stdout": text("stdout") or "",
+            "stderr": text("stderr") if status else "sent a result that is not diag's",
+            "output": text("output"), "t_start_ns": number("t_start_ns", int) or 0,
+            "t_end_ns": number("t_end_ns", int) or 0, "wall_s": float(number("wall_s", (int, float)) or 0.0),
+            "busiest_thread": number("busiest_thread", (int, float))}
 
 
 def _tail(path: Path) -> str:
@@ -137,6 +189,8 @@ class CommandArm:
     def __init__(self, arm: Any, rank: int, world: int, group: Any, trial: str) -> None:
         import torch.distributed as dist
 
+        from diag.transports import messages
+
         self.arm = arm
         self.name = arm.name
         self.settings = CommandSettings.of(arm.knobs)
@@ -148,9 +202,7 @@ class CommandArm:
         self.store = group.store if group is not None else dist.distributed_c10d._get_default_store()
         self.iface = (os.environ.get("GLOO_SOCKET_IFNAME") or "").split(",")[0]
         self.address = interface_address(self.iface)
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, self.address, group=self.pg)
-        self.addresses = [str(a) for a in gathered]
+        self.addresses = [_address(a, r) for r, a in enumerate(messages.all_gather(self.address, group=self.pg))]
         self.tmp = Path(tempfile.mkdtemp(prefix="diag-arm-"))
         self.cpu: dict[str, float | None] = {}   # this rank's last block: merged into the trial's CPU sample
 
@@ -162,19 +214,17 @@ class CommandArm:
                 run_id: str, heartbeat: Callable[[], None] | None = None) -> Any:
         """Run the block on this rank; the Record on rank 0, None elsewhere; ArmFailed on every rank where
         any rank's command failed, timed out or printed nothing its adapter reads."""
-        import torch.distributed as dist
-
         from diag.collectives import make_collective
+        from diag.transports import messages
 
         collective = make_collective(op)
-        box: list[Any] = [None]
+        said = None
         if self.rank == 0:
             from diag.launch import free_port
 
-            box = [{"port": free_port(self.address),
-                    "prefix": f"diag-{self.trial}-{self.name}-s{size_index}-r{round_index}-{os.urandom(3).hex()}"}]
-        dist.broadcast_object_list(box, src=self.leader, group=self.pg)
-        block = box[0]
+            said = {"port": free_port(self.address),
+                    "prefix": f"diag-{self.trial}-{self.name}-s{size_index}-r{round_index}-{os.urandom(3).hex()}"}
+        block = _block(messages.broadcast(said, src=0, group=self.pg))
         output = self.tmp / f"{block['prefix']}.out"
         values = {"rank": self.rank, "world": self.world, "address": self.address, "master": self.addresses[0],
                   "addresses": ",".join(self.addresses), "iface": self.iface or "lo", "port": block["port"],
@@ -188,14 +238,16 @@ class CommandArm:
         result["output"] = _tail(output) if output.exists() else None
         output.unlink(missing_ok=True)
         self.cpu = {"busiest_thread": result["busiest_thread"]} if result["busiest_thread"] is not None else {}
-        results: list[Any] = [None] * self.world if self.rank == 0 else []
-        dist.gather_object(result, results if self.rank == 0 else None, dst=self.leader, group=self.pg)
-        record, failure = (self._outcome(results, size, round_index, op, collective, command, run_id)
-                           if self.rank == 0 else (None, ""))
-        verdict = [failure]
-        dist.broadcast_object_list(verdict, src=self.leader, group=self.pg)
-        if verdict[0]:
-            raise ArmFailed(str(verdict[0]))
+        record, failure = None, ""
+        if self.rank == 0:
+            results = [result, *(_result(messages.recv(r, RESULT_TAG, group=self.pg, limit=RESULT_LIMIT), r)
+                                 for r in range(1, self.world))]
+            record, failure = self._outcome(results, size, round_index, op, collective, command, run_id)
+        else:
+            messages.send(result, 0, RESULT_TAG, group=self.pg, limit=RESULT_LIMIT)
+        verdict = messages.broadcast(failure, src=0, group=self.pg)
+        if verdict:
+            raise ArmFailed(str(verdict)[:2000])
         return record
 
     def _environment(self, values: Mapping[str, Any]) -> dict[str, str]:
