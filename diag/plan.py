@@ -357,10 +357,11 @@ def step_trial(plan: Plan, step: Step, seed: int = 0, world_size: int = 2) -> Tr
     """A trial step's spec on this plan at one world size: its sizes (per rank), its share of the budget, the
     warm-up."""
     assert step.trial is not None
+    # a trial's own seed (diag trial --seed) wins over the job's
     if step.volumes == "given":
-        return replace(step.trial, seed=seed)
+        return replace(step.trial, seed=step.trial.seed or seed)
     if step.volumes == "per_n":
-        return replace(step.trial, sizes=plan.sizes_of(step, world_size), seed=seed)
+        return replace(step.trial, sizes=plan.sizes_of(step, world_size), seed=step.trial.seed or seed)
     return replace(step.trial, sizes=plan.sizes_of(step, 2), budget_s=plan.trial_budget_s * step.budget_share,
                    warmup=plan.warmup, seed=seed)
 

@@ -225,3 +225,46 @@ def test_pick_row_by_size() -> None:
     assert pick_row(rows, 123, 246) is None                       # only other sizes: the block fails
     (unsized,) = adapter("json:seconds").parse('{"seconds": 1}\n{"seconds": 2}')
     assert pick_row([unsized], 123, 246).times_s == (1, 2)
+
+
+def test_the_trial_is_one_step_at_every_n_of_one_plan(tmp_path: Path) -> None:
+    """diag trial --nproc 2,3,4 --volumes: one plan, one trial step at every N (one launch of 4 ranks), each N's
+    per-rank sizes D/(N-1) for all_gather; the program arms need no process group; --seed is kept over the job's
+    seed (0: the job's); the plan survives its JSON round trip (the job file, run.json)."""
+    from diag.external.run import ProgramTrial
+    from diag.plan import Plan, step_spec, step_trial
+
+    trial = ProgramTrial(arms=(("a", "true"), ("b", "true")), adapter="json:seconds", world_sizes=(2, 3, 4),
+                         volumes=(12 << 20,), link=True, capture="", seed=7)
+    plan = Plan.from_json(trial.plan((2, 3, 4), tmp_path, str(tmp_path / "shared")).to_json())
+    (step,) = plan.steps
+    assert plan.world_sizes_of(step) == (2, 3, 4) and step.captured and plan.capture and not plan.probe
+    assert {n: step_trial(plan, step, seed=99, world_size=n).sizes for n in (2, 3, 4)} == {
+        2: (12 << 20,), 3: (6 << 20,), 4: (4 << 20,)}
+    assert step_trial(plan, step, seed=99, world_size=3).seed == 7
+    assert plan.groups_at(2) == () and step.trial is not None and step.trial.torch_backends == ()
+    assert step_spec(plan, step, 4).backend == "gloo" and step_spec(plan, step, 4).sizes == (4 << 20,)
+    fixed = ProgramTrial(arms=(("a", "true"), ("b", "true")), adapter="json:seconds", sizes=(1 << 20,))
+    (given,) = fixed.plan((2, 3), tmp_path, "/tmp").steps
+    assert given.volumes == "given" and step_trial(fixed.plan((2, 3), tmp_path, "/tmp"), given, seed=5).seed == 5
+
+
+def test_what_other_ranks_say_of_a_block_is_checked() -> None:
+    """Rank 0's port and prefix go into every rank's shell command: only a port and a plain name pass; a rank's
+    result reaches rank 0 as known fields of known types, named by the rank it came from."""
+    from diag.external.arm import _address, _block, _result
+
+    assert _block({"port": 29500, "prefix": "diag-ab-a-s0-r1-0f0f0f"}) == {"port": 29500, "prefix": "diag-ab-a-s0-r1-0f0f0f"}
+    for said in ({"port": 0, "prefix": "x"}, {"port": True, "prefix": "x"}, {"port": 1, "prefix": "x; rm -rf /"},
+                 {"port": 1, "prefix": "$(id)"}, ["port"], None):
+        with pytest.raises(DiagError, match="not a port and a name"):
+            _block(said)
+    assert _address("10.77.0.2", 1) == "10.77.0.2"
+    with pytest.raises(DiagError, match="rank 1 sent"):
+        _address("10.0.0.1;reboot", 1)
+    good = _result({"rank": 5, "host": "10.77.0.2", "status": "ok", "rc": 0, "stdout": "a\n", "stderr": "",
+                    "output": None, "t_start_ns": 1, "t_end_ns": 2, "wall_s": 0.5, "busiest_thread": 0.25}, 1)
+    assert good["rank"] == 1 and good["status"] == "ok" and good["stdout"] == "a\n" and good["busiest_thread"] == 0.25
+    bad = _result({"status": "pwned", "rc": "0", "stdout": 3, "wall_s": "x"}, 2)
+    assert bad["status"] == "exit" and bad["rc"] is None and bad["stdout"] == "" and bad["wall_s"] == 0.0
+    assert bad["stderr"] == "sent a result that is not diag's" and _result("nonsense", 3)["status"] == "exit"

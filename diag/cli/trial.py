@@ -71,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "then the verdicts left open say 'undecided (budget)'")
     sizes.add_argument("--block-timeout", type=float, default=600.0, metavar="SECONDS",
                        help="a block whose command has not ended by then fails its arm (default 600)")
-    sizes.add_argument("--seed", type=int, help="seed of the round orders (default: a new one, recorded)")
+    sizes.add_argument("--seed", type=int, help="seed of the round orders, > 0 (default: a new one, drawn by rank 0 "
+                                                "and recorded in run.json and the records)")
     sizes.add_argument("--fail-on", choices=["slower"],
                        help="exit 8 when an arm is shown slower than the baseline (a CI gate)")
 

@@ -155,8 +155,11 @@ def _tail(path: Path) -> str:
 
 
 def _last_line(text: str) -> str:
+    """A program's last line as a failure line quotes it: control characters shown as escapes."""
+    from diag.textsafe import visible
+
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1][:200] if lines else ""
+    return visible(lines[-1][:200]) if lines else ""
 
 
 class _ThreadCpu:
