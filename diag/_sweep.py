@@ -47,9 +47,12 @@ def sweep(spec: SweepSpec, out: str | os.PathLike[str] | None = None, *, run_dir
         run_worlds(spec, job, path, directory, world_sizes=list(spec.world_sizes) or None, lab=lab, iface=iface,
                    master_addr=master_addr, master_port=master_port, capture=capture, observe=observe)
     else:
-        if "RANK" not in os.environ:
+        from diag import launchenv
+
+        launch = launchenv.adopt(iface)
+        if launch is None:
             raise DiagError("no ranks to run: give SweepSpec(world_sizes=(2,)) to start ranks on this machine, or "
-                            "call diag.sweep under torchrun")
+                            "call diag.sweep under torchrun or srun")
         from dataclasses import replace
 
         from diag.worker import run_job
@@ -58,7 +61,7 @@ def sweep(spec: SweepSpec, out: str | os.PathLike[str] | None = None, *, run_dir
         if code != 0:
             raise DiagError(f"diag.sweep(): this rank failed (exit status {code}); finished rows are in {path}",
                             exit_code=code)
-        if int(os.environ["RANK"]) != 0:
+        if launch.rank != 0:
             return RecordFile(path, [], [], [])   # only rank 0 writes the records
     whole = load_records(path)
     mine = {job.run_id} | {s.get("run_id") for s in whole.starts if str(s.get("run_id", "")).startswith(f"{job.run_id}-")}

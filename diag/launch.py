@@ -269,7 +269,10 @@ def run_world(job: Launchable, hosts: list[HostLaunch], work_dir: Path, hooks: S
 
     # The launcher re-imports diag in a fresh interpreter (child_env: the same package, never one planted in
     # the working directory; the launcher and its workers run in CHILD_CWD).
-    env_base = child_env({k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
+    # Its ranks are diag's, not a launcher's: no RANK of this process, no Slurm step they would read as theirs.
+    from diag.launchenv import OWN_RANK_VARIABLES
+
+    env_base = child_env({k: v for k, v in os.environ.items() if k not in OWN_RANK_VARIABLES})
     env_base.setdefault("PYTHONUNBUFFERED", "1")
     context = WorldContext(world_size, hosts, run_dir or work_dir, tag or f"n{world_size}",
                            master_port=master_port)

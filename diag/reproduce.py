@@ -2,8 +2,8 @@
 
 One job (diag.inplace) runs the whole plan (diag.plan) in one launch of K ranks. Where it runs:
 
-- **in place**: under torchrun / srun / any env:// launcher (RANK set), this process is one rank of the job,
-  on the user's own hosts;
+- **in place**: under torchrun, srun (with or without torchrun) or any env:// launcher (diag.launchenv),
+  this process is one rank of the job, on the user's own hosts;
 - **the lab** (root, iproute2): a cluster in a box, K namespace hosts with shaped full-duplex links, and one
   ``torch.distributed.run`` per host started inside its namespace, exactly as an operator starts one per
   node; the lab is always torn down;
@@ -37,12 +37,19 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
                          volumes=tuple(volumes) if volumes else None, iface=iface, keep_pcaps=keep_pcaps,
                          keep_going=keep_going, backend=backend, skip=tuple(skip), probe_seconds=probe_seconds,
                          argv=tuple(sys.argv[1:]))
-    if os.environ.get("RANK") is not None:
+    from diag import launchenv
+
+    launch = launchenv.adopt(iface)
+    if launch is not None:
         if lab_faults or lab_scenario:
             raise DiagError("--lab-fault and --lab-scenario shape diag's own lab; in place the hosts are yours")
         from diag.inplace.job import run_in_place
 
+        if launch.rank == 0:
+            for line in (launch.describe(), *launch.notes):
+                print(f"diag reproduce: {line}", file=sys.stderr, flush=True)
         return run_in_place(options)
+    launchenv.refuse_batch_script("diag reproduce")
     plan = resolve_plan(quick, max_n, volumes, backend, tuple(skip))
     rate = rate or plan.rate
     parse_rate_bps(rate)

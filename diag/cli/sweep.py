@@ -166,9 +166,15 @@ def run(args: argparse.Namespace) -> int:
     require_torch("diag sweep")
     spec = build_spec(args)
     in_place = not args.nproc and not args.lab
-    if in_place and "RANK" not in os.environ:
-        raise DiagError("no ranks to run: pass --nproc 2 (ranks on this machine), --lab, "
-                        "or start diag sweep under torchrun")
+    launch = None
+    if in_place:
+        from diag import launchenv
+
+        launch = launchenv.adopt(args.iface)
+        if launch is None:
+            launchenv.refuse_batch_script("diag sweep")
+            raise DiagError("no ranks to run: pass --nproc 2 (ranks on this machine), --lab, "
+                            "or start diag sweep under torchrun or srun")
     if args.iface:
         os.environ["GLOO_SOCKET_IFNAME"] = args.iface
     from diag import validate
@@ -195,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         from diag.worker import run_job
 
         code = run_job(job)  # rank 0: the closing lines and the gate's status
-        if int(os.environ.get("RANK", "0")) == 0 and out.exists():
+        if launch is not None and launch.rank == 0 and out.exists():
             export_tables(args, this_run(out, job.run_id))
         return code
     run_local_or_lab(args, spec, job, out, run_dir)

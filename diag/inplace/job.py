@@ -31,6 +31,7 @@ from diag.errors import DiagError
 from diag.inplace.node import NodeWork
 from diag.inplace.topology import Topology, build_topology, identify, job_interface
 from diag.inplace.world import WORLD_TIMEOUT_S, World
+from diag.launchenv import launch_json
 from diag.plan import (
     STEP_TIMEOUT_S,
     Plan,
@@ -194,7 +195,7 @@ class InPlaceJob:
         return {"created_ns": time.time_ns(), "mode": self.options.mode, "cpu_count": os.cpu_count(),
                 "quick": self.options.quick, "plan": self.plan.to_json(), "lab": self.options.lab,
                 "topology": self.topology.to_json(self.plan.world_sizes), "link": None, "notes": [],
-                "failures": [], "argv": list(self.options.argv),
+                "failures": [], "argv": list(self.options.argv), "launch": launch_json(),
                 "trial_seed": int.from_bytes(os.urandom(4), "little")}
 
     def _note(self, notes: list[str]) -> None:
