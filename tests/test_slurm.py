@@ -129,3 +129,19 @@ def test_srun_torchrun_runs_the_job_from_torchruns_variables(cluster):
     assert launch["launcher"] == "torchrun" and launch["sources"]["rank"] == "RANK"
     assert launch["slurm"]["nodes"] == ["h0", "h1"]   # the step torchrun runs in, recorded
     assert "torchrun started by srun" in output
+
+
+def test_srun_alone_runs_an_in_place_sweep(cluster):
+    """diag sweep in place takes its ranks from Slurm as diag reproduce does."""
+    slurm, work = cluster
+    out = work / "sweep.jsonl"
+    code, seconds = slurm.submit(["srun", "--nodes", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1", "diag",
+                                  "sweep", "--op", "all_gather", "--sizes", "64K,256K", "--warmup", "1", "--iters",
+                                  "3", "--out", str(out)], work / "sweep.log", TIMEOUT_S,
+                                 env={"PATH": slurm_lab.diag_on_path(work)})
+    print(f"srun diag sweep: {seconds:.1f} s on 2 nodes")
+    assert code == 0, (work / "sweep.log").read_text(errors="replace")[-3000:]
+    records = load_records(out)
+    assert [(r.world_size, r.size_bytes, r.nwrong) for r in records.records] == [(2, 64 * 1024, 0), (2, 256 * 1024, 0)]
+    # each rank on its node (Slurm's hostname), bound to the lab link diag chose for gloo
+    assert records.starts[0]["hosts"] == [f"{h.name}/{h.address}" for h in slurm.lab.hosts[:2]]

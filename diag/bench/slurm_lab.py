@@ -19,7 +19,7 @@ on. What does not work inside a namespace, and what replaces it (docs/inplace.md
 Daemons run in the foreground (``-D``, ``-F``) as children of this process and are stopped by their PIDs;
 state, spool, logs and the key live in one temporary directory, removed at the end.
 
-    python -m diag.bench.slurm_lab [--hosts 4] [--rate 200mbit] [--out DIR] [--plan "--quick"]
+    python -m diag.bench.slurm_lab [--hosts 4] [--rate 200mbit] [--out DIR] [--plan "--quick"] [--rounds 1]
 
 runs the same plan three ways on one lab and one Slurm: one torchrun per node started by hand (the in-place
 run of tests/test_inplace.py), ``srun diag reproduce`` (Slurm's variables) and ``srun torchrun ... -m diag
@@ -290,8 +290,29 @@ def sbatch(cluster: SlurmCluster, script: Path, nodes: int, args: Sequence[str],
 
 # --- the A/B command ------------------------------------------------------------------------------------
 
+FORMS = ("torchrun by hand", "srun diag", "srun torchrun")
+SCRIPTS = {"srun diag": "diag-srun.sbatch", "srun torchrun": "diag-torchrun.sbatch"}
+
+
+def run_form(form: str, lab: Any, cluster: SlurmCluster, plan: list[str], out: Path, work: Path,
+             timeout_s: float) -> dict[str, Any]:
+    """One run of the plan, started one of the three ways; its wall time, exit status, run directory, load."""
+    from diag.bench.inplace_lab import start_nodes
+
+    load = os.getloadavg()[0]
+    if form == "torchrun by hand":
+        run = start_nodes(lab, [*plan, "--iface", lab.hosts[0].iface, "--out", str(out)], out.with_suffix(".logs"))
+        codes = run.wait(timeout_s)
+        seconds, code = time.monotonic() - run.started, max(codes.values(), key=abs)
+    else:
+        script = write_script(work, SCRIPTS[form])
+        code, seconds = sbatch(cluster, script, len(lab.hosts), [*plan, "--out", str(out)],
+                               out.with_suffix(".log"), timeout_s, env={"PATH": diag_on_path(work)})
+    return {"form": form, "seconds": seconds, "rc": code, "dir": out, "load": (load, os.getloadavg()[0])}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    from diag.bench.inplace_lab import start_nodes, verdicts
+    from diag.bench.inplace_lab import verdicts
     from diag.lab import LabConfig, lab_session
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -299,34 +320,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", default="200mbit")
     parser.add_argument("--out", type=Path, default=Path(f"/tmp/slurm-ab-{os.getpid()}"))
     parser.add_argument("--plan", default="--quick", help="diag reproduce's plan options, as one string")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of each form; the order rotates every round, so load falls on all of them")
     parser.add_argument("--timeout", type=float, default=1800.0)
     args = parser.parse_args(argv)
     plan = [*shlex.split(args.plan), "--max-n", str(args.hosts)]
     args.out.mkdir(parents=True, exist_ok=True)
     args.out.chmod(0o755)
-    rows: dict[str, dict[str, Any]] = {}
+    rows: list[dict[str, Any]] = []
     with lab_session(LabConfig(name=f"sl{os.getpid() % 100000}", hosts=args.hosts, rate=args.rate)) as lab, \
             slurm_cluster(lab) as cluster:
-        hand = args.out / "by-hand"
-        run = start_nodes(lab, [*plan, "--iface", lab.hosts[0].iface, "--out", str(hand)], args.out / "logs")
-        codes = run.wait(args.timeout)
-        rows["torchrun by hand"] = {"seconds": time.monotonic() - run.started, "rc": max(codes.values(), key=abs),
-                                    "dir": hand}
-        path = diag_on_path(args.out)
-        for name, script in (("srun diag", "diag-srun.sbatch"), ("srun torchrun", "diag-torchrun.sbatch")):
-            out = args.out / script.split(".")[0]
-            code, seconds = sbatch(cluster, write_script(args.out, script), args.hosts, [*plan, "--out", str(out)],
-                                   args.out / f"{script}.log", args.timeout, env={"PATH": path})
-            rows[name] = {"seconds": seconds, "rc": code, "dir": out}
-    for name, row in rows.items():
+        for round_index in range(args.rounds):
+            order = FORMS[round_index % 3:] + FORMS[:round_index % 3]
+            for form in order:
+                out = args.out / f"r{round_index + 1}-{form.replace(' ', '-')}"
+                rows.append(run_form(form, lab, cluster, plan, out, args.out, args.timeout))
+    for row in rows:
         found = verdicts(row["dir"]) if (row["dir"] / "report" / "findings.json").exists() else {}
-        print(f"{name:17s} {row['seconds'] / 60:5.2f} min rc={row['rc']} dip={found.get('dip')} "
-              f"mechanism={found.get('mechanism')} {','.join(found.get('mechanism_names', []))} workarounds="
+        print(f"{row['dir'].name:26s} {row['seconds'] / 60:5.2f} min (load {row['load'][0]:.1f} -> "
+              f"{row['load'][1]:.1f}) rc={row['rc']} dip={found.get('dip')} mechanism={found.get('mechanism')} "
+              f"{','.join(found.get('mechanism_names', []))} workarounds="
               + ", ".join(f"{k} {v:.2f}x" for k, v in (found.get("speedups") or {}).items() if v))
-    base = rows["torchrun by hand"]["seconds"]
-    for name in ("srun diag", "srun torchrun"):
-        print(f"{name} / torchrun by hand wall time: {rows[name]['seconds'] / base:.2f}")
-    return 0 if all(row["rc"] == 0 for row in rows.values()) else 1
+    mean = {form: sum(r["seconds"] for r in rows if r["form"] == form) / args.rounds for form in FORMS}
+    for form in FORMS[1:]:
+        print(f"{form} / torchrun by hand wall time: {mean[form] / mean[FORMS[0]]:.2f}")
+    return 0 if all(row["rc"] == 0 for row in rows) else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Three ways to start ranks:
   diag sweep --nproc 2,3,4 ...           ranks on this machine, started by torch's launcher, one N at a time
   diag sweep --lab [NAME] --nproc 2,3    one launcher per lab host (network namespaces), as on a cluster
   torchrun ... -m diag sweep ...         in place, under torchrun / srun / any env:// launcher
+  srun -N 2 diag sweep ...               in place, every Slurm task a rank (srun alone: diag reads SLURM_*)
 
 Ends with nccl-tests' closing lines (Out of bounds values, Avg bus bandwidth) and gates on them: exit 6 when a
 row has #wrong > 0, 7 when the average busbw is below --min-busbw (docs/cli.md, Exit codes).
