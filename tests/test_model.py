@@ -11,7 +11,7 @@ from report_helpers import KiB, MiB, make_record, write_records
 
 from diag.__main__ import main
 from diag.errors import DiagError
-from diag.report.model import fit_all, models_from_json, models_to_json, select
+from diag.report.model import fit_all, fit_group, models_from_json, models_to_json, select
 
 ALPHA_S = 250e-6
 BETA_S_PER_BYTE = 1 / 110e6  # 110 MB/s
@@ -59,6 +59,39 @@ def test_groups_are_kept_apart_and_a_single_size_is_not_fitted() -> None:
     records = linear_records(n=2) + linear_records(n=3) + [make_record("gloo", "exchange", 2, 1024, [1e-3, 1e-3])]
     models = fit_all(records)
     assert sorted(m.world_size for m in models) == [2, 3]
+
+
+def test_series_of_one_transport_are_never_pooled(tmp_path, capsys) -> None:
+    """The raw-TCP reference, gloo's protocol model (--emulate gloo) and a half-duplex ring (--io alternate)
+    share raw:ring but are three series: three models, each with its own bandwidth and a small fit error,
+    never one line through all three (whose error would be the gap between them)."""
+    rng = random.Random(5)
+
+    def rows(knobs: dict, bandwidth: float) -> list:
+        return [make_record("raw", "all_gather", 2, size, [(ALPHA_S + size / bandwidth) * (1 + rng.gauss(0, 0.01))
+                                                          for _ in range(6)], knobs=knobs)
+                for size in (MiB, 4 * MiB, 16 * MiB)]
+
+    records = rows({}, 22e6) + rows({"emulate": "gloo"}, 15e6) + rows({"io": "alternate"}, 11e6)
+    models = {m.label: m for m in fit_all(records)}
+    assert set(models) == {"raw:ring", "raw:ring [emulate=gloo]", "raw:ring [io=alternate]"}
+    for label, bandwidth in (("raw:ring", 22e6), ("raw:ring [emulate=gloo]", 15e6), ("raw:ring [io=alternate]", 11e6)):
+        assert models[label].linear.bandwidth_Bps == pytest.approx(bandwidth, rel=0.05)
+        assert models[label].linear.rel_rms < 0.03
+    with pytest.raises(ValueError, match="one model per series"):
+        fit_group(records)
+    # the file names each model's series; predict picks one by it, or every series of a transport
+    path = tmp_path / "m.json"
+    assert main(["model", "fit", str(write_records(tmp_path / "r.jsonl", records)), "-o", str(path)]) == 0
+    document = json.loads(path.read_text())
+    assert document["schema"] == 2 and sorted(m["series"] for m in document["models"]) == sorted(models)
+    capsys.readouterr()
+    assert main(["model", "predict", "--model", str(path), "--world-size", "2", "--size", "16M", "--backend",
+                 "raw:ring [emulate=gloo]", "--json"]) == 0
+    (answer,) = json.loads(capsys.readouterr().out)
+    assert answer["series"] == "raw:ring [emulate=gloo]"
+    assert answer["time_s"] == pytest.approx(ALPHA_S + 16 * MiB / 15e6, rel=0.03)
+    assert len(select(models_from_json(document), "all_gather", 2, "raw")) == 3
 
 
 def test_json_round_trip_and_select() -> None:

@@ -1,4 +1,4 @@
-"""Fit and query latency/bandwidth models: T(S) = alpha + beta * S per (transport, op, N), plus a
+"""Fit and query latency/bandwidth models: T(S) = alpha + beta * S per (series, op, N), plus a
 two-segment fit where the data bends; JSON for simulators.
 
 examples:
@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     predict.add_argument("--op", default="all_gather")
     predict.add_argument("--world-size", type=int, required=True)
     predict.add_argument("--size", required=True, help="per-rank input size, e.g. 16M, 12589824")
-    predict.add_argument("--backend", default=None, help="gloo, raw, or a transport such as raw:ring")
+    predict.add_argument("--backend", default=None, help="gloo, raw, a transport such as raw:ring (every series of "
+                         "it), or one series as the model file names it, e.g. \"raw:ring [emulate=gloo]\"")
     predict.add_argument("--algo", default=None, help="raw algorithm (ring, pairwise)")
     predict.add_argument("--json", action="store_true")
 
@@ -43,7 +44,7 @@ def _fit(args: argparse.Namespace) -> int:
     data = load_run(args.paths)
     models = fit_all(data.records)
     if not models:
-        raise DiagError("no (transport, op, N) group has two or more sizes: sweep more sizes to fit a model")
+        raise DiagError("no (series, op, N) group has two or more sizes: sweep more sizes to fit a model")
     document = models_to_json(models, [str(f.path) for f in data.record_files])
     if args.output is None:
         print(json.dumps(document, indent=1, allow_nan=False))
@@ -54,7 +55,7 @@ def _fit(args: argparse.Namespace) -> int:
         bend = ""
         if m.best == "two_segment" and m.two_segment:
             bend = f"; bends at {m.two_segment.breakpoint_bytes:.0f} bytes (fit error {m.two_segment.rel_rms:.1%})"
-        print(f"{m.transport} {m.op} N={m.world_size}: alpha {human_time(m.linear.alpha_s)}, "
+        print(f"{m.label} {m.op} N={m.world_size}: alpha {human_time(m.linear.alpha_s)}, "
               f"1/beta {bw}, fit error {m.linear.rel_rms:.1%}{bend}")
     print(f"wrote {len(models)} models to {args.output}")
     return 0
@@ -74,13 +75,13 @@ def _predict(args: argparse.Namespace) -> int:
     for m in select(models_from_json(document), args.op, args.world_size, args.backend, args.algo):
         t, se = m.predict(size)
         inside = m.sizes_bytes and min(m.sizes_bytes) <= size <= max(m.sizes_bytes)
-        answers.append({"transport": m.transport, "op": m.op, "world_size": m.world_size, "size_bytes": size,
+        answers.append({"series": m.label, "transport": m.transport, "op": m.op, "world_size": m.world_size, "size_bytes": size,
                         "time_s": t, "stderr_s": se, "ci95_s": [t - Z95 * se, t + Z95 * se], "fit": m.best,
                         "extrapolated": not inside})
         if not args.json:
             where = "" if inside else (f" (extrapolated: fitted on {human_bytes(min(m.sizes_bytes))}.."
                                        f"{human_bytes(max(m.sizes_bytes))})")
-            print(f"{m.op} of {human_bytes(size)} per rank on {m.world_size} ranks with {m.transport}: "
+            print(f"{m.op} of {human_bytes(size)} per rank on {m.world_size} ranks with {m.label}: "
                   f"{human_time(t)} +/- {human_time(Z95 * se)} (95%, {m.best} fit){where}")
     if args.json:
         print(json.dumps(answers, indent=1))

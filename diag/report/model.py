@@ -1,4 +1,4 @@
-"""Latency/bandwidth models of collectives: T(S) = alpha + beta * S per (transport, op, N), plus a
+"""Latency/bandwidth models of collectives: T(S) = alpha + beta * S per (series, op, N), plus a
 two-segment (continuous piecewise linear, fitted breakpoint) model where the data bends.
 
 S is the per-rank input size in bytes (records' ``size_bytes``), T the time of one operation in seconds
@@ -8,6 +8,10 @@ decide alpha alone. Fit error is the weighted (relative) RMS of the residuals.
 
 The exported JSON (MODEL_SCHEMA) is meant for simulators: plain numbers in base units, covariance
 included so a reader can compute its own uncertainty.
+
+A model is one series (diag.records.series_label: transport + mechanism knobs): the raw-TCP reference, gloo's
+protocol model (raw --emulate gloo) and a half-duplex ring (raw --io alternate) share a transport but never a
+fit.
 """
 
 from __future__ import annotations
@@ -24,11 +28,14 @@ import numpy as np
 from diag.errors import DiagError
 from diag.records import Record, transport_label
 
-# Schema history: 1 - first version (linear + optional two_segment per transport/op/world_size). Strict JSON
-# since issue 22: a number that is not finite (a bandwidth where beta <= 0, a covariance the points cannot
-# give) is written as null, and the document's "nonfinite" list says where and why (readers of schema 1
-# without it never saw a null, so it stays schema 1: nulls only replace what was invalid JSON).
-MODEL_SCHEMA = 1
+# Schema history: 1 - first version (linear + optional two_segment per transport/op/world_size). Strict JSON:
+# a number that is not finite (a bandwidth where beta <= 0, a covariance the points cannot give) is written as
+# null, and the document's "nonfinite" list says where and why (readers of schema 1 without it never saw a
+# null, so it stayed schema 1: nulls only replace what was invalid JSON).
+# 2 - one model per series (``series``: transport + mechanism knobs) rather than per transport, so two models
+# may share a transport, op and N; schema 1 files read with the transport as their series.
+MODEL_SCHEMA = 2
+READABLE_SCHEMAS = (1, 2)
 # Use the two-segment fit only when its relative RMS error is at most this fraction of the linear one's.
 BEND_IMPROVEMENT = 0.6
 # A segment needs at least this many distinct sizes to stand on (else a bend fits noise).
@@ -99,17 +106,24 @@ class GroupModel:
     linear: LinearFit
     two_segment: TwoSegmentFit | None
     best: str                    # "linear" | "two_segment"
+    series: str = ""             # the series identity (diag.records.series_label); "" reads as the transport
 
     @property
     def transport(self) -> str:
         return transport_label(self.backend, self.algo)
+
+    @property
+    def label(self) -> str:
+        """The series this model fits (its transport where a schema 1 file named none)."""
+        return self.series or self.transport
 
     def predict(self, size_bytes: float) -> tuple[float, float]:
         fit = self.two_segment if self.best == "two_segment" and self.two_segment else self.linear
         return fit.predict(size_bytes)
 
     def to_json(self) -> dict[str, Any]:
-        return {"transport": self.transport, "backend": self.backend, "algo": self.algo, "op": self.op,
+        return {"series": self.label, "transport": self.transport, "backend": self.backend, "algo": self.algo,
+                "op": self.op,
                 "world_size": self.world_size, "n_samples": self.n_samples, "sizes_bytes": self.sizes_bytes,
                 "linear": self.linear.to_json(),
                 "two_segment": self.two_segment.to_json() if self.two_segment else None,
@@ -125,7 +139,7 @@ class GroupModel:
             linear=LinearFit(lin["alpha_s"], lin["beta_s_per_byte"], _matrix(lin["cov"]), lin["rel_rms"]),
             two_segment=TwoSegmentFit(two["alpha_s"], two["beta1_s_per_byte"], two["beta2_s_per_byte"],
                                       two["breakpoint_bytes"], _matrix(two["cov"]), two["rel_rms"]) if two else None,
-            best=data.get("best", "linear"),
+            best=data.get("best", "linear"), series=str(data.get("series") or ""),
         )
 
 
@@ -190,7 +204,10 @@ def fit_two_segment(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> TwoSegmentFi
 
 
 def fit_group(records: Sequence[Record]) -> GroupModel | None:
-    """Fit one (backend, algo, op, world_size) group; None when fewer than two sizes were measured."""
+    """Fit one (series, op, world_size) group; None when fewer than two sizes were measured."""
+    series = {r.series for r in records}
+    if len(series) > 1:
+        raise ValueError(f"one model per series: these rows are of {len(series)} ({', '.join(sorted(series))})")
     x, y, w = _samples(records)
     if len(np.unique(x)) < 2:
         return None
@@ -200,13 +217,14 @@ def fit_group(records: Sequence[Record]) -> GroupModel | None:
     first = records[0]
     return GroupModel(first.backend, first.algo, first.op, first.world_size, len(x),
                       sorted({int(r.size_bytes) for r in records}), linear, two,
-                      "two_segment" if bends else "linear")
+                      "two_segment" if bends else "linear", first.series)
 
 
-def group_records(records: Iterable[Record]) -> dict[tuple[str, str, str, int], list[Record]]:
-    groups: dict[tuple[str, str, str, int], list[Record]] = defaultdict(list)
+def group_records(records: Iterable[Record]) -> dict[tuple[str, str, int], list[Record]]:
+    """(series, op, N) -> its rows: one model each, never two series pooled."""
+    groups: dict[tuple[str, str, int], list[Record]] = defaultdict(list)
     for r in records:
-        groups[(r.backend, r.algo, r.op, r.world_size)].append(r)
+        groups[(r.series, r.op, r.world_size)].append(r)
     return groups
 
 
@@ -245,22 +263,26 @@ def models_to_json(models: Sequence[GroupModel], sources: Sequence[str]) -> dict
 
 
 def models_from_json(data: dict[str, Any]) -> list[GroupModel]:
-    if data.get("kind") != "diag-model" or data.get("schema") != MODEL_SCHEMA:
-        raise DiagError("not a diag model file (schema 1): make one with `diag model fit RUN_DIR -o model.json`")
+    if data.get("kind") != "diag-model" or data.get("schema") not in READABLE_SCHEMAS:
+        raise DiagError(f"not a diag model file (schema {', '.join(map(str, READABLE_SCHEMAS))}): make one with "
+                        "`diag model fit RUN_DIR -o model.json`")
     return [GroupModel.from_json(m) for m in data.get("models", [])]
 
 
 def select(models: Sequence[GroupModel], op: str, world_size: int, backend: str | None = None,
            algo: str | None = None) -> list[GroupModel]:
-    """Models for one question. ``backend`` may be "gloo", "raw", or a transport "raw:ring"."""
-    if backend and ":" in backend:
+    """Models for one question. ``backend`` may be "gloo", "raw", a transport "raw:ring" (every series of it),
+    or a series "raw:ring [emulate=gloo]"."""
+    series = backend if backend and any(m.label == backend for m in models) else None
+    if backend and series is None and ":" in backend:
         kind, name = backend.split(":", 1)
         backend, algo = (name, algo) if kind == "torch" else ("raw", algo or name)
     hits = [m for m in models if m.op == op and m.world_size == world_size
-            and (backend is None or m.backend == backend) and (algo is None or m.algo == algo)]
+            and (m.label == series if series else
+                 (backend is None or m.backend == backend) and (algo is None or m.algo == algo))]
     if not hits:
-        have = sorted({(m.transport, m.op, m.world_size) for m in models})
+        have = sorted({(m.label, m.op, m.world_size) for m in models})
         listing = ", ".join(f"{t} {o} N={n}" for t, o, n in have) or "none"
         raise DiagError(f"no model for {op} N={world_size}"
-                        f"{' ' + backend if backend else ''}; the model file has: {listing}")
+                        f"{' ' + (series or backend or '') if series or backend else ''}; the model file has: {listing}")
     return hits

@@ -34,7 +34,7 @@ from diag.report.nodes import differences_of, subgroup_nodes
 from diag.report.plots import render_plots
 from diag.report.queries import raw_link_reach
 from diag.report.rundir import RING_PATTERN_CPU_LIMIT, RunData
-from diag.report.series import series_label
+from diag.report.series import mean_algbw, mean_busbw, mean_time, series_label
 from diag.report.thresholds import TABLE
 from diag.report.verdict import Verdict, build_verdict
 from diag.typedjson import strict_document
@@ -71,10 +71,12 @@ def flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 def record_row(r: Record) -> list[str]:
     return [series_label(r), r.op, str(r.world_size), human_bytes(r.size_bytes), human_bytes(r.volume_bytes),
-            human_time(r.time_s), human_rate(r.algbw_Bps), human_rate(r.busbw_Bps), str(r.nwrong), str(len(r.times_s))]
+            human_time(mean_time(r)), human_rate(mean_algbw(r)), human_rate(mean_busbw(r)), str(r.nwrong),
+            str(len(r.times_s))]
 
 
-RECORD_HEADER = ["series", "op", "N", "size", "D", "time (median)", "algbw", "busbw", "#wrong", "samples"]
+RECORD_HEADER = ["series", "op", "N", "size", "D", "time (mean)", "algbw (mean time)", "busbw (mean time)", "#wrong",
+                 "samples"]
 
 
 def _model_rows(models: list[GroupModel]) -> list[list[str]]:
@@ -85,13 +87,13 @@ def _model_rows(models: list[GroupModel]) -> list[list[str]]:
                 f" -> {human_rate(1 / m.two_segment.beta2_s_per_byte)}"
                 if m.best == "two_segment" and m.two_segment and m.two_segment.beta1_s_per_byte > 0
                 and m.two_segment.beta2_s_per_byte > 0 else "-")
-        rows.append([m.transport, m.op, str(m.world_size), human_time(lin.alpha_s),
+        rows.append([m.label, m.op, str(m.world_size), human_time(lin.alpha_s),
                      human_rate(lin.bandwidth_Bps) if lin.beta_s_per_byte > 0 else "-", f"{lin.rel_rms:.1%}",
                      m.best, bend])
     return rows
 
 
-MODEL_HEADER = ["transport", "op", "N", "alpha (latency)", "1/beta (per-rank bytes/s)", "fit error (rel. RMS)",
+MODEL_HEADER = ["series", "op", "N", "alpha (latency)", "1/beta (per-rank bytes/s)", "fit error (rel. RMS)",
                 "best fit", "bend (two-segment)"]
 
 

@@ -195,6 +195,11 @@ class RunData:
         return [r for f in self.record_files for r in f.records if not r.block]
 
     @property
+    def all_records(self) -> list[Record]:
+        """Every row of every records file: the survey rows and the trials' blocks (diag compare reads both)."""
+        return [r for f in self.record_files for r in f.records]
+
+    @property
     def trials(self) -> list[tuple[Any, list[Record], dict[str, Any]]]:
         """(TrialSpec, its block records, its end event's summary or {}) for every trial launch in the run."""
         def collect() -> list[tuple[Any, list[Record], dict[str, Any]]]:
@@ -230,6 +235,8 @@ class RunData:
         seen: dict[tuple[str, str, int, int], list[str]] = {}
         for f in self.record_files:
             for r in f.records:
+                if r.block:    # a trial's blocks are its rounds, read as a trial, never a second row
+                    continue
                 seen.setdefault((series_label(r), r.op, r.world_size, r.size_bytes), []).append(self.relative(f.path))
         from diag.units import human_bytes
 
