@@ -45,9 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import diag
 from diag.lifeline import CHILD_CWD, child_env
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "inplace.md"
+# The docs of the tree this diag comes from (wherever this module lives: the sbatch scripts are the docs').
+DOCS = Path(diag.__file__).resolve().parents[1] / "docs" / "inplace.md"
 DAEMONS = ("munged", "slurmctld", "slurmd")
 START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
@@ -159,8 +161,8 @@ def slurm_conf(lab: Any, directory: Path, cpus: int) -> str:
         f"SlurmdSpoolDir={d}/spool/%n", f"SlurmdPidFile={d}/run/slurmd-%n.pid", f"SlurmdLogFile={d}/log/slurmd-%n.log",
         "ReturnToService=2", "SlurmctldDebug=info", "SlurmdDebug=info",
         # sbatch --wait polls the job after 2 s, then 4x longer each time (8, 32, 32 s) while the wait is under
-        # half of MinJobAge (default 300): a job done at 43 s was seen done at 74 s. With 0 (job records kept)
-        # it polls every 2 s, so a submission's wall time is the job's.
+        # half of MinJobAge (default 300): tests/test_slurm.py's 3-node job returned at 74 s, 52 s with 0 (job
+        # records kept), where it polls every 2 s, so a submission's wall time is the job's.
         "MinJobAge=0",
         *(f"NodeName={h.name} NodeAddr={h.address} CPUs={cpus} State=UNKNOWN" for h in lab.hosts),
         "PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
