@@ -341,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for form in order:
                 out = args.out / f"r{round_index + 1}-{form.replace(' ', '-')}"
                 rows.append(run_form(form, lab, cluster, plan, out, args.out, args.timeout))
+                print(f"{out.name}: {rows[-1]['seconds']:.1f} s rc={rows[-1]['rc']}", flush=True)
     for row in rows:
         found = verdicts(row["dir"]) if (row["dir"] / "report" / "findings.json").exists() else {}
         print(f"{row['dir'].name:26s} {row['seconds'] / 60:5.2f} min (load {row['load'][0]:.1f} -> "
