@@ -61,6 +61,15 @@ def run_sweep(spec: SweepSpec, out: Path, *, run_dir: str | os.PathLike[str] | N
         if not torch.cuda.is_available():   # before any rank starts (in place, each rank says it itself)
             raise DiagError("backend nccl needs CUDA, and no CUDA device is visible; use --backend gloo",
                             exit_code=EXIT_NO_DEVICE)
+        gpus = torch.cuda.device_count()
+        if lab is not None:
+            raise DiagError("--backend nccl on the lab: every lab host is this machine and NCCL takes one GPU per "
+                            "rank; run nccl on this machine (--nproc N, N at most its GPUs) or in place under torchrun",
+                            exit_code=EXIT_NO_DEVICE)
+        if max(world_sizes) > gpus:
+            raise DiagError(f"--backend nccl runs one rank per GPU and N={max(world_sizes)} needs {max(world_sizes)}; "
+                            f"this machine has {gpus} (--nproc at most {gpus}, or in place across machines)",
+                            exit_code=EXIT_NO_DEVICE)
     run_id = uuid.uuid4().hex[:12]
     if run_dir is not None:
         root = Path(run_dir)

@@ -297,7 +297,12 @@ class InPlaceJob:
             if not torch.cuda.is_available():
                 raise DiagError("backend nccl needs CUDA, and no CUDA device is visible; use --backend gloo",
                                 exit_code=EXIT_NO_DEVICE)
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            local_rank, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+            if local_rank >= gpus:
+                raise DiagError(f"backend nccl runs one rank per GPU: local rank {local_rank} has none of its own "
+                                f"({gpus} visible on this node); start at most {gpus} ranks per node",
+                                exit_code=EXIT_NO_DEVICE)
+            torch.cuda.set_device(local_rank)
 
     def _register_diag_tcp(self) -> None:
         from diag.transports.raw.backend import ENV_TOKEN, register
