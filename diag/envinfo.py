@@ -48,13 +48,38 @@ def _run(argv: list[str], timeout: float = 3.0) -> str | None:
 
 
 def interface_for(address: str | None) -> str | None:
-    """The interface the kernel routes ``address`` through (``ip route get``)."""
+    """The interface the kernel routes ``address`` through (``ip route get``; a name is resolved first). An
+    address of this host's own (rank 0's node and MASTER_ADDR) is routed through lo: the interface that holds
+    it is the one meant."""
     if not address:
         return None
-    out = _run(["ip", "-o", "route", "get", address])
-    if out and " dev " in out:
-        return out.split(" dev ", 1)[1].split()[0]
-    return None
+    numeric = _numeric_address(address)
+    if numeric is None:
+        return None
+    out = _run(["ip", "-o", "route", "get", numeric])
+    if not out or " dev " not in out:
+        return None
+    if out.startswith("local "):
+        holder = _run(["ip", "-o", "addr", "show", "to", numeric])
+        fields = holder.split() if holder else []
+        if len(fields) > 1:
+            return fields[1].split("@")[0]   # "2: eth0    inet 10.77.0.1/24 ..."
+    return out.split(" dev ", 1)[1].split()[0]
+
+
+def _numeric_address(address: str) -> str | None:
+    """``address`` as a numeric address: itself, or what a name resolves to (a non-loopback one first)."""
+    try:
+        socket.inet_pton(socket.AF_INET6 if ":" in address else socket.AF_INET, address)
+        return address
+    except OSError:
+        pass
+    try:
+        infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    found = [str(info[4][0]) for info in infos]
+    return min(found, key=lambda a: (a.startswith("127.") or a == "::1", ":" in a)) if found else None
 
 
 def interface_info(name: str) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from diag.errors import DiagError
 from diag.inplace.node import NodeWork
 from diag.inplace.topology import Topology, build_topology, identify, identity_from_message, job_interface
 from diag.inplace.world import WORLD_TIMEOUT_S, World
+from diag.launchenv import launch_json
 from diag.plan import ADVISE, Plan, Step, capture_tag, step_spec, step_title, step_trial
 from diag.runinfo import LabInfo, RunInfo
 from diag.textsafe import lines, visible
@@ -226,7 +227,8 @@ class InPlaceJob:
                        mode=self.options.mode, cpu_count=os.cpu_count(), quick=self.plan.name == "quick",
                        plan=self.plan.to_json(), lab=from_json(LabInfo, self.options.lab) if self.options.lab else None,
                        topology=self.topology.to_json(self.plan.world_sizes), argv=list(self.options.argv),
-                       trial_seed=int.from_bytes(os.urandom(4), "little"), records_out=self.options.records_out)
+                       trial_seed=int.from_bytes(os.urandom(4), "little"), records_out=self.options.records_out,
+                       launch=launch_json())
 
     def _note(self, notes: list[str]) -> None:
         if self.run is None:
@@ -295,7 +297,12 @@ class InPlaceJob:
             if not torch.cuda.is_available():
                 raise DiagError("backend nccl needs CUDA, and no CUDA device is visible; use --backend gloo",
                                 exit_code=EXIT_NO_DEVICE)
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            local_rank, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+            if local_rank >= gpus:
+                raise DiagError(f"backend nccl runs one rank per GPU: local rank {local_rank} has none of its own "
+                                f"({gpus} visible on this node); start at most {gpus} ranks per node",
+                                exit_code=EXIT_NO_DEVICE)
+            torch.cuda.set_device(local_rank)
 
     def _register_diag_tcp(self) -> None:
         from diag.transports.raw.backend import ENV_TOKEN, register
@@ -561,6 +568,12 @@ def run_in_place(options: JobOptions) -> int:
         say(f"{command} ({options.mode}): {world_size} ranks on {len(topology.nodes)} node(s) "
             f"({', '.join(n.name for n in topology.nodes)}); N = {', '.join(map(str, plan.world_sizes))}"
             + (f"; D = {', '.join(human_bytes(v) for v in plan.volumes)}" if plan.volumes else ""))
+        from diag import launchenv
+
+        launch = launchenv.current()
+        if launch is not None:
+            for line in (launch.describe(), *launch.notes):
+                say(f"{command}: {line}")
         job = InPlaceJob(options, world, topology, plan, say)
         job.prepare()
         say(f"{command}: run directory {job.root}" + ("" if job.shared else
