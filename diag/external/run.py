@@ -175,7 +175,7 @@ def run_program_trial(options: ProgramTrial) -> int:
     from diag.runinfo import read_run_json
     from diag.runplan import in_place, run_plan
 
-    here = in_place()
+    here = in_place(options.iface)
     if not options.world_sizes and not here:
         raise DiagError("no ranks to run: pass --nproc 2,3,4 (with --lab: one rank per lab host), or start "
                         "diag trial under torchrun")
