@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from diag.capture.pcapfile import ReadResult
+from diag.capture.pcapfile import SKIP_WORDS, UNSUPPORTED_LINKTYPE_PREFIX, ReadResult
 from diag.capture.quantile import OrderStats, np_median, np_percentile
 from diag.capture.tcpstate import PacketState
 from diag.capture.turns import CONTROL_MAX_BYTES, summarize
@@ -259,8 +259,11 @@ def document(paths: Sequence[str | os.PathLike[str]], results: list[ReadResult],
                       "snaplen": result.snaplen, "frames": result.frames, "tcp_packets": packets,
                       "skipped": result.skipped, "capture": meta})
         warnings.extend(result.warnings)
-        if result.skipped:
-            warnings.append(f"{path}: skipped " + ", ".join(f"{v} {k}" for k, v in sorted(result.skipped.items())))
+        # Link types were named in words by the reader's own warning; the other reasons are listed here.
+        others = {k: v for k, v in result.skipped.items() if not k.startswith(UNSUPPORTED_LINKTYPE_PREFIX)}
+        if others:
+            warnings.append(f"{path}: skipped " + ", ".join(
+                f"{v} {SKIP_WORDS.get(k, k)}" for k, v in sorted(others.items())))
     flagged = bool(dropped_total) or any("truncated_record" in r.skipped for r in results)
     if dropped_total:
         warnings.append(f"the kernel dropped {dropped_total} packets during capture: counts are lower bounds "
