@@ -156,6 +156,22 @@ def build_spec(args: argparse.Namespace):
     )
 
 
+def refuse_absent_device(backend: str, device: str) -> None:
+    """Before any rank starts: nccl (or --device cuda) on a machine where torch sees no CUDA device is refused
+    here with one line and exit 5, not as N ranks' failures and a records file that never came to be."""
+    if backend != "nccl" and not device.startswith("cuda"):
+        return
+    import torch
+
+    from diag.errors import EXIT_NO_DEVICE
+
+    if not torch.cuda.is_available():
+        what = "--backend nccl" if backend == "nccl" else f"--device {device}"
+        raise DiagError(f"{what} needs a CUDA device and torch sees none (torch {torch.__version__}); "
+                        "use --backend gloo --device cpu, or run where a GPU is visible",
+                        exit_code=EXIT_NO_DEVICE)
+
+
 def default_out() -> Path:
     return Path("runs") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
 
@@ -165,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
 
     require_torch("diag sweep")
     spec = build_spec(args)
+    refuse_absent_device(spec.backend, spec.device)
     in_place = not args.nproc and not args.lab
     if in_place and "RANK" not in os.environ:
         raise DiagError("no ranks to run: pass --nproc 2 (ranks on this machine), --lab, "

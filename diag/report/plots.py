@@ -23,7 +23,7 @@ from diag.report.queries import (
 )
 from diag.report.rundir import CaptureSet, RunData
 from diag.report.series import PAIRWISE_OPS, by_series, mean_busbw, mean_time, series_label
-from diag.units import human_bytes
+from diag.units import RATE_SCALE, RATE_UNIT, human_bytes, human_rate
 
 # At most this many panels/lines per plot, so a big sweep stays readable.
 MAX_PANELS = 6
@@ -108,7 +108,7 @@ def time_vs_volume(run: RunData) -> FigureSpec | Skipped:
             lines.append(Line(f"N={n}", [r.volume_bytes for r in rows], [mean_time(r) * 1e3 for r in rows]))
         if link and len(set(volumes)) > 1:
             lo, hi = min(volumes), max(volumes)
-            lines.append(Line(f"ideal D / link ({link * 8 / 1e9:.3g} Gbit/s)", [lo, hi],
+            lines.append(Line(f"ideal D / link ({human_rate(link)})", [lo, hi],
                               [lo / link * 1e3, hi / link * 1e3], "k--"))
         panels.append(Panel(f"{label} {op}", "per-device volume D = (N-1) x size [bytes]", "mean time per operation [ms]",
                             lines, x="bytes", y="log"))
@@ -206,12 +206,12 @@ def conn_throughput(run: RunData) -> FigureSpec | Skipped:
             continue
         t_first = min(tp.t0 for _, tp in series)
         lines = [Line(f"{conn.a} -> {conn.b}" if d == "a->b" else f"{conn.b} -> {conn.a}",
-                      [t - t_first for t in tp.times()], [v * 8 / 1e6 for v in tp.Bps],
+                      [t - t_first for t in tp.times()], [v / RATE_SCALE for v in tp.Bps],
                       "-" if d == "a->b" else "--", step=True) for d, tp in series]
         overlap = conn.duplex_overlap
         panels.append(Panel(f"{capture_name(run, capture)}: busiest connection"
                             + (f", duplex overlap {overlap:.0%}" if isinstance(overlap, (int, float)) else ""),
-                            "time since capture start [s]", "throughput [Mbit/s]", lines))
+                            "time since capture start [s]", f"throughput [{RATE_UNIT}]", lines))
     if not panels:
         return Skipped(title, "no analysed capture with a per-direction throughput series (analysis/*.json)")
     return FigureSpec("conn_throughput.png", title,
