@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from diag import safefs
+from diag.report.series import series_words
 from diag.units import human_bytes
 
 DPI = 90
 # Bar labels and panel titles wrap at these many characters, so long series labels stay inside the figure.
 LABEL_CHARS = 34
 TITLE_CHARS = 60
+LEGEND_CHARS = 56   # a legend entry's line: long series names wrap instead of widening the figure
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,8 @@ class Panel:
     y: str = "linear"                 # "linear" | "log" | "bytes"
     y_from_zero: bool = False
     y_max: float | None = None
-    legend: str | None = None         # a matplotlib legend location; None: inside if few short labels, else beside
+    legend: str | None = None         # a matplotlib legend location or "below"; None: inside if few short labels,
+    #                                   else below the axes
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class Plot:
     filename: str
     title: str
     caption: str
+    # The legend's series in words and the knob string each stands for (series_label: the tables', the CSV's)
+    keys: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -161,13 +166,14 @@ def draw_panel(ax: Any, panel: Panel) -> None:
     for line in panel.lines:
         xs += list(line.x)
         ys += list(line.y)
+        label = textwrap.fill(series_words(line.label), LEGEND_CHARS)
         if len(line.x) == 1:
             style = "".join(c for c in line.style if c not in "-:") or "o"
-            ax.plot(line.x, line.y, style, ms=7, label=line.label)
+            ax.plot(line.x, line.y, style, ms=7, label=label)
         elif line.step:
-            ax.step(line.x, line.y, line.style, where="post", label=line.label, lw=line.width or 1.2)
+            ax.step(line.x, line.y, line.style, where="post", label=label, lw=line.width or 1.2)
         else:
-            ax.plot(line.x, line.y, line.style, ms=4, label=line.label, lw=line.width or 1.5)
+            ax.plot(line.x, line.y, line.style, ms=4, label=label, lw=line.width or 1.5)
     if panel.bars is not None:
         _draw_bars(ax, panel.bars)
         ys += [v for _, values in panel.bars.series for v in values if v is not None]
@@ -195,10 +201,12 @@ def draw_panel(ax: Any, panel: Panel) -> None:
     if ax.get_legend_handles_labels()[0]:
         if horizontal:  # above the axes: bars fill the plot area, a legend inside would hide some
             ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, frameon=False)
+        elif panel.legend == "below" or (panel.legend is None and (
+                len(panel.lines) > 4 or any(len(series_words(line.label)) > 40 for line in panel.lines))):
+            # below the axes, one entry a row: many or long labels neither hide lines nor get cut at the side
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=1, frameon=False)
         elif panel.legend is not None:
             ax.legend(fontsize=8, loc=panel.legend)
-        elif len(panel.lines) > 4 or any(len(line.label) > 40 for line in panel.lines):
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: many or long labels
         else:
             ax.legend(fontsize=7)
 
@@ -275,4 +283,6 @@ def render(spec: FigureSpec, out: Path) -> Plot:
         fig.savefig(handle, format=Path(spec.filename).suffix.lstrip(".") or "png", dpi=DPI,
                     bbox_inches="tight")  # long labels and outside legends fit
     plt.close(fig)
-    return Plot(spec.filename, spec.title, spec.caption)
+    labels = dict.fromkeys(line.label for panel in spec.panels for line in panel.lines)
+    keys = tuple((series_words(label), label) for label in labels if series_words(label) != label)
+    return Plot(spec.filename, spec.title, spec.caption, keys)

@@ -78,14 +78,14 @@ def headline(run: RunData) -> FigureSpec | Skipped:
     if not lines:
         return Skipped(title, f"no rows at D={human_bytes(target)}")
     panel = Panel(f"{op} busbw at D = {human_bytes(target)} per device", "world size N", "busbw of the mean time [MB/s]",
-                  lines, refs=_link_ref(run), x="int", y_from_zero=True, legend="lower right")
+                  lines, refs=_link_ref(run), x="int", y_from_zero=True, legend="below")
     return FigureSpec("headline.png", title,
                       f"{op} bus bandwidth of the mean time per iteration (nccl-tests convention, MB/s = 1e6 B/s) against the number of ranks N, "
                       f"each rank receiving the same volume D = {human_bytes(target)} at every N. On a full-duplex "
                       "link every transport should sit near the dashed link rate at every N; a backend line that "
                       "drops at N=2 while the raw-TCP lines stay up is the anomaly, and the gap is what the "
                       "backend loses. Raw experiments run at one N only are single markers.",
-                      [panel], columns=1, panel_size=(10.0, 4.6))
+                      [panel], columns=1, panel_size=(4.6, 3.5))  # narrow: its text stays legible on a phone
 
 
 def time_vs_volume(run: RunData) -> FigureSpec | Skipped:
