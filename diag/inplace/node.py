@@ -107,8 +107,10 @@ class NodeWork:
             self._observers.stop()
             self._observers = None
 
-    def analyze(self, records: list[str]) -> None:
-        """Analyse every capture of this node against the run's records (analysis/<tag>.json)."""
+    def analyze(self, records: list[str], keep_pcaps: bool = True) -> None:
+        """Analyse every capture of this node against the run's records (analysis/<tag>.json); without
+        ``keep_pcaps`` a pcap whose analysis was written is deleted (a quick run's pcaps are ~1.1 GB; the analysis
+        and <tag>.pcap.capture.json stay, and a pcap whose analysis failed stays to be looked at)."""
         from diag.capture import analyze_files
 
         for pcap in sorted((self.directory / "captures").glob("*.pcap")):
@@ -121,6 +123,8 @@ class NodeWork:
             result.setdefault("node", self.node.name)
             safefs.write_file(self.directory / "analysis" / f"{pcap.stem}.json", json.dumps(result, default=str))
             self.analysis_seconds += time.monotonic() - started
+            if not keep_pcaps:
+                pcap.unlink()
 
     def files(self, keep_pcaps: bool) -> dict[str, bytes]:
         """Everything this node wrote, by path below its directory, to ship to rank 0 where the run directory
