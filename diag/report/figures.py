@@ -82,7 +82,7 @@ class Panel:
     y_from_zero: bool = False
     y_max: float | None = None
     legend: str | None = None         # a matplotlib legend location or "below"; None: inside if few short labels,
-    #                                   else below the axes
+    #                                   else beside
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,11 @@ def _scale(ax: Any, which: str, kind: str, values: Sequence[float]) -> None:
 
         set_scale("log")
         axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-        axis.set_minor_formatter(NullFormatter())
+        positive = [v for v in values if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)]
+        # Within about a decade there may be one major tick or none: label the 2x, 3x and 5x minor ticks.
+        narrow = bool(positive) and max(positive) / min(positive) < 50
+        axis.set_minor_formatter(FuncFormatter(lambda v, _pos: f"{v:g}" if f"{v:g}"[0] in "235" else "")
+                                 if narrow else NullFormatter())
     elif kind == "int":
         from matplotlib.ticker import MaxNLocator
 
@@ -195,18 +199,18 @@ def draw_panel(ax: Any, panel: Panel) -> None:
     horizontal = panel.bars is not None and panel.bars.horizontal
     ax.set_xlabel(panel.ylabel if horizontal else panel.xlabel, fontsize=8)
     ax.set_ylabel(panel.xlabel if horizontal else panel.ylabel, fontsize=8)
-    ax.set_title(textwrap.fill(panel.title, TITLE_CHARS), fontsize=9, pad=22 if horizontal else 6)
+    ax.set_title(textwrap.fill(series_words(panel.title), TITLE_CHARS), fontsize=9, pad=22 if horizontal else 6)
     ax.tick_params(labelsize=7)
     ax.grid(True, which="both", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         if horizontal:  # above the axes: bars fill the plot area, a legend inside would hide some
             ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, frameon=False)
-        elif panel.legend == "below" or (panel.legend is None and (
-                len(panel.lines) > 4 or any(len(series_words(line.label)) > 40 for line in panel.lines))):
-            # below the axes, one entry a row: many or long labels neither hide lines nor get cut at the side
+        elif panel.legend == "below":  # one entry a row under the axes: a narrow figure stays legible on a phone
             ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=1, frameon=False)
         elif panel.legend is not None:
             ax.legend(fontsize=8, loc=panel.legend)
+        elif len(panel.lines) > 4 or any(len(series_words(line.label)) > 40 for line in panel.lines):
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: many or long labels
         else:
             ax.legend(fontsize=7)
 
@@ -253,11 +257,20 @@ def _draw_bars(ax: Any, bars: Bars) -> None:
             ax.bar(at, heights, width, label=name)
     if bars.horizontal:
         ax.set_yticks(list(positions))
-        ax.set_yticklabels([textwrap.fill(g, LABEL_CHARS) for g in bars.groups], fontsize=7)
+        ax.set_yticklabels([textwrap.fill(series_words(g), LABEL_CHARS) for g in bars.groups], fontsize=7)
         ax.invert_yaxis()  # first group on top, as it is read
     else:
         ax.set_xticks(list(positions))
         ax.set_xticklabels(bars.groups, fontsize=7)
+
+
+def _series_of(text: str) -> str:
+    """The series label a title or legend entry opens with ('raw:ring [conn=shared] all_gather' -> 'raw:ring
+    [conn=shared]'), for the table of what the words stand for."""
+    head, _, rest = text.partition(" ")
+    if rest.startswith("["):
+        return f"{head} [{rest[1:].partition(']')[0]}]"
+    return head if series_words(head) != head else text
 
 
 def render(spec: FigureSpec, out: Path) -> Plot:
@@ -283,6 +296,7 @@ def render(spec: FigureSpec, out: Path) -> Plot:
         fig.savefig(handle, format=Path(spec.filename).suffix.lstrip(".") or "png", dpi=DPI,
                     bbox_inches="tight")  # long labels and outside legends fit
     plt.close(fig)
-    labels = dict.fromkeys(line.label for panel in spec.panels for line in panel.lines)
+    labels = dict.fromkeys([*(_series_of(panel.title) for panel in spec.panels),
+                            *(_series_of(line.label) for panel in spec.panels for line in panel.lines)])
     keys = tuple((series_words(label), label) for label in labels if series_words(label) != label)
     return Plot(spec.filename, spec.title, spec.caption, keys)

@@ -72,10 +72,15 @@ _KNOB_WORDS: dict[str, dict[str, str]] = {
 def series_words(label: str) -> str:
     """'raw:ring [emulate=gloo, conn=shared, order=send-first]' -> "raw TCP ring: gloo's protocol, one connection
     per pair, sends first": a legend people read. Unknown transports and knobs stay as they are."""
-    transport, _, rest = label.partition(" [")
-    words = [_TRANSPORT_WORDS.get(transport, transport)]
+    head, _, rest = label.partition(" ")
+    transport = head if head in _TRANSPORT_WORDS else ""
+    if not transport:
+        return label
+    inside, after = "", rest
+    if rest.startswith("["):
+        inside, _, after = rest[1:].partition("]")
     knobs = []
-    for part in rest.rstrip("]").split(", ") if rest else []:
+    for part in inside.split(", ") if inside else []:
         name, _, value = part.partition("=")
         if name == "chunks":
             knobs.append(f"{value} chunks per block")
@@ -85,4 +90,5 @@ def series_words(label: str) -> str:
             knobs.append(f"ranks start {value} us apart")
         else:
             knobs.append(_KNOB_WORDS.get(name, {}).get(value, part))
-    return words[0] + (": " + ", ".join(knobs) if knobs else "")
+    words = _TRANSPORT_WORDS[transport] + (": " + ", ".join(knobs) if knobs else "")
+    return words + ((" " if not knobs else "; ") + after.strip() if after.strip() else "")
