@@ -180,7 +180,8 @@ h2,h3,.finding,figure{scroll-margin-top:.5em}.here{margin-left:.3em;color:#bbb;t
 font-size:13px;text-decoration:none;opacity:.85}details summary{cursor:pointer;color:#2a5db0;font-size:13px}
 .finding{overflow-wrap:anywhere}code{overflow-wrap:anywhere}
 @media (max-width:520px){body{padding:0 .4em;font-size:15px}.verdict{padding:.2em .6em .8em}
-.verdict h1{font-size:1.15em}td,th{padding:2px 4px}figure{margin:1em 0}}"""
+.verdict h1{font-size:1.15em}td,th{padding:2px 4px}figure{margin:1em 0}
+figure:not(.vfig)>a{display:block;overflow-x:auto}figure:not(.vfig)>a img{max-width:none;width:760px}}"""
 
 
 def slug(text: str) -> str:
