@@ -206,7 +206,7 @@ def draw_panel(ax: Any, panel: Panel) -> None:
         if horizontal:  # above the axes: bars fill the plot area, a legend inside would hide some
             ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, frameon=False)
         elif panel.legend == "below":  # one entry a row under the axes: a narrow figure stays legible on a phone
-            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=1, frameon=False)
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.3), ncol=1, frameon=False)
         elif panel.legend is not None:
             ax.legend(fontsize=8, loc=panel.legend)
         elif len(panel.lines) > 4 or any(len(series_words(line.label)) > 40 for line in panel.lines):
