@@ -180,3 +180,19 @@ def test_nccl_without_cuda_is_refused_before_any_rank_starts(tmp_path: Path) -> 
     assert proc.stderr.count("\n") == 1 and "needs a CUDA device" in proc.stderr
     assert "Traceback" not in proc.stderr and "rank" not in proc.stdout
     assert not out.exists() and not list(tmp_path.iterdir())  # nothing launched, nothing written
+
+
+def test_a_record_without_its_samples_is_named_by_file_and_row(tmp_path: Path) -> None:
+    import json
+
+    from report_helpers import write_records
+
+    path = write_records(tmp_path / "run" / "records" / "sweep.jsonl", anomaly_records()[:3])
+    lines = path.read_text().splitlines()
+    events = [json.loads(line) for line in lines]
+    rows = [e for e in events if e["event"] == "record"]
+    del rows[1]["times_s"]
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    proc = _diag("report", str(tmp_path / "run"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{path}: row 2: record is missing fields ['times_s']" in proc.stderr
