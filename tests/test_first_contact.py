@@ -196,3 +196,27 @@ def test_a_record_without_its_samples_is_named_by_file_and_row(tmp_path: Path) -
     proc = _diag("report", str(tmp_path / "run"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"{path}: row 2: record is missing fields ['times_s']" in proc.stderr
+
+
+def test_a_node_keeps_its_pcaps_only_when_asked(tmp_path: Path) -> None:
+    """Each capture analysed, then its pcap deleted unless keep_pcaps (the lab's shared run directory keeps
+    pcaps only with --keep-pcaps); a pcap whose analysis failed stays to be looked at."""
+    from capture_helpers import LINK_HEADERS, synthetic_flow, write_pcap
+    from native_helpers import need_kernels
+    from report_helpers import write_records
+
+    from diag.inplace.node import NodeWork
+    from diag.inplace.topology import Node
+
+    need_kernels("_cpcap", "_ctcp")
+    records = [str(write_records(tmp_path / "records.jsonl", anomaly_records()[:2]))]
+    frames = [(t, LINK_HEADERS[1](ip, False)) for t, ip in synthetic_flow()]
+    for keep in (False, True):
+        work = NodeWork(Node("h0", None, "host", None, None, (0,)), tmp_path / f"keep-{keep}" / "h0", None)
+        captures = work.directory / "captures"
+        write_pcap(captures / "step-n2.pcap", frames, 1)
+        (captures / "broken-n2.pcap").write_bytes(b"not a capture at all")
+        work.analyze(records, keep_pcaps=keep)
+        assert (work.directory / "analysis" / "step-n2.json").exists()
+        assert (captures / "step-n2.pcap").exists() == keep
+        assert (captures / "broken-n2.pcap").exists() and any("broken-n2.pcap" in n for n in work.notes)
