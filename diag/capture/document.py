@@ -259,11 +259,9 @@ def document(paths: Sequence[str | os.PathLike[str]], results: list[ReadResult],
                       "snaplen": result.snaplen, "frames": result.frames, "tcp_packets": packets,
                       "skipped": result.skipped, "capture": meta})
         warnings.extend(result.warnings)
-        # Link types were named in words by the reader's own warning; the other reasons are listed here.
         others = {k: v for k, v in result.skipped.items() if not k.startswith(UNSUPPORTED_LINKTYPE_PREFIX)}
-        if others:
-            warnings.append(f"{path}: skipped " + ", ".join(
-                f"{v} {SKIP_WORDS.get(k, k)}" for k, v in sorted(others.items())))
+        if others:  # (link types: the reader's warning names them in words)
+            warnings.append(f"{path}: skipped " + ", ".join(f"{v} {SKIP_WORDS.get(k, k)}" for k, v in sorted(others.items())))
     flagged = bool(dropped_total) or any("truncated_record" in r.skipped for r in results)
     if dropped_total:
         warnings.append(f"the kernel dropped {dropped_total} packets during capture: counts are lower bounds "

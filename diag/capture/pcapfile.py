@@ -45,37 +45,25 @@ SUPPORTED_LINKTYPES = {
     LINKTYPE_LINUX_SLL: "Linux cooked (SLL)", LINKTYPE_IPV4: "raw IPv4", LINKTYPE_IPV6: "raw IPv6",
     LINKTYPE_LINUX_SLL2: "Linux cooked v2 (SLL2)",
 }
-# Link types diag does not read, named as tcpdump's link-type list names them (for the one-line refusal).
-OTHER_LINKTYPES = {
-    6: "IEEE 802.5 token ring", 9: "PPP", 10: "FDDI", 50: "PPP in HDLC framing", 104: "Cisco HDLC",
-    105: "802.11", 107: "Frame Relay", 119: "802.11 with Prism header", 127: "802.11 radiotap",
-    143: "DOCSIS", 147: "user-defined (DLT_USER0)", 163: "802.11 with AVS header", 187: "Bluetooth HCI H4",
-    189: "USB (Linux)", 195: "IEEE 802.15.4", 201: "Bluetooth HCI H4 with pseudo-header", 215: "802.15.4 (no FCS)",
-    220: "USB (Linux, memory-mapped)", 227: "CAN (SocketCAN)", 249: "Netlink", 251: "Bluetooth LE link layer",
-    253: "Netlink monitor", 263: "Bluetooth (BlueZ monitor)", 264: "ISO 14443 (NFC)",
-}
-# The link-type field's upper bits carry other things (libpcap's LT_FCS_LENGTH_PRESENT and the FCS length in
-# 0xF0000000/0x04000000); libpcap's LT_LINKTYPE keeps the low 26 bits, so 0x04000001 is Ethernet with FCS.
-LINKTYPE_MASK = 0x03FFFFFF
+# Link types diag does not read, as tcpdump names them (a refusal names the type in words).
+OTHER_LINKTYPES = {9: "PPP", 104: "Cisco HDLC", 105: "802.11", 119: "802.11 with Prism header", 127: "802.11 radiotap",
+                   143: "DOCSIS", 147: "user-defined (DLT_USER0)", 163: "802.11 with AVS header", 187: "Bluetooth HCI H4",
+                   189: "USB (Linux)", 195: "IEEE 802.15.4", 220: "USB (Linux, memory-mapped)", 227: "CAN (SocketCAN)"}
+LINKTYPE_MASK = 0x03FFFFFF  # libpcap's LT_LINKTYPE: the upper bits carry the FCS length (0x04000001: Ethernet + FCS)
 UNSUPPORTED_LINKTYPE_PREFIX = "unsupported_linktype_"
-# Skip reasons `ReadResult.skipped` counts whose key alone does not say it to a person (the JSON keeps the keys).
-SKIP_WORDS = {"tunnel_too_deep": "tunnel_too_deep (a tunnel inside the third one diag follows)"}
+SKIP_WORDS = {"tunnel_too_deep": "tunnel_too_deep (a tunnel inside the third one diag follows)"}  # key -> words
 
 
 def linktype_name(linktype: int) -> str:
-    """'link type 127 (802.11 radiotap)': a link type as a person reads it."""
+    """'link type 127 (802.11 radiotap)'."""
     name = SUPPORTED_LINKTYPES.get(linktype) or OTHER_LINKTYPES.get(linktype)
-    if name is None and 147 <= linktype <= 162:
-        name = f"user-defined (DLT_USER{linktype - 147})"
     return f"link type {linktype}" + (f" ({name})" if name else "")
 
 
 def unsupported_linktype_error(path: Path | str, linktypes: list[int]) -> DiagError:
-    """The one refusal both formats give for a file none of whose packets has a link type diag reads."""
-    kinds = ", ".join(linktype_name(lt) for lt in linktypes)
-    return DiagError(f"{path}: {kinds} is not supported; diag reads "
-                     f"{', '.join(sorted(set(SUPPORTED_LINKTYPES.values())))} "
-                     "(capture on the IP interface with tcpdump -i IFACE, not a monitor/radio interface)")
+    """The one refusal of both formats for a file with no packet of a link type diag reads."""
+    return DiagError(f"{path}: {', '.join(map(linktype_name, linktypes))} is not supported; diag reads "
+                     f"{', '.join(sorted(set(SUPPORTED_LINKTYPES.values())))} (capture the IP interface)")
 
 PCAP_MAGICS = {
     b"\xd4\xc3\xb2\xa1": ("<", 1000), b"\xa1\xb2\xc3\xd4": (">", 1000),

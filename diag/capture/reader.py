@@ -113,17 +113,14 @@ def _read_capture(p: Path, first_frame: int, consume: Callable[[CaptureChunk], N
 
 
 def _linktypes_checked(result: ReadResult, p: Path) -> ReadResult:
-    """Both formats alike: a file none of whose packets has a link type diag reads is refused (a pcap says so in
-    its header, a pcapng per interface); a pcapng that mixes keeps the rest and says in words what it skipped."""
+    """Both formats alike: a file with no packet of a link type diag reads is refused; a pcapng that mixes keeps
+    the rest and says in words what it skipped."""
     prefix = pcapfile.UNSUPPORTED_LINKTYPE_PREFIX
     skipped = {int(key[len(prefix):]): n for key, n in result.skipped.items() if key.startswith(prefix)}
-    if not skipped:
-        return result
-    if sum(skipped.values()) >= result.frames:
+    if skipped and sum(skipped.values()) >= result.frames:
         raise pcapfile.unsupported_linktype_error(p, sorted(skipped))
-    for linktype, n in sorted(skipped.items()):
-        result.warnings.append(f"{p}: {n} packet{'s' if n != 1 else ''} of {pcapfile.linktype_name(linktype)} "
-                               "skipped (not supported); the other interfaces were read")
+    result.warnings += [f"{p}: {n} packets of {pcapfile.linktype_name(lt)} skipped (not supported)"
+                        for lt, n in sorted(skipped.items())]
     return result
 
 
