@@ -220,3 +220,15 @@ def test_a_node_keeps_its_pcaps_only_when_asked(tmp_path: Path) -> None:
         assert (work.directory / "analysis" / "step-n2.json").exists()
         assert (captures / "step-n2.pcap").exists() == keep
         assert (captures / "broken-n2.pcap").exists() and any("broken-n2.pcap" in n for n in work.notes)
+
+
+def test_a_long_card_line_shows_its_first_clause_and_keeps_the_rest() -> None:
+    from diag.report.verdict import first_clause
+
+    why = ("Not isolated: N=2 is slower (see the trial (two arms); five rounds); " + "word " * 80).strip()
+    head, rest = first_clause(why)
+    assert head == "Not isolated: N=2 is slower (see the trial (two arms); five rounds);"   # not inside parentheses
+    assert rest == ("word " * 80).strip()
+    assert first_clause("short; enough") == ("short; enough", "")
+    page = to_html([], "t", Path("."))
+    assert "<nav class='toc' id='contents'>" in page

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from diag.report.diagnose.findings import Finding, format_threshold
 from diag.report.figures import Plot, Skipped
-from diag.report.verdict import Verdict, sure_text
+from diag.report.verdict import Verdict, first_clause, sure_text
 
 
 @dataclass(frozen=True)
@@ -309,23 +309,11 @@ def to_html(blocks: Sequence[Block], title: str, out_dir: Path) -> str:
     return "".join(parts)
 
 
-# A verdict line longer than this shows its first clause and folds the rest (one click away, never dropped).
-VERDICT_FOLD_CHARS = 320
-
-
 def _folded(text: str) -> str:
-    """A paragraph; a long one as its first clause (up to the first '; ' or '. ') with the rest in <details>."""
-    if len(text) <= VERDICT_FOLD_CHARS:
+    """A paragraph; a long one as its first clause with the rest in <details> (one click away, never dropped)."""
+    head, rest = first_clause(text)
+    if not rest:
         return f"<p>{html.escape(text)}</p>"
-    depth, cut = 0, -1
-    for i, ch in enumerate(text[:VERDICT_FOLD_CHARS]):    # the first clause's end outside any parentheses
-        depth += (ch == "(") - (ch == ")")
-        if depth == 0 and ch in ";." and text[i + 1:i + 2] == " ":
-            cut = i
-            break
-    if cut < 0:
-        cut = text.rfind(" ", 0, VERDICT_FOLD_CHARS)
-    head, rest = text[:cut + 1], text[cut + 1:].strip()
     return (f"<p>{html.escape(head)}</p><details><summary>the rest ({len(rest.split())} words)</summary>"
             f"<p>{html.escape(rest)}</p></details>")
 
