@@ -206,7 +206,7 @@ def draw_panel(ax: Any, panel: Panel) -> None:
         if horizontal:  # above the axes: bars fill the plot area, a legend inside would hide some
             ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, frameon=False)
         elif panel.legend == "below":  # one entry a row under the axes: a narrow figure stays legible on a phone
-            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.3), ncol=1, frameon=False)
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.15), ncol=1, frameon=False)
         elif panel.legend is not None:
             ax.legend(fontsize=8, loc=panel.legend)
         elif len(panel.lines) > 4 or any(len(series_words(line.label)) > 40 for line in panel.lines):
@@ -284,6 +284,9 @@ def render(spec: FigureSpec, out: Path) -> Plot:
                                                + 0.15)
                      for p in spec.panels if p.bars is not None and p.bars.horizontal and p.bars.groups), default=0.0)
     height = max(height, tall_bars + 1.6)
+    # A legend below the axes: the figure grows by its lines, so the axes keep their height.
+    height += max((0.17 * (sum(len(textwrap.wrap(series_words(line.label), LEGEND_CHARS)) for line in p.lines)
+                           + len(p.refs)) + 0.3 for p in spec.panels if p.legend == "below"), default=0.0)
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, sharex=spec.sharex)
     flat = [ax for row in axes for ax in row]
     for ax in flat[count:]:
