@@ -48,6 +48,14 @@ MIN_ROUNDS = Threshold("MIN_ROUNDS", 3, "fewest blocks (interleaved rounds, or l
 CPU_CONFOUNDED = Threshold("CPU_CONFOUNDED", 0.9, "an arm whose machine was at least this busy (all cores "
                            "averaged), or one of whose ranks had a thread at least this share of a core, while "
                            "the arm it is held against was not, can neither convict nor clear a network mechanism")
+WORKAROUND_EFFECT = Threshold("WORKAROUND_EFFECT", 0.1, "a workaround (diag advise) runs beside plain gloo in the "
+                              "same rounds; its time ratio must differ by at least this fraction, with the whole "
+                              "interval of the ratio below 1, before it is advised")
+CPU_LINK_REACHED = Threshold("CPU_LINK_REACHED", 0.85, "what a measured rate must reach of the link's to show the "
+                             "link, not the CPU, sets the pace: below it a busy machine limits that N (raw TCP at N "
+                             "against the measured link rate), the lab's one stream (against its shaped bound) and "
+                             "the ring pattern of N flows at once (against the single stream: the pattern, not the "
+                             "link, is then the reference at that N)")
 
 DESIGNS = ("knock-out", "knock-in", "difference")
 VERDICTS = ("shown", "ruled_out", "undecided")
@@ -239,4 +247,5 @@ def loss_share(anomaly: Arm, healthy: Arm, on: Arm, off: Arm, seed: int = 0) -> 
     return _share(bootstrap_means(list(arms.values()), seed=seed), on, off, anomaly, healthy)
 
 
-TABLE: tuple[Threshold, ...] = (CONTROL_DIP, SHOWN_SHARE, RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED)
+TABLE: tuple[Threshold, ...] = (CONTROL_DIP, SHOWN_SHARE, RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED,
+                                WORKAROUND_EFFECT)

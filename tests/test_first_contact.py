@@ -177,7 +177,7 @@ def test_nccl_without_cuda_is_refused_before_any_rank_starts(tmp_path: Path) -> 
     out = tmp_path / "nccl.jsonl"
     proc = _diag("sweep", "--backend", "nccl", "--nproc", "2", "--sizes", "4K", "--out", str(out))
     assert proc.returncode == 5, proc.stderr             # docs/cli.md: 5, the backend's device is absent
-    assert proc.stderr.count("\n") == 1 and "needs a CUDA device" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "nccl needs CUDA" in proc.stderr
     assert "Traceback" not in proc.stderr and "rank" not in proc.stdout
     assert not out.exists() and not list(tmp_path.iterdir())  # nothing launched, nothing written
 

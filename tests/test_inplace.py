@@ -1,4 +1,4 @@
-"""The main job in place, started as an operator starts it: one torchrun per node, by hand (issue 19).
+"""The main job in place, started as an operator starts it: one torchrun per node, by hand.
 
 The lab's namespaces stand in for the nodes; diag launches nothing itself. One node has no tcpdump on its
 PATH, one runs without CAP_NET_RAW (its capabilities dropped with setpriv): both must say so and sample
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.bench.inplace_lab import start_nodes
+from bench.inplace_lab import start_nodes
 from diag.records import load_records
 from tests.lab_helpers import requires_root, unique_lab_name
 
@@ -112,6 +112,9 @@ def test_in_place_by_hand_on_three_nodes(lab3, tmp_path):
     assert analysis["connections"] and analysis["phases"]
     assert (shipped / "captures" / "gloo-all_gather--gloo-all_gather-n2.pcap.capture.json").exists()
     assert not list(shipped.rglob("*.pcap"))    # pcaps stay on their node without --keep-pcaps
+    left = meta["left_on_nodes"][names[1]]      # and run.json says where, and why
+    assert left["directory"] == str(run_dir / "nodes" / names[1])
+    assert left["files"] and all(f["path"].endswith(".pcap") and "--keep-pcaps" in f["why"] for f in left["files"])
     assert list((shipped / "observe").glob("*.jsonl")) and list((shipped / "tcpinfo").glob("*.jsonl"))
     # the two others sampled TCP_INFO of their own ranks instead
     for name in (names[0], names[2]):
@@ -132,6 +135,7 @@ def test_in_place_by_hand_on_three_nodes(lab3, tmp_path):
     advice = json.loads((run_dir / "advise" / "advise.json").read_text())
     assert advice["complete"] and not advice["failures"]
     assert {w["name"] for w in advice["workarounds"] if w["rows"]} == {"p2p-recv-first", "diag_tcp"}
+    assert {r.block["arm"] for r in records["advise"].records if r.block} == {"gloo", "p2p-recv-first", "diag_tcp"}
     assert (run_dir / "report" / "report.html").stat().st_size > 10_000
     assert "findings (" in job.output("h0")
 

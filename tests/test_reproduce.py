@@ -67,11 +67,16 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
     orders = {(r.backend, r.knobs.get("order")) for r in records["n2-exchange-trial"].records if r.op == "exchange"}
     assert orders == {(b, o) for b in ("gloo", "raw") for o in ("recv-first", "send-first")}
 
-    # diag advise ran on the same lab: each workaround against plain gloo, data checked
+    # the advise step ran on the same lab: each workaround beside plain gloo in one interleaved trial (gloo's
+    # and diag_tcp's process groups of the same ranks), data checked, each decided by the trial's bootstrap
     advice = json.loads((run_dir / "advise" / "advise.json").read_text())
     assert advice["complete"] and not advice["failures"] and advice["lab"] == meta["lab"]["name"]
-    assert all(row["nwrong"] == 0 and row["p_value"] is not None
+    assert all(row["nwrong"] == 0 and row["decision"]["interleaved"] and row["verdict"] in
+               ("faster", "slower", "same", "undecided")
                for workaround in advice["workarounds"] for row in workaround["rows"])
+    assert {w["name"] for w in advice["workarounds"] if w["rows"]} == {"p2p-recv-first", "diag_tcp"}
+    arms = {r.block["arm"]: r.backend for r in records["advise"].records if r.block}
+    assert arms == {"gloo": "gloo", "p2p-recv-first": "gloo", "diag_tcp": "diag_tcp"}
 
     # every node captured its own NIC for the steps it took part in and analysed its captures there
     assert meta["mode"] == "lab" and [n["name"] for n in meta["topology"]["nodes"]] == ["h0", "h1", "h2"]

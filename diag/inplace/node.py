@@ -11,14 +11,22 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diag import safefs
 from diag.errors import DiagError
 from diag.inplace.topology import Node
 
+if TYPE_CHECKING:
+    from diag.inplace.transfer import Left, Outgoing
+
 CAPTURE_SNAPLEN = 128        # headers and the TCP options; payload is never needed
 CAPTURE_FILTER = "tcp"
+# The node's captures are batched (no --immediate-mode: less CPU at high packet rates), so libpcap reads the
+# kernel's ring in blocks handed over when full or when tcpdump's read timeout (1000 ms, fixed in tcpdump)
+# retires them; tcpdump stopped by SIGINT before that never writes the packets of the block still open. A
+# step's capture therefore runs this long past the step before it is stopped (a short step captured nothing).
+BLOCK_RETIRE_S = 1.1
 OBSERVE_INTERVAL_S = 0.2
 
 
@@ -35,11 +43,16 @@ def capture_ability(fingerprint: dict[str, Any]) -> tuple[bool, str]:
 
 @dataclass
 class NodeWork:
-    """``directory``: RUN/nodes/<name>, in the shared run directory or this node's own copy of it."""
+    """``directory``: RUN/nodes/<name>, in the shared run directory or this node's own copy of it;
+    ``capture_iface``: where tcpdump listens (the job's interface unless the command names another);
+    ``wants_capture``: the plan captures at all (a node that cannot says so only then)."""
 
     node: Node
     directory: Path
     iface: str | None
+    capture_iface: str | None = None
+    snaplen: int = CAPTURE_SNAPLEN
+    wants_capture: bool = True
     notes: list[str] = field(default_factory=list)
     can_capture: bool = False
     fingerprint: dict[str, Any] = field(default_factory=dict)
@@ -60,10 +73,11 @@ class NodeWork:
         # share, the lab's cpu fault): the report holds their CPU against it.
         allowance = cpu_allowance(os.getpid())
         self.fingerprint["cpu"]["cpu_quota_cores"] = allowance.quota_cores if allowance else None
+        self.capture_iface = self.capture_iface or self.iface
         self.can_capture, why = capture_ability(self.fingerprint)
-        if self.can_capture and not self.iface:
+        if self.can_capture and not self.capture_iface:
             self.can_capture, why = False, "no interface known for the job's traffic (pass --iface)"
-        if not self.can_capture:
+        if not self.can_capture and self.wants_capture:
             self.note(f"{why}: sampled TCP_INFO with ss instead of capturing packets")
 
     def note(self, text: str) -> None:
@@ -75,8 +89,9 @@ class NodeWork:
         safefs.write_file(self.directory / "fingerprint.json", json.dumps(document, indent=1, default=str))
         return document
 
-    def start_step(self, tag: str, capture: bool) -> None:
-        """Capture (where asked and allowed) and observe this node's ranks until stop_step."""
+    def start_step(self, tag: str, capture: bool, observe: bool = True) -> None:
+        """Capture (where asked and allowed) and observe this node's ranks (where asked) until stop_step. A
+        node that may not capture observes anyway: ss's TCP_INFO stands in for its capture."""
         from diag.observe import start_observers
 
         self._tag = tag
@@ -84,12 +99,14 @@ class NodeWork:
             from diag.capture import start_capture
 
             try:
-                self._capture = start_capture(self.directory / "captures" / f"{tag}.pcap", self.iface or "lo",
-                                              bpf_filter=CAPTURE_FILTER, snaplen=CAPTURE_SNAPLEN, tool="tcpdump",
-                                              immediate=False)
+                self._capture = start_capture(self.directory / "captures" / f"{tag}.pcap",
+                                              self.capture_iface or "lo", bpf_filter=CAPTURE_FILTER,
+                                              snaplen=self.snaplen, tool="tcpdump", immediate=False)
             except DiagError as exc:
                 self.can_capture = False
                 self.note(f"could not capture ({exc}); sampled TCP_INFO with ss instead")
+        if not observe and not (capture and not self.can_capture):
+            return
         try:
             self._observers = start_observers(list(self.node.pids), self.directory / "observe" / f"{tag}.jsonl",
                                               interval_s=OBSERVE_INTERVAL_S, iface=self.iface)
@@ -98,6 +115,7 @@ class NodeWork:
 
     def stop_step(self) -> None:
         if self._capture is not None:
+            time.sleep(BLOCK_RETIRE_S)
             info = self._capture.stop()
             self._capture = None
             if info.kernel_dropped:
@@ -111,29 +129,32 @@ class NodeWork:
         """Analyse every capture of this node against the run's records (analysis/<tag>.json); without
         ``keep_pcaps`` a pcap whose analysis was written is deleted (a quick run's pcaps are ~1.1 GB; the analysis
         and <tag>.pcap.capture.json stay, and a pcap whose analysis failed stays to be looked at)."""
-        from diag.capture import analyze_files
+        from dataclasses import replace
+
+        from diag.capture.analysis import analyze
 
         for pcap in sorted((self.directory / "captures").glob("*.pcap")):
             started = time.monotonic()
             try:
-                result = analyze_files([str(pcap)], records=records)
+                result, _packets = analyze([str(pcap)], records=records, keep_sequence=False)
             except DiagError as exc:
                 self.note(f"analysis of {pcap.name} failed: {exc}")
                 continue
-            result.setdefault("node", self.node.name)
-            safefs.write_file(self.directory / "analysis" / f"{pcap.stem}.json", json.dumps(result, default=str))
+            document = replace(result, node=self.node.name).to_json()
+            safefs.write_file(self.directory / "analysis" / f"{pcap.stem}.json", json.dumps(document, default=str))
             self.analysis_seconds += time.monotonic() - started
             if not keep_pcaps:
                 pcap.unlink()
 
-    def files(self, keep_pcaps: bool) -> dict[str, bytes]:
-        """Everything this node wrote, by path below its directory, to ship to rank 0 where the run directory
-        is not shared (pcaps only with --keep-pcaps: they stay on their node)."""
-        out = {}
-        for path in sorted(self.directory.rglob("*")):
-            if path.is_file() and (keep_pcaps or path.suffix != ".pcap"):
-                out[str(path.relative_to(self.directory))] = path.read_bytes()
-        return out
+    def files(self, keep_pcaps: bool) -> tuple[list[Outgoing], list[Left]]:
+        """What this node offers rank 0 where the run directory is not shared (diag.inplace.transfer): every
+        result file below its directory, each opened without following a symlink and only if it is a regular
+        file, measured on that descriptor (pcaps only with --keep-pcaps: else they stay on their node), and
+        what it leaves out, with why. The records are the run's own: rank 0 has them."""
+        from diag.inplace.transfer import list_node_files
+
+        with safefs.private_handle(self.directory, create=False) as here:
+            return list_node_files(here, keep_pcaps)
 
 
 __all__ = ["NodeWork", "capture_ability"]

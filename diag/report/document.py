@@ -14,6 +14,8 @@ from pathlib import Path
 from diag.report.diagnose.findings import Finding, format_threshold
 from diag.report.figures import Plot, Skipped
 from diag.report.verdict import Verdict, first_clause, sure_text
+from diag.textsafe import markdown as md
+from diag.textsafe import visible
 
 
 @dataclass(frozen=True)
@@ -76,32 +78,41 @@ class VerdictBlock:
 
 Block = Heading | Text | Bullets | Table | Code | FigureBlock | FindingBlock | VerdictBlock
 
+
+def esc(text: str) -> str:
+    """Text for HTML: its markup escaped, and no control character left (a page read with cat is safe too)."""
+    return html.escape(visible(text, keep_newlines=True))
+
+
 _HEADS = {"fired": "Finding ({strength})", "observed": "Observation", "undecided": "Cannot decide", "clear": "ok"}
 
 
 def to_markdown(blocks: Sequence[Block]) -> str:
+    """Every string that may hold what a node wrote goes through ``md`` (diag.textsafe.markdown: no control
+    character, no newline, no HTML tag), as to_html escapes it; code blocks are diag's own text."""
     lines: list[str] = []
     for block in blocks:
         if isinstance(block, Heading):
-            lines += ["#" * block.level + " " + block.text, ""]
+            lines += ["#" * block.level + " " + md(block.text), ""]
         elif isinstance(block, Text):
-            lines += [block.text, ""]
+            lines += [md(block.text), ""]
         elif isinstance(block, Bullets):
-            lines += [f"- **{lead}** {rest}" if lead else f"- {rest}" for lead, rest in block.items] + [""]
+            lines += [f"- **{md(lead)}** {md(rest)}" if lead else f"- {md(rest)}" for lead, rest in block.items] + [""]
         elif isinstance(block, Table):
             lines += [*_md_table(block.header, block.rows), ""]
         elif isinstance(block, Code):
-            lines += [f"```{code_language(block.text)}", *block.text.rstrip("\n").splitlines(), "```", ""]
+            lines += [f"```{code_language(block.text)}", *visible(block.text, keep_newlines=True).rstrip("\n").splitlines(),
+                      "```", ""]
         elif isinstance(block, VerdictBlock):
             lines += _verdict_md(block)
         elif isinstance(block, FigureBlock):
             p = block.plot
             if isinstance(p, Plot):
-                lines += [f"### {p.title}", "", f"![{p.title}]({p.filename})", "", p.caption, ""]
+                lines += [f"### {md(p.title)}", "", f"![{md(p.title)}]({p.filename})", "", md(p.caption), ""]
                 if p.keys:
                     lines += [*_md_table(KEYS_HEADER, [[words, f"`{label}`"] for words, label in p.keys]), ""]
             else:
-                lines += [f"### {p.title}", "", f"Not drawn: {p.reason}.", ""]
+                lines += [f"### {md(p.title)}", "", f"Not drawn: {md(p.reason)}.", ""]
         else:
             lines += _finding_md(block.finding)
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -122,14 +133,15 @@ def _verdict_rows(v: Verdict) -> list[tuple[str, str]]:
 
 def _verdict_md(block: VerdictBlock) -> list[str]:
     v = block.verdict
-    lines = [f"# {block.title}", "", "## Verdict", ""]
-    lines += [f"- **{lead}:** {text}" for lead, text in _verdict_rows(v)] + [""]
+    lines = [f"# {md(block.title)}", "", "## Verdict", ""]
+    lines += [f"- **{md(lead)}:** {md(text)}" for lead, text in _verdict_rows(v)] + [""]
     for fix in v.fixes[:1]:              # the others' code is in the Workarounds section
         if fix.code:
-            lines += [f"{fix.title}" + (f" ({fix.speedup:.2f}x):" if fix.speedup else ":"), "",
-                      f"```{code_language(fix.code)}", *fix.code.rstrip("\n").splitlines(), "```", ""]
+            lines += [f"{md(fix.title)}" + (f" ({fix.speedup:.2f}x):" if fix.speedup else ":"), "",
+                      f"```{code_language(fix.code)}", *visible(fix.code, keep_newlines=True).rstrip("\n").splitlines(),
+                      "```", ""]
     if block.figure is not None:
-        lines += [f"![{block.figure.title}]({block.figure.filename})", ""]
+        lines += [f"![{md(block.figure.title)}]({block.figure.filename})", ""]
         if block.figure.keys:
             lines += [*_md_table(KEYS_HEADER, [[words, f"`{label}`"] for words, label in block.figure.keys]), ""]
     lines += ["The rules behind this card, with their evidence and thresholds: [Findings](#findings).", ""]
@@ -138,20 +150,20 @@ def _verdict_md(block: VerdictBlock) -> list[str]:
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
+        return md(text).replace("|", "\\|")
 
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
     return out + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
 
 
 def _finding_md(f: Finding) -> list[str]:
     head = _HEADS[f.status].format(strength=f.strength)
-    lines = [f"- {'**' + head + '**' if f.status != 'clear' else head} `{f.rule}`: {f.statement}"]
+    lines = [f"- {'**' + head + '**' if f.status != 'clear' else head} `{md(f.rule)}`: {md(f.statement)}"]
     for e in f.evidence:
-        where = f"`{e.source}`" + (f", plot `{e.plot}`" if e.plot else "")
-        lines.append(f"    - {e.text} ({where})")
+        where = f"`{md(e.source)}`" + (f", plot `{md(e.plot)}`" if e.plot else "")
+        lines.append(f"    - {md(e.text)} ({where})")
     if f.thresholds:
-        lines.append("    - thresholds: " + ", ".join(f"`{k}` = {format_threshold(v)}" for k, v in f.thresholds.items()))
+        lines.append("    - thresholds: " + ", ".join(f"`{md(k)}` = {format_threshold(v)}" for k, v in f.thresholds.items()))
     return lines
 
 
@@ -237,7 +249,7 @@ def _toc_html(marks: dict[int, Anchor]) -> str:
             sections[-1][2].append(mark)
 
     def link(mark: Anchor) -> str:
-        return f"<a href='#{mark.id}'>{html.escape(mark.text)}</a>"
+        return f"<a href='#{mark.id}'>{esc(mark.text)}</a>"
 
     items = ["<li><a href='#verdict'>Verdict</a></li>"]
     for head, subs, leaves in sections:
@@ -246,7 +258,7 @@ def _toc_html(marks: dict[int, Anchor]) -> str:
             inner += "<ul>" + "".join(f"<li>{link(m)}</li>" for m in subs) + "</ul>"
         if leaves:
             inner += "<p class='leaves'>" + ", ".join(
-                link(m) + (f" <span class='muted'>{html.escape(m.note)}</span>" if m.note else "") for m in leaves) + "</p>"
+                link(m) + (f" <span class='muted'>{esc(m.note)}</span>" if m.note else "") for m in leaves) + "</p>"
         if head is None:
             if inner:
                 items.append(f"<li>{inner}</li>")
@@ -264,7 +276,7 @@ def to_html(blocks: Sequence[Block], title: str, out_dir: Path) -> str:
     if card is not None and card.figure is not None:
         known.add(_figure_anchor(card.figure))   # the card's figure has its anchor
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-             f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{html.escape(title)}</title>"
+             f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{esc(title)}</title>"
              f"<style>{_CSS}</style></head><body>"]
     toc_written = False
     for i, block in enumerate(blocks):
@@ -276,30 +288,30 @@ def to_html(blocks: Sequence[Block], title: str, out_dir: Path) -> str:
             parts.append(_verdict_html(block, out_dir))
         elif isinstance(block, Heading):
             assert mark is not None
-            parts.append(f"<h{block.level} id='{mark.id}'>{html.escape(block.text)}"
+            parts.append(f"<h{block.level} id='{mark.id}'>{esc(block.text)}"
                          f"<a class='here' href='#{mark.id}' aria-label='link to this section'>#</a></h{block.level}>")
         elif isinstance(block, Text):
-            parts.append(f"<p{' class=muted' if block.muted else ''}>{html.escape(block.text)}</p>")
+            parts.append(f"<p{' class=muted' if block.muted else ''}>{esc(block.text)}</p>")
         elif isinstance(block, Bullets):
-            parts.append("<ul>" + "".join(f"<li><b>{html.escape(lead)}</b> {html.escape(rest)}</li>" if lead
-                                          else f"<li>{html.escape(rest)}</li>" for lead, rest in block.items)
+            parts.append("<ul>" + "".join(f"<li><b>{esc(lead)}</b> {esc(rest)}</li>" if lead
+                                          else f"<li>{esc(rest)}</li>" for lead, rest in block.items)
                          + "</ul>")
         elif isinstance(block, Table):
-            head = "".join(f"<th>{html.escape(h)}</th>" for h in block.header)
-            body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in block.rows)
+            head = "".join(f"<th>{esc(h)}</th>" for h in block.header)
+            body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in block.rows)
             parts.append(f"<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
         elif isinstance(block, Code):
-            parts.append(f"<pre><code class='language-{code_language(block.text)}'>{html.escape(block.text)}</code></pre>")
+            parts.append(f"<pre><code class='language-{code_language(block.text)}'>{esc(block.text)}</code></pre>")
         elif isinstance(block, FigureBlock):
             assert mark is not None
             p = block.plot
             if isinstance(p, Plot):
                 data = base64.b64encode((out_dir / p.filename).read_bytes()).decode("ascii")
-                parts.append(f"<figure id='{mark.id}'><h3>{html.escape(p.title)}</h3><a href='{html.escape(p.filename)}'>"
-                             f"<img alt='{html.escape(p.title)}' src='data:image/png;base64,{data}'></a>"
-                             f"<figcaption>{html.escape(p.caption)}</figcaption>{_keys_html(p)}</figure>")
+                parts.append(f"<figure id='{mark.id}'><h3>{esc(p.title)}</h3><a href='{esc(p.filename)}'>"
+                             f"<img alt='{esc(p.title)}' src='data:image/png;base64,{data}'></a>"
+                             f"<figcaption>{esc(p.caption)}</figcaption>{_keys_html(p)}</figure>")
             else:
-                parts.append(f"<h3 id='{mark.id}'>{html.escape(p.title)}</h3><p>Not drawn: {html.escape(p.reason)}.</p>")
+                parts.append(f"<h3 id='{mark.id}'>{esc(p.title)}</h3><p>Not drawn: {esc(p.reason)}.</p>")
         else:
             assert mark is not None
             parts.append(_finding_html(block.finding, mark.id, known))
@@ -313,9 +325,9 @@ def _folded(text: str) -> str:
     """A paragraph; a long one as its first clause with the rest in <details> (one click away, never dropped)."""
     head, rest = first_clause(text)
     if not rest:
-        return f"<p>{html.escape(text)}</p>"
-    return (f"<p>{html.escape(head)}</p><details><summary>the rest ({len(rest.split())} words)</summary>"
-            f"<p>{html.escape(rest)}</p></details>")
+        return f"<p>{esc(text)}</p>"
+    return (f"<p>{esc(head)}</p><details><summary>the rest ({len(rest.split())} words)</summary>"
+            f"<p>{esc(rest)}</p></details>")
 
 
 def _verdict_html(block: VerdictBlock, out_dir: Path) -> str:
@@ -324,21 +336,21 @@ def _verdict_html(block: VerdictBlock, out_dir: Path) -> str:
     v = block.verdict
 
     def row(lead: str, text: str) -> str:
-        code = "".join(f"<pre><code class='language-{code_language(fix.code)}'>{html.escape(fix.code)}</code></pre>"
+        code = "".join(f"<pre><code class='language-{code_language(fix.code)}'>{esc(fix.code)}</code></pre>"
                        for fix in v.fixes[:1] if fix.code and lead == "What to do")
-        return (f"<div class='vrow'><span class='vlabel'>{html.escape(lead)}</span>{_folded(text)}{code}</div>")
+        return (f"<div class='vrow'><span class='vlabel'>{esc(lead)}</span>{_folded(text)}{code}</div>")
 
     first, *rest = _verdict_rows(v)
     figure = ""
     if block.figure is not None:
         data = base64.b64encode((out_dir / block.figure.filename).read_bytes()).decode("ascii")
         # the PNG beside report.html opens full size (small on a phone)
-        figure = (f"<figure class='vfig' id='{_figure_anchor(block.figure)}'><a href='{html.escape(block.figure.filename)}'><img "
-                  f"alt='{html.escape(block.figure.title)}' src='data:image/png;base64,{data}'></a>"
+        figure = (f"<figure class='vfig' id='{_figure_anchor(block.figure)}'><a href='{esc(block.figure.filename)}'><img "
+                  f"alt='{esc(block.figure.title)}' src='data:image/png;base64,{data}'></a>"
                   f"{_keys_html(block.figure)}</figure>")
     more = ("<p class='vmore'>The rules behind this card, with evidence and thresholds: "
             "<a href='#findings'>Findings</a>.</p>")
-    return (f"<section class='verdict' id='verdict'><h1>{html.escape(block.title)}</h1><div class='vgrid'>"
+    return (f"<section class='verdict' id='verdict'><h1>{esc(block.title)}</h1><div class='vgrid'>"
             f"<div class='vslow'>{row(*first)}</div>{figure}"
             f"<div class='vrest'>{''.join(row(*r) for r in rest)}{more}</div></div></section>")
 
@@ -351,9 +363,9 @@ def _keys_html(plot: Plot) -> str:
     tooltip (title)."""
     if not plot.keys:
         return ""
-    rows = "".join(f"<tr><td title='{html.escape(label)}'>{html.escape(words)}</td><td><code>{html.escape(label)}"
+    rows = "".join(f"<tr><td title='{esc(label)}'>{esc(words)}</td><td><code>{esc(label)}"
                    f"</code></td></tr>" for words, label in plot.keys)
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in KEYS_HEADER)
+    head = "".join(f"<th>{esc(h)}</th>" for h in KEYS_HEADER)
     return (f"<details class='keys'><summary>the legend's series and their knobs</summary><div class='scroll'>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div></details>")
 
@@ -366,18 +378,18 @@ def _plot_link(filename: str, known: set[str]) -> str:
     """'plot X.png', a link to it where the page draws it (a plot not drawn has no anchor)."""
     target = "plot-" + slug(filename.rsplit(".", 1)[0])
     if target not in known:
-        return f"plot {html.escape(filename)}"
-    return f"plot <a href='#{target}'>{html.escape(filename)}</a>"
+        return f"plot {esc(filename)}"
+    return f"plot <a href='#{target}'>{esc(filename)}</a>"
 
 
 def _finding_html(f: Finding, anchor: str, known: set[str]) -> str:
     head = _HEADS[f.status].format(strength=f.strength)
     items = "".join(
-        f"<li>{html.escape(e.text)} <span class='src'>[{html.escape(e.source)}"
+        f"<li>{esc(e.text)} <span class='src'>[{esc(e.source)}"
         f"{', ' + _plot_link(e.plot, known) if e.plot else ''}]</span></li>" for e in f.evidence)
-    thresholds = ", ".join(f"{html.escape(k)} = {format_threshold(v)}" for k, v in f.thresholds.items())
+    thresholds = ", ".join(f"{esc(k)} = {format_threshold(v)}" for k, v in f.thresholds.items())
     strength = f" {f.strength}" if f.status == "fired" else ""
     return (f"<div class='finding {f.status}{strength}' id='{anchor}'><b>{head}</b> "
-            f"<a href='#{anchor}'><code>{html.escape(f.rule)}</code></a>: "
-            f"{html.escape(f.statement)}<ul>{items}</ul>"
+            f"<a href='#{anchor}'><code>{esc(f.rule)}</code></a>: "
+            f"{esc(f.statement)}<ul>{items}</ul>"
             + (f"<div class='thr'>thresholds: {thresholds}</div>" if thresholds else "") + "</div>")

@@ -33,9 +33,9 @@ from diag.report.model import GroupModel, fit_all, models_to_json
 from diag.report.nodes import differences_of, subgroup_nodes
 from diag.report.plots import render_plots
 from diag.report.queries import raw_link_reach
-from diag.report.rundir import RING_PATTERN_CPU_LIMIT, RunData
+from diag.report.rundir import RunData
 from diag.report.series import mean_algbw, mean_busbw, mean_time, series_label
-from diag.report.thresholds import TABLE
+from diag.report.thresholds import CPU_LINK_REACHED, TABLE
 from diag.report.verdict import Verdict, build_verdict
 from diag.typedjson import strict_document
 from diag.units import human_bytes, human_rate, human_time
@@ -111,14 +111,14 @@ def link_reference(run: RunData) -> tuple[str, list[list[str]]]:
     rows = []
     for n in sorted(pattern):
         raw_Bps = raw_reach[n] * link if n in raw_reach else None
-        cpu_limited = pattern[n] < RING_PATTERN_CPU_LIMIT * link
+        cpu_limited = pattern[n] < CPU_LINK_REACHED.value * link
         rows.append([str(n), human_rate(pattern[n]), f"{pattern[n] / link:.0%}",
                      human_rate(raw_Bps) if raw_Bps is not None else "-",
                      f"{raw_Bps / pattern[n]:.0%}" if raw_Bps is not None else "-",
                      "ring pattern (CPU is the limit)" if cpu_limited else "single stream (link is the limit)"])
     intro = (f"One TCP stream carried {human_rate(link)} ({run.link_source}). Per N, iperf3 drove the ring's own "
              f"flow pattern (h(i) -> h((i+1) mod N), one flow per edge, all at once) on the same lab: where that "
-             f"stayed below {RING_PATTERN_CPU_LIMIT:.0%} of the single stream, this machine's CPU, not the link, is "
+             f"stayed below {CPU_LINK_REACHED.value:.0%} of the single stream, this machine's CPU, not the link, is "
              f"the limit, and the pattern is the reference at that N: the cpu_bound finding holds raw TCP against it "
              f"there (the plots keep the single stream).")
     return intro, rows
@@ -203,16 +203,27 @@ def node_blocks(run: RunData) -> list[Block]:
 
 
 def _node_data(run: RunData, name: str) -> str:
+    left = _left_on_node(run, name)
     node = run.nodes.get(name)
     if node is None:
-        return "none (no nodes/" + name + "/)" if run.nodes else "-"
+        return ("none (no nodes/" + name + "/)" if run.nodes else "-") + (f"; {left}" if left else "")
     analyses = sum(1 for c in node.captures.values() if c.analysis)
     observed = sum(1 for c in node.captures.values() if c.observe)
     parts = ["fingerprint" if node.fingerprint is not None else "no fingerprint",
              f"{analyses} capture analyses", f"{observed} observer files"]
     if node.tcpinfo:
         parts.append(f"{len(node.tcpinfo)} TCP_INFO samples")
-    return ", ".join(parts)
+    return ", ".join(parts + ([left] if left else []))
+
+
+def _left_on_node(run: RunData, name: str) -> str | None:
+    """What a node did not send rank 0 (too big, not a result, not a regular file), and where it stays
+    (run.json ``left_on_nodes``, written where the run directory is not shared; it says why per file)."""
+    left_on_nodes = run.info.extra.get("left_on_nodes")
+    left = left_on_nodes.get(name) if isinstance(left_on_nodes, dict) else None
+    if not (isinstance(left, dict) and isinstance(left.get("files"), list) and left["files"]):
+        return None
+    return f"{len(left['files'])} files left on the node in {left.get('directory')} (run.json left_on_nodes)"
 
 
 def write_report(run: RunData, out_dir: Path) -> ReportResult:
@@ -246,26 +257,40 @@ def write_report(run: RunData, out_dir: Path) -> ReportResult:
     return ReportResult(out_dir, files, plots, findings, models, verdict)
 
 
-WORKAROUND_HEADER = ("workaround", "N", "per-rank size", "gloo busbw", "workaround busbw", "speed-up", "Welch p",
-                     "#wrong")
+WORKAROUND_HEADER = ("workaround", "N", "per-rank size", "gloo busbw", "workaround busbw", "speed-up [95% CI]",
+                     "verdict", "rounds", "#wrong")
 
 
 def workaround_blocks(advise: dict[str, Any] | None) -> list[Block]:
-    """The measured workarounds (advise/advise.json): a table of speed-ups against plain gloo on the same hosts
-    in the same run, then the code a user puts in their script."""
+    """The measured workarounds (advise/advise.json): a table of speed-ups against plain gloo in the same
+    interleaved rounds, each with the trial's verdict, then the code a user puts in their script."""
     if not advise or not advise.get("workarounds"):
         return []
-    n = advise.get("world_size", 2)
-    rows = [[w["title"], str(n), human_bytes(r["size_bytes"]), human_rate(r["baseline_busbw_Bps"]),
-             human_rate(r["busbw_Bps"]), f"{r['speedup']:.2f}x",
-             f"{r['p_value']:.2g}" if r.get("p_value") is not None else "untested", str(r["nwrong"])]
+    n = advise.get("world_size") or 2
+
+    def rate(value: float | None) -> str:
+        return human_rate(value) if value is not None else "?"
+
+    def speed(r: dict[str, Any]) -> str:
+        interval = (f" [{r['speedup_low']:.2f}, {r['speedup_high']:.2f}]"
+                    if r.get("speedup_low") is not None and r.get("speedup_high") is not None else "")
+        return f"{r['speedup']:.2f}x{interval}"
+
+    rows = [[w["title"], str(n), human_bytes(r["size_bytes"]), rate(r.get("baseline_busbw_Bps")),
+             rate(r.get("busbw_Bps")), speed(r), r.get("verdict", "undecided"), str(r.get("rounds") or "-"),
+             str(r["nwrong"])]
             for w in advise["workarounds"] for r in w.get("rows", []) if r.get("speedup") is not None]
     where = f"lab {advise['lab']}" if advise.get("lab") else "loopback"
+    how = ("in one interleaved trial: every arm once a round in a fresh random order, so background load falls "
+           "on all alike; speed-up = gloo's mean time / the workaround's, with the 95% bootstrap interval over "
+           f"rounds; faster only where the whole interval clears {advise.get('effect', 0.1):.0%} (finding "
+           "`workarounds`)")
+    if advise.get("read_from_schema") == 1:
+        how = ("one after the other (an earlier release's advise.json: its arms ran minutes apart, so no verdict "
+               "is drawn from it; speed-up = gloo's median time / the workaround's)")
     blocks: list[Block] = [
         Heading(2, "Workarounds (measured)"),
-        Text(f"Each workaround ran beside plain gloo all_gather on the same hosts ({where}) in this run, through "
-             "the same harness; speed-up = gloo's median time / the workaround's, Welch's t-test on the "
-             "per-iteration times (finding `workarounds`)."),
+        Text(f"Each workaround ran beside plain gloo all_gather on the same hosts ({where}), {how}."),
         Table(WORKAROUND_HEADER, rows)]
     for failure in advise.get("failures", []):
         blocks.append(Text(f"failed: {failure.get('workaround')}: {failure.get('error')}", muted=True))

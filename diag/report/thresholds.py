@@ -6,11 +6,21 @@ A threshold is read as ``N2_DIP_RATIO.value``; the name in a finding is the cons
 
 from __future__ import annotations
 
+from diag.analysisdoc import TWO_WAY_MIN_BYTES
 from diag.report.compare import ALPHA as _ALPHA
 
 # The experiments' thresholds live with the decisions that use them, below the report (the trials decide with
 # them while they run); the one Threshold type is theirs.
-from diag.verdicts import CONTROL_DIP, CPU_CONFOUNDED, MIN_ROUNDS, RULED_OUT_SHARE, SHOWN_SHARE, Threshold
+from diag.verdicts import (
+    CONTROL_DIP,
+    CPU_CONFOUNDED,
+    CPU_LINK_REACHED,
+    MIN_ROUNDS,
+    RULED_OUT_SHARE,
+    SHOWN_SHARE,
+    WORKAROUND_EFFECT,
+    Threshold,
+)
 
 
 def _t(name: str, value: float | int, meaning: str) -> Threshold:
@@ -24,7 +34,7 @@ LARGE_SIZE_BYTES = _t("LARGE_SIZE_BYTES", 1 << 20, "sizes at or above this count
                       "rather than latency-bound)")
 BACKEND_RAW_EFFICIENCY = _t("BACKEND_RAW_EFFICIENCY", 0.7, "backend busbw below this fraction of the raw-TCP "
                             "reference's (same op, N, size) is far below")
-BIDIR_MIN_BYTES = _t("BIDIR_MIN_BYTES", 64 * 1024, "a connection or host moving at least this many payload bytes "
+BIDIR_MIN_BYTES = _t("BIDIR_MIN_BYTES", TWO_WAY_MIN_BYTES, "a connection or host moving at least this many payload bytes "
                      "each way carries both directions")
 DUPLEX_OVERLAP_LOW = _t("DUPLEX_OVERLAP_LOW", 0.5, "duplex overlap (fraction of active time both directions move "
                         "data) below this is low")
@@ -32,8 +42,6 @@ ORDER_EFFECT = _t("ORDER_EFFECT", 0.15, "the exchange order (send-first vs recv-
                   "this fraction")
 CONN_SPLIT_EFFECT = _t("CONN_SPLIT_EFFECT", 0.15, "one connection per direction is at least this fraction faster "
                        "than both directions on one connection (raw --conn)")
-WORKAROUND_EFFECT = _t("WORKAROUND_EFFECT", 0.1, "a measured workaround (diag advise) is at least this fraction "
-                       "faster than plain gloo, significantly, before it is advised")
 RWND_LIMITED_FRACTION = _t("RWND_LIMITED_FRACTION", 0.2, "share of busy time a connection spent receive-window "
                            "limited (TCP_INFO) before it is called rwnd limited")
 SNDBUF_LIMITED_FRACTION = _t("SNDBUF_LIMITED_FRACTION", 0.2, "same, send-buffer limited")
@@ -61,8 +69,6 @@ CPU_PINNED_SHARE = _t("CPU_PINNED_SHARE", 0.5, "... in at least this share of it
 CPU_MIN_SAMPLES = _t("CPU_MIN_SAMPLES", 3, "fewest CPU samples a thread or machine needs before it is judged")
 CPU_SATURATED_PCT = _t("CPU_SATURATED_PCT", 90.0, "the machine's CPUs (all, averaged) at least this busy: the "
                        "ranks together use every core, so the CPU rather than the link may set the pace")
-CPU_LINK_REACHED = _t("CPU_LINK_REACHED", 0.85, "a busy machine limits an N only where raw TCP at that N stays "
-                      "below this share of the measured link rate")
 TURN_TAKING_GAP = _t("TURN_TAKING_GAP", 0.3, "a backend's two-way connection overlaps its directions this much "
                      "less than raw TCP on one shared connection between the same hosts: the backend takes turns")
 HALF_DUPLEX_MATCH = _t("HALF_DUPLEX_MATCH", 0.2, "a backend's busbw within this fraction of a raw ring that "
@@ -100,7 +106,7 @@ TABLE: tuple[Threshold, ...] = (
     RETRANS_MIN_COUNT, IDLE_RESTART_S, IDLE_FRACTION, TURN_GAP_SHARE, CWND_COLLAPSE_SEGMENTS, CPU_PINNED_PCT, CPU_PINNED_SHARE, CPU_MIN_SAMPLES, QUOTA_THROTTLED_SHARE,
     CPU_SATURATED_PCT, CPU_LINK_REACHED, TURN_TAKING_GAP, HALF_DUPLEX_MATCH, SLOW_LINK_RATIO, LOCALIZE_MIN_NODES,
     PACED_TOLERANCE, LOSS_HOST_SHARE, LOSS_PEER_SHARE, LOSS_RATE_CONTRAST, CWND_CUT_FACTOR, CPU_STARVED_LINK_SHARE, ALPHA, CONTROL_DIP, SHOWN_SHARE,
-    RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED,
+    RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED, WORKAROUND_EFFECT,
 )
 
 

@@ -1,6 +1,6 @@
 """Fuzz the capture analyzer: mutated pcap/pcapng/gzip files through ``diag analyze``'s library entry point.
 
-    python -m diag.bench.fuzz_analyze --cases 100000 --seed 1 [--start 0] [--out DIR]
+    python -m bench.fuzz_analyze --cases 100000 --seed 1 [--start 0] [--out DIR]
 
 The seed corpus is built by code (scapy builds the packets; the file formats are written here so every
 length and timestamp field's offset is known): a TCP conversation (handshake with options, data both ways,
@@ -280,12 +280,11 @@ def peak_rss_mb() -> float:
 def analyze_once(path: Path) -> None:
     """What `diag analyze FILE` and `diag analyze --json FILE` do, short of printing."""
     from diag.capture.analysis import analyze
-    from diag.capture.schema import Analysis
     from diag.capture.table import format_table
 
     result, _packets = analyze([path])
-    json.dumps(result)
-    format_table(Analysis.from_json(result))
+    json.dumps(result.to_json())
+    format_table(result)
 
 
 @dataclass
@@ -371,7 +370,7 @@ def _error_kind(message: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diag.bench.fuzz_analyze", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.fuzz_analyze", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=100_000, help="how many cases (default 100000)")
     parser.add_argument("--seed", type=int, default=1, help="fuzz seed (default 1)")
     parser.add_argument("--start", type=int, default=0, help="first case index (to run in parts)")
