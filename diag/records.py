@@ -230,7 +230,10 @@ def load_records(path: str | os.PathLike[str]) -> RecordFile:
         elif kind == "end":
             ends.append(event)
         else:
-            records.append(Record.from_event(event))
+            try:
+                records.append(Record.from_event(event))
+            except DiagError as exc:    # say which file, and which row of it
+                raise DiagError(f"{path}: row {len(records) + 1}: {exc}") from None
     return RecordFile(Path(path), starts, records, ends, torn_lines=stats.torn_lines)
 
 

@@ -27,7 +27,7 @@ from diag.capture.busy import (
     STALL_RTT_FACTOR,
     duplex,
 )
-from diag.capture.pcapfile import ReadResult
+from diag.capture.pcapfile import SKIP_WORDS, UNSUPPORTED_LINKTYPE_PREFIX, ReadResult
 from diag.capture.quantile import OrderStats, np_median, np_percentile
 from diag.capture.tcpstate import PacketState
 from diag.capture.turns import CONTROL_MAX_BYTES, summarize
@@ -206,8 +206,9 @@ def document(paths: Sequence[str | os.PathLike[str]], results: list[ReadResult],
         files.append(doc.CaptureFile(str(path), result.file_format, result.linktypes, result.snaplen,
                                         result.frames, packets, result.skipped, meta))
         warnings.extend(result.warnings)
-        if result.skipped:
-            warnings.append(f"{path}: skipped " + ", ".join(f"{v} {k}" for k, v in sorted(result.skipped.items())))
+        others = {k: v for k, v in result.skipped.items() if not k.startswith(UNSUPPORTED_LINKTYPE_PREFIX)}
+        if others:  # (link types: the reader's warning names them in words)
+            warnings.append(f"{path}: skipped " + ", ".join(f"{v} {SKIP_WORDS.get(k, k)}" for k, v in sorted(others.items())))
     flagged = bool(dropped_total) or any("truncated_record" in r.skipped for r in results)
     if dropped_total:
         warnings.append(f"the kernel dropped {dropped_total} packets during capture: counts are lower bounds "

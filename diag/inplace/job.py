@@ -418,7 +418,9 @@ class InPlaceJob:
         records = self._records_for_analysis()
         if self.node_work is not None and records:
             self.say("[analyze] every node analyses its own captures")
-            self.node_work.analyze(records)
+            # In a shared run directory the pcaps stay only with --keep-pcaps (their analyses always do); a node
+            # that does not share it keeps them on its own disk, as before (and ships them with --keep-pcaps).
+            self.node_work.analyze(records, keep_pcaps=self.options.keep_pcaps or not self.shared)
         self._note(self.world.all_gather_texts(self.node_work.notes if self.node_work else [], "analysing the captures"))
         if not self.shared:
             self._collect_nodes()

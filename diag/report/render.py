@@ -144,7 +144,7 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
     """The report, once: the verdict card (with the headline figure), the summary of findings, the plots,
     every finding, the records, the model, the thresholds and the environment."""
     sources = [run.relative(f.path) for f in run.record_files]
-    fired = [f for f in findings if f.status == "fired"]
+    fired = [f for f in ordered(findings) if f.status == "fired"]
     records = sorted(run.records, key=lambda r: (series_label(r), r.op, r.world_size, r.size_bytes))
     env_rows = [[k, v] for k, v in flatten(run.env)]
     meta_rows = [[k, v] for k, v in flatten(run.meta)]
@@ -208,7 +208,7 @@ def node_blocks(run: RunData) -> list[Block]:
     intro = (f"{len(names)} nodes" + (f" ({run.info.mode})" if run.info.mode else "")
              + (f" on {topology.iface}" if topology and topology.iface else "")
              + ": a node is a host as the network sees it (address, network namespace, boot id).")
-    blocks: list[Block] = [Heading(3, "Nodes"), Text(intro), Table(NODE_HEADER, rows)]
+    blocks: list[Block] = [Heading(2, "Nodes"), Text(intro), Table(NODE_HEADER, rows)]
     groups = subgroup_nodes(run)
     if groups:
         shared = set(topology.shared_hosts) if topology else set()
