@@ -150,7 +150,8 @@ def host_document(address: str, tx_bytes: int, rx_bytes: int, dup: dict[str, Any
 
 
 def phases_from_records(paths: Sequence[str | os.PathLike[str]]) -> list[PhaseKey]:
-    """One phase per timed iteration of every record (wall-clock windows), sorted by start."""
+    """One phase per timed iteration of every record (wall-clock windows; a trial's block: its trial and arm),
+    sorted by start."""
     from diag.records import load_records
 
     phases = []
@@ -160,9 +161,14 @@ def phases_from_records(paths: Sequence[str | os.PathLike[str]]) -> list[PhaseKe
             for iteration, (start, end) in enumerate(windows):
                 phases.append(PhaseKey(record.backend, record.algo, record.op, record.world_size,
                                        record.size_bytes, iteration if record.iter_windows_ns else None,
-                                       int(start), int(end)))
+                                       int(start), int(end), extra=_block_of(record)))
     phases.sort(key=lambda ph: ph.t_start_ns)
     return phases
+
+
+def _block_of(record: Any) -> dict[str, Any]:
+    """A trial's block names its trial and arm in its phases (diag trial's duplex overlap per arm)."""
+    return {k: record.block.get(k) for k in ("trial", "arm")} if record.block else {}
 
 
 def _capture_meta(path: Path) -> dict[str, Any] | None:

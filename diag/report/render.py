@@ -13,6 +13,8 @@ from typing import Any
 
 from diag import safefs
 from diag.records import Record
+from diag.report.arms import HEADER as ARM_HEADER
+from diag.report.arms import arm_tables, describe, table_rows
 from diag.report.diagnose import Finding, diagnose, findings_to_json, format_threshold
 from diag.report.diagnose.findings import ordered, summary_lines
 from diag.report.document import (
@@ -124,6 +126,19 @@ def link_reference(run: RunData) -> tuple[str, list[list[str]]]:
     return intro, rows
 
 
+def arm_blocks(run: RunData) -> list[Block]:
+    """Programs held against each other in the run's trials (diag trial), one table per world size."""
+    tables = arm_tables(run)
+    if not tables:
+        return []
+    blocks: list[Block] = [Heading(2, "Programs compared (interleaved trials)")]
+    for table in tables:
+        blocks += [Heading(3, table.title), Text(describe(table)), Table(ARM_HEADER, table_rows(table))]
+        if table.failed:
+            blocks.append(Bullets([(f"{name} failed", why) for name, why in table.failed.items()]))
+    return blocks
+
+
 def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Finding], models: list[GroupModel],
                    title: str, created: str, verdict: Verdict | None = None) -> list[Block]:
     """The report, once: the verdict card (with the headline figure), the summary of findings, the plots,
@@ -149,6 +164,7 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
                    Table(LINK_REFERENCE_HEADER, reference_rows)]
     blocks += node_blocks(run)
     blocks += workaround_blocks(run.advise)
+    blocks += arm_blocks(run)
     # The card's figure is drawn once, there; here its caption says how to read it.
     blocks += [Heading(2, "Plots"),
                *(Text(f"{p.title} (in the verdict card above): {p.caption}") if p is head else FigureBlock(p)

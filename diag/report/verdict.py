@@ -394,7 +394,13 @@ def _figure(rules: dict[str, list[Finding]]) -> str:
 
 
 def build_verdict(run: Any, findings: Sequence[Finding], figure: str | None = None) -> Verdict:
-    """The card from the findings (and advise.json for the workaround code)."""
+    """The card from the findings (and advise.json for the workaround code); a run of ``diag trial`` gets the
+    card of its arms (diag.report.arms), not of the N=2 anomaly it did not look for."""
+    from diag.report.arms import arm_card
+
+    programs = arm_card(run) if run is not None else None
+    if programs is not None:
+        return Verdict(**programs)
     rules = _by_rule(findings)
     figure = figure or _figure(rules)
     slow, status, used_slow = _what_is_slow(rules)
