@@ -11,6 +11,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -422,8 +423,10 @@ def _fake_iperf3(tmp: Path, on_client: str) -> tuple[str, Path]:
     ``on_client`` (shell) in place of sending."""
     real = shutil.which("iperf3")
     assert real is not None
-    fake_dir = tmp / "fake-bin"
-    fake_dir.mkdir()
+    # where nobody can run it (iperf3's servers run as nobody, and diag counts iperf3 as there only where
+    # they can): pytest's tmp_path is root's alone
+    fake_dir = Path(tempfile.mkdtemp(prefix="diag-fake-iperf3-"))
+    fake_dir.chmod(0o755)
     pids = tmp / "fake-client.pids"
     script = fake_dir / "iperf3"
     script.write_text(f'#!/bin/sh\ncase " $* " in *" -c "*) echo $$ >> {pids}; {on_client};; esac\n'

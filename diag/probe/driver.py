@@ -32,6 +32,7 @@ from diag.probe.coordinator import Coordinator, GroupCoordinator
 from diag.probe.flows import TOOLS, ProbeNode, measure_flows
 from diag.probe.matrix import INCAST_ROUNDS, measure_incast, measure_matrix
 from diag.probe.ring import measure_ring_pattern
+from diag.typedjson import to_json
 
 DEFAULT_TIMEOUT_S = 120.0    # the process group's: how long a rank waits for a peer that stopped answering
 
@@ -68,7 +69,7 @@ def run_step(coord: Coordinator, nodes: list[ProbeNode], step: str, seconds: flo
         return {"step": step, "matrix": measure_matrix(coord, nodes, seconds, tool, incast=not spec).to_json()}
     if kind == "incast" and (not spec or spec.isdigit()):
         rounds = int(spec) if spec else INCAST_ROUNDS
-        return {"step": step, "incast": [phase.to_json()
+        return {"step": step, "incast": [to_json(phase)
                                          for phase in measure_incast(coord, nodes, seconds, tool, rounds)]}
     if kind == "ring":
         ring = [named(name) for name in spec.split(",")] if spec else nodes
