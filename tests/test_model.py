@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 
 import numpy as np
 import pytest
@@ -22,7 +23,8 @@ from diag.model.structure import structure_of
 
 LINK_BPS = 12.5e6                   # 100 Mbit/s
 ALPHA_S = 200e-6
-GLOO = Terms(ALPHA_S, 1 / LINK_BPS, ramp_s=1.5e-3, ramp_half_bytes=256 * KiB, n2_beta_s_per_byte=0.5 / LINK_BPS)
+GLOO = Terms(ALPHA_S, 1 / LINK_BPS, ramp_s=1.5e-3, ramp_half_bytes=256 * KiB, n2_beta_s_per_byte=0.5 / LINK_BPS,
+             n2_half_bytes=128 * KiB)
 RAW = Terms(150e-6, 1 / LINK_BPS)
 VOLUMES = [4 << k for k in range(8, 25)]          # D = 1 KiB .. 64 MiB
 RING = structure_of("gloo", "default", "all_gather")
@@ -58,8 +60,15 @@ def test_fit_recovers_the_terms_it_was_generated_from(gloo_model) -> None:
     assert t.alpha_s == pytest.approx(ALPHA_S, rel=0.05)
     assert t.beta_s_per_byte == pytest.approx(GLOO.beta_s_per_byte, rel=0.02)
     assert t.n2_turn_share == pytest.approx(1 / 3, abs=0.02)                 # the N=2 penalty, named
-    assert m.ramp and t.ramp_s == pytest.approx(GLOO.ramp_s, rel=0.35)       # TCP not yet at rate
-    assert GLOO.ramp_half_bytes / 3 < t.ramp_half_bytes < GLOO.ramp_half_bytes * 3
+    assert GLOO.n2_half_bytes / 3 < t.n2_half_bytes < GLOO.n2_half_bytes * 3  # ... from where turns cost
+    # TCP not yet at rate: what the samples identify is the extra cost per byte of small messages (ramp over
+    # ramp_half); where the ramp levels off trades against its height within the noise (3% here)
+    assert m.ramp and t.ramp_s > 0
+    assert t.ramp_s / t.ramp_half_bytes == pytest.approx(GLOO.ramp_s / GLOO.ramp_half_bytes, rel=0.25)
+    for n in (2, 3, 4):
+        for volume in VOLUMES:
+            s = per_rank(volume, n)
+            assert float(m.mean_s(n, s)) == pytest.approx(float(GLOO.time_s(RING, n, s)), rel=0.03)
     low, high = m.intervals["n2_turn_share"]
     assert low <= 1 / 3 <= high + 0.01 and high - low < 0.05
     assert m.fit_error < 0.03 and m.within_stated
@@ -104,7 +113,7 @@ def test_heldout_errors_are_reported_for_every_series(gloo_model) -> None:
     assert set(by_n) == {2, 3, 4}
     assert by_n[4].extrapolated and by_n[4].median_error < 0.05
     # N=2 left out: without N=2 there is no turn-taking term, and the error says how much it carries
-    assert by_n[2].median_error == pytest.approx(1 / 3, abs=0.05) and "turn-taking" in by_n[2].note
+    assert 0.15 < by_n[2].median_error < 1 / 3 + 0.02 and "turn-taking" in by_n[2].note
     sizes = [h for h in m.heldout if h.kind == "volume"]            # an equal-D sweep: D is left out
     assert len(sizes) == len(VOLUMES) and all(h.cells == 3 for h in sizes)
     document = m.to_json()
@@ -113,10 +122,10 @@ def test_heldout_errors_are_reported_for_every_series(gloo_model) -> None:
 
 def test_a_model_that_cannot_predict_within_its_stated_error_says_so() -> None:
     """gloo at N=2 and 3 only: the N=2 term fits every cell, but N=3 left out is predicted from N=2's
-    turn-taking rows alone, 50% too slow: the model says it cannot predict within its stated error."""
+    turn-taking rows alone, too slow: the model says it cannot predict within its stated error."""
     (m,) = fit(sampled(GLOO, "gloo", "all_gather", (2, 3), volumes=VOLUMES[::2])).series_models
     assert m.fit_error < 0.03
-    assert m.heldout_error_of("world_size") > 0.3 and m.within_stated is False
+    assert m.heldout_error_of("world_size") > 0.15 and m.within_stated is False
     assert "cannot predict within its stated error: leave-one-N-out" in m.heldout_statement()
 
 
@@ -216,7 +225,7 @@ def test_cli_fit_predict_check(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "torch:gloo all_gather" in out and "raw:ring all_gather" in out
     assert "leave-one-N-out: N=2" in out and "leave-one-size-out (D, 17 sizes)" in out
-    assert "N=2 turn-taking share 33" in out and "extrapolates at N below 2 or above 4" in out
+    assert re.search(r"N=2 turn-taking share 3[234]\.\d%", out) and "extrapolates at N below 2 or above 4" in out
     document = json.loads(model_path.read_text())
     assert document["schema"] == 2 and {s["series"] for s in document["series"]} == {"torch:gloo", "raw:ring"}
 

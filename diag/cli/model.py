@@ -125,7 +125,8 @@ def fit_lines(model: Any) -> list[str]:
         if m.n2_penalty:
             share = iv.get("n2_turn_share")
             terms.append(f"N=2 turn-taking share {t.n2_turn_share:.1%}"
-                         + (f" [{share[0]:.1%}, {share[1]:.1%}]" if share else ""))
+                         + (f" [{share[0]:.1%}, {share[1]:.1%}]" if share else "")
+                         + (f", half of it at {human_bytes(t.n2_half_bytes)} per step" if t.n2_half_bytes else ""))
         lines.append("  " + "; ".join(terms) + " (95% bootstrap intervals)")
         lines.append(f"  fit error {m.fit_error:.1%} (median over cells), stated error {m.stated_error:.1%} "
                      f"(90% of cells within it)")

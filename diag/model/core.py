@@ -1,7 +1,7 @@
 """One model per series and op across N and size: its terms, its prediction with an interval from the
 samples, and model.json (written and read here, one definition).
 
-  T(N, S) = L*alpha + V*beta + L*ramp * m/(m + ramp_half) + [N=2] V*n2_beta
+  T(N, S) = L*alpha + V*beta + L*ramp * m/(m + ramp_half) + [N=2] V*n2_beta * m/(m + n2_half)
 
 with L, m, V the algorithm's steps, bytes per step and bytes through each link (diag/model/structure.py):
 
@@ -13,7 +13,9 @@ with L, m, V the algorithm's steps, bytes per step and bytes through each link (
              never costs less than nothing
   n2_beta    the N=2 turn-taking penalty (s/B at N=2 only): n2_turn_share = n2_beta / (beta + n2_beta) is
              the share of N=2's transfer time lost to the two directions of one connection taking turns
-             (the same quantity diag's N=2 dip measures as 1 - busbw(N=2) / busbw(N>=3))
+             (the same quantity diag's N=2 dip measures as 1 - busbw(N=2) / busbw(N>=3)), reached once a
+             step's message outgrows n2_half (half of it at n2_half; 0: at every size): turns cost nothing
+             while a message fits in what the sockets hold in flight
 
 Every term is >= 0 or bounded as above, and every structure has V >= L*m, so T > 0 for every N >= 2 and
 S >= 1 byte (tests/test_model.py holds every fitted series to it from 1 B to 1 GiB).
@@ -45,7 +47,7 @@ from diag.model.structure import Structure, structure_of
 #   1 - T = alpha + beta*S per (transport, op, N), plus a two-segment fit where the data bent; covariances.
 #       Strict JSON: non-finite numbers null, listed in "nonfinite".
 #   2 - one model per series (transport + mechanism knobs) and op across N and size: per-step latency, per-byte
-#       cost, TCP's ramp and the N=2 turn-taking share as named terms (all bounded, never a non-positive
+#       cost, TCP's ramp and the N=2 turn-taking share (with the size it sets in from) as named terms (all bounded, never a non-positive
 #       time); per cell the quantiles of its samples over the model (prediction intervals from the
 #       samples); bootstrap refits; leave-one-N-out and leave-one-size-out errors; where it extrapolates.
 MODEL_SCHEMA = 2
@@ -65,6 +67,7 @@ class Terms:
     ramp_s: float = 0.0
     ramp_half_bytes: float = 0.0     # 0: no ramp term
     n2_beta_s_per_byte: float = 0.0
+    n2_half_bytes: float = 0.0       # 0: the N=2 penalty holds at every size
 
     @property
     def bandwidth_Bps(self) -> float:
@@ -79,7 +82,12 @@ class Terms:
         return [self.alpha_s, self.beta_s_per_byte, self.ramp_s, self.n2_beta_s_per_byte]
 
     def with_vector(self, values: Sequence[float]) -> Terms:
-        return Terms(float(values[0]), float(values[1]), float(values[2]), self.ramp_half_bytes, float(values[3]))
+        return Terms(float(values[0]), float(values[1]), float(values[2]), self.ramp_half_bytes, float(values[3]),
+                     self.n2_half_bytes)
+
+    def n2_onset(self, message: Any) -> Any:
+        """The share of the N=2 penalty a step of ``message`` bytes pays."""
+        return message / (message + self.n2_half_bytes) if self.n2_half_bytes > 0 else 1.0
 
     def time_s(self, structure: Structure, n: Any, s: Any, *, n2_penalty: bool = True) -> np.ndarray:
         steps, message, link = structure.counts(n, s)
@@ -87,18 +95,20 @@ class Terms:
         if self.ramp_half_bytes > 0 and self.ramp_s != 0.0:
             t = t + steps * self.ramp_s * message / (message + self.ramp_half_bytes)
         if n2_penalty and self.n2_beta_s_per_byte > 0:
-            t = t + np.where(np.asarray(n) == 2, link * self.n2_beta_s_per_byte, 0.0)
+            t = t + np.where(np.asarray(n) == 2, link * self.n2_beta_s_per_byte * self.n2_onset(message), 0.0)
         return np.asarray(t, dtype=float)
 
     def to_json(self) -> dict[str, float]:
         return {"alpha_s": self.alpha_s, "beta_s_per_byte": self.beta_s_per_byte, "bandwidth_Bps": self.bandwidth_Bps,
                 "ramp_s": self.ramp_s, "ramp_half_bytes": self.ramp_half_bytes,
-                "n2_beta_s_per_byte": self.n2_beta_s_per_byte, "n2_turn_share": self.n2_turn_share}
+                "n2_beta_s_per_byte": self.n2_beta_s_per_byte, "n2_half_bytes": self.n2_half_bytes,
+                "n2_turn_share": self.n2_turn_share}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Terms:
         return cls(float(data["alpha_s"]), float(data["beta_s_per_byte"]), float(data.get("ramp_s") or 0.0),
-                   float(data.get("ramp_half_bytes") or 0.0), float(data.get("n2_beta_s_per_byte") or 0.0))
+                   float(data.get("ramp_half_bytes") or 0.0), float(data.get("n2_beta_s_per_byte") or 0.0),
+                   float(data.get("n2_half_bytes") or 0.0))
 
 
 @dataclass(frozen=True)
@@ -291,12 +301,12 @@ class SeriesModel:
         return self._pools[chosen]
 
     def _refit_spread(self, world_size: int, size_bytes: int, mean: float) -> np.ndarray:
-        """The bootstrap refits' means at (N, S) over the model's mean (ramp_half is shared by every refit)."""
+        """The bootstrap refits' means at (N, S) over the model's mean (both halves are shared by every refit)."""
         if not self.bootstrap:
             return np.ones(1)
         steps, message, link = (float(v) for v in self.structure.counts(np.array(world_size), np.array(size_bytes)))
         rise = steps * message / (message + self.terms.ramp_half_bytes) if self.terms.ramp_half_bytes > 0 else 0.0
-        n2 = link if self.n2_penalty and world_size == 2 else 0.0
+        n2 = link * float(self.terms.n2_onset(message)) if self.n2_penalty and world_size == 2 else 0.0
         return np.asarray(self.bootstrap) @ np.array([steps, link, rise, n2]) / mean
 
     def predict(self, world_size: int, size_bytes: int, confidence: float = CONFIDENCE) -> Prediction:
@@ -451,8 +461,9 @@ class Model:
                 "sources": list(self.sources),
                 "units": {"size": "bytes of per-rank input (records' size_bytes)", "time": "seconds per operation"},
                 "formula": "T(N,S) = L*alpha_s + V*beta_s_per_byte + L*ramp_s*m/(m+ramp_half_bytes) "
-                           "+ [N=2] V*n2_beta_s_per_byte; L, m, V: the series' structure (steps, step_bytes, "
-                           "link_bytes); n2_turn_share = n2_beta/(beta+n2_beta)",
+                           "+ [N=2] V*n2_beta_s_per_byte*m/(m+n2_half_bytes); L, m, V: the series' structure "
+                           "(steps, step_bytes, link_bytes); n2_turn_share = n2_beta/(beta+n2_beta); a half of 0: "
+                           "that term's factor is 1",
                 "interval": f"{CONFIDENCE:.0%} of one operation's time: quantiles of the nearest cells' "
                             "ratio_quantiles x the bootstrap refits (diag/model/core.py)",
                 "series": models, "skipped": list(self.skipped), "nonfinite": notes}

@@ -11,10 +11,12 @@ How the fit works:
     not outweigh one known to 2% a hundredfold, a noisy (bimodal) cell counts less.
   - Every coefficient is non-negative (scipy's NNLS): alpha, beta, the N=2 term, and the ramp as two
     non-negative parts (slower below ramp_half, or faster there, never by more than beta*ramp_half), so no
-    fitted model can return a non-positive time. ramp_half is searched over a log grid of the measured
-    step sizes (RAMP_GRID points).
-  - The ramp is kept only where leave-one-size-out says it predicts better than the model without it
-    (RAMP_CHOICE); the N=2 term is fitted where N=2 and N>=3 were both measured (not for pairwise ops).
+    fitted model can return a non-positive time. The shape parameters ramp_half and n2_half (the size from
+    which N=2 takes turns) are searched over log grids of the measured step sizes (RAMP_GRID, N2_GRID
+    points; n2_half also 0: at every size), in turn.
+  - Beyond alpha and beta, a term is kept only where leave-one-size-out says it predicts better than the
+    model without it (TERM_CHOICE): first the N=2 term (where N=2 and N>=3 were both measured, and not for
+    pairwise ops), then the ramp.
   - Held out: every measured N is left out in turn (leave-one-N-out) and every size (leave-one-size-out),
     the model refitted on the rest and its error on what was left out recorded. Leaving out the edge N is
     extrapolation in N: that error is what ``predict`` adds to its interval beyond the measured N.
@@ -37,12 +39,13 @@ from diag.report.series import series_label as series_of  # the one series ident
 
 # A cell's relative error never counts as smaller than this in the weights (model error dominates timer noise).
 NOISE_FLOOR = 0.02
-# ramp_half candidates: this many points, log-spaced over the measured bytes per step.
+# ramp_half candidates: this many points, log-spaced over the measured bytes per step; n2_half: this many, and 0.
 RAMP_GRID = 24
-# The ramp needs this many distinct sizes, and must bring the leave-one-size-out error to at most this share
-# of the error without it (a simpler model wins ties).
+N2_GRID = 16
+# The ramp needs this many distinct sizes. The ramp and the N=2 term must each bring the leave-one-size-out
+# error to at most this share of the error without them (a simpler model wins ties).
 MIN_SIZES_FOR_RAMP = 4
-RAMP_CHOICE = 0.9
+TERM_CHOICE = 0.9
 # Refits on resampled iterations for the terms' intervals, and how many of them model.json keeps.
 BOOTSTRAP_FITS = 200
 BOOTSTRAP_KEPT = 64
@@ -80,7 +83,8 @@ class Variant:
     n2: bool
 
 
-def _columns(structure: Structure, cells: Sequence[CellData], variant: Variant, ramp_half: float) -> np.ndarray:
+def _columns(structure: Structure, cells: Sequence[CellData], variant: Variant, ramp_half: float,
+             n2_half: float = 0.0) -> np.ndarray:
     n = np.array([c.world_size for c in cells], dtype=float)
     s = np.array([c.size_bytes for c in cells], dtype=float)
     steps, message, link = structure.counts(n, s)
@@ -89,7 +93,8 @@ def _columns(structure: Structure, cells: Sequence[CellData], variant: Variant, 
         rise = steps * message / (message + ramp_half)
         columns += [rise, link / ramp_half - rise]          # >= 0: V >= L*m for every structure
     if variant.n2:
-        columns.append(np.where(n == 2, link, 0.0))
+        onset = message / (message + n2_half) if n2_half > 0 else 1.0
+        columns.append(np.where(n == 2, link * onset, 0.0))
     return np.column_stack(columns)
 
 
@@ -109,7 +114,7 @@ def _solve(design: np.ndarray, means: np.ndarray, weights: np.ndarray) -> tuple[
     return x, float(residual @ residual)
 
 
-def _terms(x: np.ndarray, variant: Variant, ramp_half: float) -> Terms:
+def _terms(x: np.ndarray, variant: Variant, ramp_half: float, n2_half: float = 0.0) -> Terms:
     alpha, beta = float(x[0]), float(x[1])
     ramp = 0.0
     i = 2
@@ -118,37 +123,55 @@ def _terms(x: np.ndarray, variant: Variant, ramp_half: float) -> Terms:
         ramp = float(x[2] - x[3])
         i = 4
     n2_beta = float(x[i]) if variant.n2 else 0.0
-    return Terms(alpha, beta, ramp, ramp_half if variant.ramp else 0.0, n2_beta)
+    return Terms(alpha, beta, ramp, ramp_half if variant.ramp else 0.0, n2_beta, n2_half if variant.n2 else 0.0)
 
 
-def _grid(cells: Sequence[CellData], structure: Structure) -> np.ndarray:
+def _grid(cells: Sequence[CellData], structure: Structure, points: int = RAMP_GRID) -> np.ndarray:
     n = np.array([c.world_size for c in cells], dtype=float)
     s = np.array([c.size_bytes for c in cells], dtype=float)
     _, message, _ = structure.counts(n, s)
     low, high = float(message.min()), float(message.max())
-    return np.geomspace(max(low, 1.0), max(high, 1.0), RAMP_GRID) if high > low else np.array([max(low, 1.0)])
+    return np.geomspace(max(low, 1.0), max(high, 1.0), points) if high > low else np.array([max(low, 1.0)])
 
 
 def fit_terms(structure: Structure, cells: Sequence[CellData], variant: Variant,
-              means: np.ndarray | None = None, ramp_half: float | None = None) -> tuple[Terms, float]:
-    """The best terms of one variant (searching ramp_half unless given) and their weighted error."""
+              means: np.ndarray | None = None, halves: tuple[float, float] | None = None) -> tuple[Terms, float]:
+    """The best terms of one variant and their weighted error. The two shape parameters (ramp_half; n2_half,
+    0 = the N=2 penalty at every size) are searched on their grids in turn, twice (coordinate descent),
+    unless ``halves`` fixes them (the bootstrap refits)."""
     means = np.array([c.mean for c in cells]) if means is None else means
     weights = np.array([c.weight for c in cells])
-    if not variant.ramp:
-        x, sse = _solve(_columns(structure, cells, variant, 1.0), means, weights)
-        return _terms(x, variant, 0.0), sse
-    best: tuple[Terms, float] | None = None
-    for half in ([ramp_half] if ramp_half else _grid(cells, structure)):
-        x, sse = _solve(_columns(structure, cells, variant, float(half)), means, weights)
-        if best is None or sse < best[1]:
-            best = (_terms(x, variant, float(half)), sse)
-    assert best is not None
+
+    def solve(ramp_half: float, n2_half: float) -> tuple[Terms, float]:
+        x, sse = _solve(_columns(structure, cells, variant, ramp_half, n2_half), means, weights)
+        return _terms(x, variant, ramp_half, n2_half), sse
+
+    if halves is not None:
+        return solve(halves[0] or 1.0, halves[1])
+    ramp_grid = _grid(cells, structure) if variant.ramp else np.array([1.0])
+    n2_grid = np.concatenate([[0.0], _grid(cells, structure, N2_GRID)]) if variant.n2 else np.array([0.0])
+    ramp_half, n2_half = float(ramp_grid[len(ramp_grid) // 2]), 0.0
+    best = solve(ramp_half, n2_half)
+    for _ in range(2):
+        for candidate_half in n2_grid[1:]:
+            candidate = solve(ramp_half, float(candidate_half))
+            if candidate[1] < best[1]:
+                best = candidate
+        n2_half = best[0].n2_half_bytes
+        for candidate_half in ramp_grid[1:] if variant.ramp else ():
+            candidate = solve(float(candidate_half), n2_half)
+            if candidate[1] < best[1]:
+                best = candidate
+        ramp_half = best[0].ramp_half_bytes or ramp_half
     return best
 
 
-def _variant_for(cells: Sequence[CellData], structure: Structure, ramp: bool) -> Variant:
+def _variant_for(cells: Sequence[CellData], structure: Structure, wanted: Variant) -> Variant:
+    """The wanted terms that these cells can carry: the ramp needs MIN_SIZES_FOR_RAMP sizes, the N=2 term N=2 and
+    some N>=3 (and an op whose N matters)."""
     ns = {c.world_size for c in cells}
-    return Variant(ramp, not structure.pairwise and 2 in ns and any(n >= 3 for n in ns))
+    return Variant(wanted.ramp and _distinct_sizes(cells) >= MIN_SIZES_FOR_RAMP,
+                   wanted.n2 and not structure.pairwise and 2 in ns and any(n >= 3 for n in ns))
 
 
 def _predict(structure: Structure, terms: Terms, cells: Sequence[CellData], n2: bool) -> np.ndarray:
@@ -194,10 +217,10 @@ def _key(kind: str, cells: Sequence[CellData]):  # type: ignore[no-untyped-def]
     return lambda c: c.size_bytes
 
 
-def held_out(structure: Structure, cells: Sequence[CellData], ramp: bool, kind: str
+def held_out(structure: Structure, cells: Sequence[CellData], wanted: Variant, kind: str
              ) -> list[tuple[HeldOut, list[float], list[float]]]:
     """Leave each world size (kind "world_size"), or each size on the sweep's axis ("size", "volume"), out in
-    turn and refit on the rest: (summary, |errors|, weights) per left-out value."""
+    turn and refit the ``wanted`` terms on the rest: (summary, |errors|, weights) per left-out value."""
     key = _key(kind, cells)
     values = sorted({key(c) for c in cells})
     if len(values) < (2 if kind == "world_size" else 3):
@@ -208,13 +231,13 @@ def held_out(structure: Structure, cells: Sequence[CellData], ramp: bool, kind: 
         test = [c for c in cells if key(c) == value]
         if _distinct_sizes(train) < 2 and len({c.world_size for c in train}) < 2:
             continue
-        variant = _variant_for(train, structure, ramp and _distinct_sizes(train) >= MIN_SIZES_FOR_RAMP)
+        variant = _variant_for(train, structure, wanted)
         terms, _ = fit_terms(structure, train, variant)
         predicted = _predict(structure, terms, test, variant.n2)
         errors = [abs(p / c.mean - 1.0) for p, c in zip(predicted, test, strict=True)]
         rest = [key(c) for c in train]
         note = ""
-        if kind == "world_size" and value == 2 and _variant_for(cells, structure, True).n2:
+        if kind == "world_size" and value == 2 and _variant_for(cells, structure, wanted).n2:
             note = "N=2 left out: its turn-taking term cannot be fitted without N=2 (this is the ring's own time)"
         out.append((HeldOut(kind, int(value), len(test), float(np.median(errors)), float(max(errors)),
                             value < min(rest) or value > max(rest), note),
@@ -234,14 +257,20 @@ def fit_series(series: str, backend: str, algo: str, op: str, cells: Sequence[Ce
                notes: Sequence[str] = (), seed: int = 0) -> SeriesModel:
     structure = structure_of(backend, algo, op)
     assert structure is not None
+    # Terms beyond alpha and beta are kept only where leaving one size out says they predict better: first the
+    # N=2 term, then the ramp (a term the data does not ask for is not fitted).
     axis = size_axis(cells)
-    by_size = held_out(structure, cells, False, axis)
-    ramp = False
-    if _distinct_sizes(cells) >= MIN_SIZES_FOR_RAMP:
-        with_ramp = held_out(structure, cells, True, axis)
-        if _weighted_error(with_ramp) <= RAMP_CHOICE * _weighted_error(by_size):
-            ramp, by_size = True, with_ramp
-    variant = _variant_for(cells, structure, ramp)
+    wanted = Variant(ramp=False, n2=False)
+    by_size = held_out(structure, cells, wanted, axis)
+    for term in ("n2", "ramp"):
+        richer = Variant(ramp=wanted.ramp or term == "ramp", n2=wanted.n2 or term == "n2")
+        if _variant_for(cells, structure, richer) == _variant_for(cells, structure, wanted):
+            continue
+        trial = held_out(structure, cells, richer, axis)
+        if _weighted_error(trial) <= TERM_CHOICE * _weighted_error(by_size):
+            wanted, by_size = richer, trial
+    variant = _variant_for(cells, structure, wanted)
+    ramp = variant.ramp
     terms, _ = fit_terms(structure, cells, variant)
     predicted = _predict(structure, terms, cells, variant.n2)
     fitted = tuple(Cell(c.world_size, c.size_bytes, int(c.samples.size), c.mean, float(p),
@@ -253,7 +282,8 @@ def fit_series(series: str, backend: str, algo: str, op: str, cells: Sequence[Ce
     rng = np.random.default_rng(seed)
     resampled = np.column_stack([c.samples[rng.integers(0, c.samples.size, (BOOTSTRAP_FITS, c.samples.size))]
                                  .mean(axis=1) for c in cells])          # [refit, cell] means
-    refits = [fit_terms(structure, cells, variant, means, terms.ramp_half_bytes or None)[0] for means in resampled]
+    refits = [fit_terms(structure, cells, variant, means, (terms.ramp_half_bytes, terms.n2_half_bytes))[0]
+              for means in resampled]
     intervals: dict[str, tuple[float, float]] = {}
     for name, values in (("alpha_s", [t.alpha_s for t in refits]), ("beta_s_per_byte", [t.beta_s_per_byte for t in refits]),
                          ("ramp_s", [t.ramp_s for t in refits]),
@@ -262,7 +292,7 @@ def fit_series(series: str, backend: str, algo: str, op: str, cells: Sequence[Ce
         low, high = np.quantile(values, [0.025, 0.975])
         intervals[name] = (float(low), float(high))
 
-    heldout = [h for h, _, _ in held_out(structure, cells, ramp, "world_size") + by_size]
+    heldout = [h for h, _, _ in held_out(structure, cells, wanted, "world_size") + by_size]
     return SeriesModel(series, backend, algo, op, terms, intervals,
                        tuple(tuple(t.vector()) for t in refits[:BOOTSTRAP_KEPT]), fitted, variant.n2, ramp,
                        float(np.median(errors)), stated, tuple(heldout), tuple(notes))
