@@ -245,6 +245,8 @@ def test_cli_fit_predict_check(tmp_path, capsys) -> None:
     assert gloo["rows_unseen_n"] == 2 * len(VOLUMES) and gloo["unseen_n_large"] < 0.05
     losses = [p for p in result["n2_loss"] if p["series"] == "torch:gloo" and p["volume_bytes"] >= MiB]
     assert losses and all(p["predicted_loss"] == pytest.approx(p["measured_loss"], abs=0.03) for p in losses)
+    (n2,) = result["n2_loss_summary"]
+    assert n2["series"] == "torch:gloo" and abs(n2["relative_difference"]) < 0.1
     assert main(["model", "check", "--model", str(model_path), str(records)]) == 0
     assert "N=2 loss at D=" in capsys.readouterr().out
     assert main(["model", "predict", "--model", str(model_path), "--op", "broadcast", "--world-size", "2",
@@ -296,12 +298,16 @@ def test_vidur_profiles_load_into_the_columns_its_predictor_reads(tmp_path, caps
 
 def test_astra_sim_network_config_parses_as_its_network_config(tmp_path, capsys) -> None:
     yaml = pytest.importorskip("yaml", reason="PyYAML reads the config as ASTRA-sim's yaml-cpp does")
-    records = sampled(RAW, "raw", "all_gather", (2, 3, 4)) + sampled(GLOO, "gloo", "all_gather", (2, 3, 4))
+    # as sweeps label them: the raw reference shows its order; a raw series with a mechanism knob is not it
+    records = (sampled(RAW, "raw", "all_gather", (2, 3, 4), knobs={"order": "recv-first"})
+               + sampled(Terms(1e-3, 2 / LINK_BPS), "raw", "all_gather", (2, 3, 4),
+                         knobs={"order": "recv-first", "emulate": "gloo"})
+               + sampled(GLOO, "gloo", "all_gather", (2, 3, 4)))
     model_path = tmp_path / "model.json"
     assert main(["model", "fit", str(write_records(tmp_path / "r.jsonl", records)), "-o", str(model_path)]) == 0
     path = tmp_path / "network.yml"
     assert main(["model", "export", "--model", str(model_path), "--astra-sim", str(path), "--npus", "8"]) == 0
-    assert "from raw:ring all_gather" in capsys.readouterr().out
+    assert "from raw:ring [order=recv-first] all_gather" in capsys.readouterr().out
     config = yaml.safe_load(path.read_text())
     # astra-network-analytical NetworkParser: per-dimension lists of equal length, known topologies,
     # npus_count > 1, bandwidth > 0 (GB/s, GB = 2^30 B), latency >= 0 (ns per hop)

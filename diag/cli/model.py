@@ -188,11 +188,12 @@ def check_rows(model: Any, records: Any, large_bytes: int) -> dict[str, Any]:
     same ratio of the model's predictions."""
     import numpy as np
 
-    from diag.model.fit import series_of
+    from diag.model.fit import SAME_VOLUME, series_of
     from diag.report.diagnose.records_rules import dip_ratio
     from diag.report.series import by_series
 
     by_key = {(m.series, m.op): m for m in model.series_models}
+    large_bytes = large_bytes / SAME_VOLUME       # D = 1 MiB at N=4 is 1048572 bytes (whole float32 elements)
     rows = []
     for r in records:
         m = by_key.get((series_of(r), r.op))
@@ -229,7 +230,7 @@ def check_rows(model: Any, records: Any, large_bytes: int) -> dict[str, Any]:
         for size2, row2 in sorted(per_n[2].items()):
             volume = row2.volume_bytes
             others = [row for n, rows_n in per_n.items() if n >= 3 for row in rows_n.values()
-                      if abs(row.volume_bytes - volume) <= 0.01 * volume and row.times_s]
+                      if abs(row.volume_bytes - volume) <= (SAME_VOLUME - 1) * volume and row.times_s]
             if not others or not row2.times_s:
                 continue
             measured = dip_ratio(row2, others)
@@ -242,7 +243,17 @@ def check_rows(model: Any, records: Any, large_bytes: int) -> dict[str, Any]:
                             "measured_loss": 1 - measured.ratio.point,
                             "measured_low": 1 - measured.ratio.high, "measured_high": 1 - measured.ratio.low,
                             "predicted_loss": 1 - ratio, "turn_share": m.terms.n2_turn_share})
-    return {"rows": rows, "summary": summary, "n2_loss": penalty, "large_bytes": large_bytes}
+    n2_summary = []
+    for label in dict.fromkeys(p["series"] for p in penalty):
+        large = [p for p in penalty if p["series"] == label and p["volume_bytes"] >= large_bytes]
+        if large:
+            measured = float(np.median([p["measured_loss"] for p in large]))
+            predicted = float(np.median([p["predicted_loss"] for p in large]))
+            n2_summary.append({"series": label, "op": large[0]["op"], "volumes": len(large),
+                               "measured_loss": measured, "predicted_loss": predicted,
+                               "relative_difference": predicted / measured - 1 if measured > 0 else None})
+    return {"rows": rows, "summary": summary, "n2_loss": penalty, "n2_loss_summary": n2_summary,
+            "large_bytes": round(large_bytes * SAME_VOLUME)}
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -278,6 +289,11 @@ def _check(args: argparse.Namespace) -> int:
               f"N={','.join(map(str, p['reference_world_sizes']))}: measured {p['measured_loss']:.1%} "
               f"[{p['measured_low']:.1%}, {p['measured_high']:.1%}], model {p['predicted_loss']:.1%} "
               f"(turn-taking share {p['turn_share']:.1%})")
+    for s in result["n2_loss_summary"]:
+        differs = (f" ({s['relative_difference']:+.0%} of the measured)" if s["relative_difference"] is not None
+                   else "")
+        print(f"{s['series']} {s['op']} N=2 loss, median over the {s['volumes']} D >= {large}: measured "
+              f"{s['measured_loss']:.1%}, model {s['predicted_loss']:.1%}{differs}")
     return 0
 
 

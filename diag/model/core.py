@@ -428,15 +428,18 @@ class Model:
 
     def select(self, op: str, series: str | None = None) -> list[SeriesModel]:
         """The models of ``op``; ``series`` is a series label, or a transport (``torch:gloo``, ``gloo``,
-        ``raw:ring``, ``raw``) that picks its series without extra knobs."""
+        ``raw:ring``, ``raw``) that picks that transport's series with the fewest knobs (``raw:ring`` is the raw
+        reference, labelled ``raw:ring [order=recv-first]`` by the sweeps)."""
         of_op = [m for m in self.series_models if m.op == op]
         if series is None:
             hits = of_op
         else:
             hits = [m for m in of_op if m.series == series]
             if not hits:
-                wanted = {series, f"torch:{series}", f"raw:{series}", "raw:ring" if series == "raw" else series}
-                hits = [m for m in of_op if m.series in wanted]
+                transport = {"raw": "raw:ring"}.get(series, series if ":" in series else f"torch:{series}")
+                of_transport = [m for m in of_op if m.series.split(" [")[0] == transport]
+                fewest = min((_knob_count(m.series) for m in of_transport), default=0)
+                hits = [m for m in of_transport if _knob_count(m.series) == fewest]
         if not hits:
             have = ", ".join(f"{m.series} {m.op}" for m in self.series_models) or "none"
             raise DiagError(f"no model for {op}{' of ' + series if series else ''}; the model file has: {have}")
@@ -477,6 +480,11 @@ class Model:
                             "fit it again with `diag model fit RUN_DIR -o model.json`")
         return cls(tuple(SeriesModel.from_json(m) for m in data.get("series", [])), tuple(data.get("sources", [])),
                    tuple(data.get("skipped", [])))
+
+
+def _knob_count(series: str) -> int:
+    """Knobs in a series label: 'raw:ring [conn=shared, order=recv-first]' has 2."""
+    return series.count("=")
 
 
 def _nonfinite_reason(path: str) -> str:

@@ -97,14 +97,12 @@ def astra_network(model: Model, series: str | None = None, npus: int | None = No
     if topology not in ASTRA_HOPS:
         raise DiagError(f"--topology {topology!r}: ASTRA-sim's analytical network knows {', '.join(ASTRA_HOPS)}")
     candidates = [m for m in model.series_models if m.op == "all_gather"]
-    if series is None:
-        hits = [m for m in candidates if m.series == "raw:ring"]
-        if not hits:
-            have = ", ".join(m.series for m in candidates) or "none"
-            raise DiagError("no model of the raw-TCP reference (raw:ring all_gather) to fit the network from; name a "
-                            f"series with --series (all_gather models: {have})")
-    else:
-        hits = model.select("all_gather", series)
+    try:
+        hits = model.select("all_gather", series or "raw:ring")
+    except DiagError:
+        have = ", ".join(m.series for m in candidates) or "none"
+        raise DiagError(f"no model of {series or 'the raw-TCP reference (raw:ring)'} all_gather to fit the network "
+                        f"from; name a series with --series (all_gather models: {have})") from None
     m = hits[0]
     beta = m.terms.beta_s_per_byte
     if beta <= 0:
