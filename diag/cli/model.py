@@ -307,13 +307,16 @@ def _export(args: argparse.Namespace) -> int:
         raise DiagError("nothing to export: give --vidur DIR and/or --astra-sim FILE")
     model = load(args.model)
     if args.vidur is not None:
-        files = write_vidur(model, args.vidur, args.series, _world_sizes(args.world_sizes), parse_size(args.max_size))
+        files, notes = write_vidur(model, args.vidur, args.series, _world_sizes(args.world_sizes),
+                                   parse_size(args.max_size))
         if not files:
             raise DiagError("no all_reduce, send_recv or all_gather model to export for Vidur")
         safefs.make_dirs(args.vidur, flag="--vidur")
         for path, text in files:
             safefs.write_file(path, text)
             print(f"wrote {path} ({text.count(chr(10)) - 1} rows)")
+        for note in notes:
+            print(note)
     if args.astra_sim is not None:
         text, m = astra_network(model, args.series, args.npus, args.topology)
         safefs.write_file(safefs.make_parent(args.astra_sim), text, flag="--astra-sim")

@@ -77,18 +77,25 @@ def vidur_table(model: SeriesModel, world_sizes: Sequence[int], sizes: Sequence[
 
 
 def write_vidur(model: Model, out_dir: Path, series: str | None, world_sizes: Sequence[int] | None,
-                max_bytes: int = VIDUR_MAX_BYTES) -> list[tuple[Path, str]]:
-    """all_reduce.csv, send_recv.csv, all_gather.csv for the ops ``series`` has a model of: (path, text)."""
+                max_bytes: int = VIDUR_MAX_BYTES) -> tuple[list[tuple[Path, str]], list[str]]:
+    """all_reduce.csv, send_recv.csv, all_gather.csv for the ops ``series`` has a model of: ((path, text) per
+    file, what was not written and why)."""
     chosen = _one_series(model, series, VIDUR_OPS)
     sizes = vidur_sizes(max_bytes)
-    files = []
+    files, missing = [], []
     for op in VIDUR_OPS:
         hits = [m for m in model.series_models if m.series == chosen and m.op == op]
         if not hits:
+            missing.append(f"{op}.csv not written: no {op} model of {chosen} (measure {op}, e.g. the profile step)")
             continue
         ns = list(world_sizes) if world_sizes else hits[0].world_sizes
+        outside = [n for n in ns if not hits[0].structure.pairwise and not min(hits[0].world_sizes) <= n
+                   <= max(hits[0].world_sizes)]
+        if outside:
+            missing.append(f"{op}.csv: num_workers {','.join(map(str, outside))} extrapolated (measured "
+                           f"N={','.join(map(str, hits[0].world_sizes))})")
         files.append((out_dir / f"{op}.csv", vidur_table(hits[0], ns, sizes)))
-    return files
+    return files, missing
 
 
 def astra_network(model: Model, series: str | None = None, npus: int | None = None,
