@@ -29,7 +29,8 @@ class Step:
     """One experiment of the plan, as data: which transport runs which op, at which world sizes and volumes,
     with which knobs. ``at`` is "every_n" (the plan's world sizes) or "n2"; ``volumes`` is "sweep" (the
     plan's per-device volumes D), "experiment" (its knob volume) or "exchange" (its exchange sizes, per
-    rank). The step's name names its records file and prefixes its captures' tags."""
+    rank) or "profile" (the plan's profile sizes, per rank, the same at every N). The step's name names its
+    records file and prefixes its captures' tags."""
 
     name: str
     backend: str                         # "gloo" | "raw"
@@ -45,8 +46,10 @@ class Step:
 
     @property
     def kind(self) -> str:
-        """"sweep" (every N), "trial" (an interleaved N=2 trial) or "knob" (a raw knob row at N=2): what
-        --skip names."""
+        """"sweep" (every N), "trial" (an interleaved N=2 trial), "knob" (a raw knob row at N=2) or "profile"
+        (the model's profile at every N): what --skip names."""
+        if self.volumes == "profile":
+            return "profile"
         return "trial" if self.trial is not None else ("sweep" if self.at == "every_n" else "knob")
 
     def to_json(self) -> dict[str, Any]:
@@ -70,6 +73,8 @@ class Plan:
     trial_budget_s: float = 90.0        # all trials together; each stops sooner once its verdicts are decided
     backend: str = "gloo"               # the backend under test (see under_test)
     advise: bool = True                 # measure gloo's workarounds at N=2 after the steps
+    profile_sizes: tuple[int, ...] = () # per-rank sizes of the profile steps (with_profile)
+    profile_row_s: float = 0.0          # each profile row samples until its mean is known or this is spent
 
     def world_sizes_of(self, step: Step) -> tuple[int, ...]:
         return self.world_sizes if step.at == "every_n" else (2,)
@@ -78,6 +83,8 @@ class Plan:
         """Per-rank sizes of a step at one world size."""
         if step.volumes == "exchange":
             return self.exchange_sizes
+        if step.volumes == "profile":
+            return self.profile_sizes
         volumes = self.volumes if step.volumes == "sweep" else self.knob_volumes
         return tuple(sorted({per_rank_size(v, world_size) for v in volumes}))
 
@@ -155,6 +162,63 @@ FULL = Plan(world_sizes=(2, 3, 4, 5, 6, 7, 8), volumes=tuple(parse_size(s) for s
             trial_budget_s=200.0, steps=(*SWEEPS, *TRIALS, *KNOBS_FULL))
 
 
+# The profile a simulator needs (docs/model.md, "Profile"): the ops a simulator of distributed inference asks
+# about (all_gather, send/recv, all_reduce) at every N, on the backend under test and the raw-TCP reference (its
+# all_reduce gathers and reduces locally: no reference for a ring), per-rank sizes from 1 B to 200 MiB (the
+# seed's own benchmark went to ~200 MB). Each row samples past PROFILE_MIN_ITERS until the standard error of its
+# mean is PROFILE_TARGET_SEM of it or it has spent the plan's profile_row_s: small sizes run hundreds of
+# iterations, large ones PROFILE_MIN_ITERS. The model reads records only: the profile is not captured, and its
+# rows feed the model, not the diagnosis's survey (their sizes are a simulator's, not an experiment's).
+PROFILE_SIZES = (*(4**k for k in range(14)), 200 << 20)       # 1 B, 4 B, 16 B, ..., 64 MiB, 200 MiB
+PROFILE_OPS = ("all_gather", "send_recv", "all_reduce")
+PROFILE_MIN_ITERS = 2
+PROFILE_MAX_ITERS = 1000
+PROFILE_TARGET_SEM = 0.01
+PROFILE_ROW_S = 2.0
+# 200 MiB of all_gather at N=8 over 50 Mbit/s takes ~4 minutes: a profile's collective may take this long.
+PROFILE_TIMEOUT_S = 600.0
+# A size whose buffers, for every rank of the subgroup on one machine (the lab's N ranks share one), would take
+# more than this share of that machine's available memory is left out at that N, and the run says so.
+PROFILE_MEMORY_SHARE = 0.5
+PROFILE_STEPS = tuple(Step(f"{name}-{op}", backend, op, volumes="profile")
+                      for name, backend in (("profile-gloo", "gloo"), ("profile-raw-ring", "raw"))
+                      for op in PROFILE_OPS if not (backend == "raw" and op == "all_reduce"))
+PROFILE_MODES = ("add", "only")
+
+
+def with_profile(plan: Plan, mode: str, sizes: tuple[int, ...] | None = None, row_s: float | None = None) -> Plan:
+    """The plan with the profile steps: "add" after its own steps, "only" instead of them (no survey, trials,
+    knobs or advise: the model's profile alone). The profile runs on the backend under test."""
+    if mode not in PROFILE_MODES:
+        raise DiagError(f"--profile {mode!r}: choose add (the default) or only")
+    if row_s is not None and not 0 < row_s <= 3600:
+        raise DiagError(f"--profile-row-seconds {row_s}: give 0 < seconds <= 3600")
+    steps = tuple(replace(s, backend=plan.backend if s.backend == "gloo" else s.backend,
+                          name=s.name.replace("profile-gloo", f"profile-{plan.backend}")) for s in PROFILE_STEPS)
+    plan = replace(plan, profile_sizes=tuple(sorted(set(sizes or PROFILE_SIZES))), profile_row_s=row_s or PROFILE_ROW_S)
+    if mode == "only":
+        return replace(plan, steps=steps, advise=False)
+    return replace(plan, steps=(*plan.steps, *steps))
+
+
+def profile_bytes_per_rank(op: str, world_size: int, size: int) -> int:
+    """What one rank of a profile row holds: its input and output, twice over (the transport's own copies)."""
+    output = world_size * size if op == "all_gather" else size
+    return 2 * (size + output)
+
+
+def profile_sizes_that_fit(step: Step, world_size: int, sizes: tuple[int, ...],
+                           machines: list[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(kept, left out) of a profile step's sizes at N, where ``machines`` is (ranks of the subgroup there,
+    available bytes) per machine: a size is kept where every machine holds its ranks' buffers in
+    PROFILE_MEMORY_SHARE of its available memory. The smallest size is always kept."""
+    def fits(size: int) -> bool:
+        return all(ranks * profile_bytes_per_rank(step.op, world_size, size) <= PROFILE_MEMORY_SHARE * available
+                   for ranks, available in machines if ranks)
+    kept = tuple(s for i, s in enumerate(sizes) if i == 0 or fits(s))
+    return kept, tuple(s for s in sizes if s not in kept)
+
+
 BACKENDS_UNDER_TEST = ("gloo", "diag_tcp")
 P2P_OPS = ("exchange", "send_recv", "ping_pong", "all_gather_p2p")
 
@@ -200,9 +264,11 @@ SKIPPABLE = ("trials", "knobs", "advise", "incast")
 
 
 def resolve_plan(quick: bool, max_n: int | None, volumes: list[int] | None, backend: str = "gloo",
-                 skip: tuple[str, ...] = ()) -> Plan:
+                 skip: tuple[str, ...] = (), profile: str | None = None,
+                 profile_sizes: tuple[int, ...] | None = None, profile_row_s: float | None = None) -> Plan:
     """The quick or full plan with the user's --max-n, --volumes (the experiments then run at the largest
-    volume), --backend and --skip applied (the sweeps at every N always run: every rule reads them)."""
+    volume), --backend and --skip applied (the sweeps at every N always run: every rule reads them), and the
+    profile steps where --profile asks for them (with_profile)."""
     unknown = [kind for kind in skip if kind not in SKIPPABLE]
     if unknown:
         raise DiagError(f"--skip {unknown[0]!r}: choose from {', '.join(SKIPPABLE)}")
@@ -215,11 +281,21 @@ def resolve_plan(quick: bool, max_n: int | None, volumes: list[int] | None, back
         if max_n < 2:
             raise DiagError("--max-n must be at least 2")
         plan = replace(plan, world_sizes=tuple(range(2, max_n + 1)))
+    if profile:
+        plan = with_profile(plan, profile, profile_sizes, profile_row_s)
     return plan
 
 
 def step_spec(plan: Plan, step: Step, world_size: int) -> SweepSpec:
     """The sweep one step runs at one world size (a trial's: the launch's base spec, the backend under test)."""
+    if step.kind == "profile":
+        # uint8: any size, 1 B included; all_reduce sums float32 (exact at N <= 8), from one element up
+        dtype = "float32" if step.op == "all_reduce" else "uint8"
+        sizes = tuple(s for s in plan.sizes_of(step, world_size) if dtype == "uint8" or s >= 4)
+        spec = SweepSpec(backend=step.backend, ops=(step.op,), sizes=sizes or (4,), warmup=plan.warmup,
+                         iters=PROFILE_MIN_ITERS, timeout_s=PROFILE_TIMEOUT_S, dtype=dtype, max_iters=PROFILE_MAX_ITERS,
+                         target_sem=PROFILE_TARGET_SEM, row_budget_s=plan.profile_row_s or PROFILE_ROW_S)
+        return spec.replace(algo=step.algo, knobs=dict(step.knobs)) if step.backend == "raw" else spec
     if step.trial is not None:
         trial = step_trial(plan, step)
         # Every arm sets its own block's iterations; the launch's iters are what the trial is expected to run

@@ -30,20 +30,22 @@ from diag.units import human_bits, parse_rate_bps
 def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | None, keep_going: bool,
                   volumes: list[int] | None = None, iface: str | None = None, keep_pcaps: bool = False,
                   lab_faults: tuple[str, ...] = (), lab_scenario: str | None = None, backend: str = "gloo",
-                  skip: tuple[str, ...] = (), probe_seconds: int = 2) -> int:
+                  skip: tuple[str, ...] = (), probe_seconds: int = 2, profile: str | None = None,
+                  profile_sizes: tuple[int, ...] | None = None, profile_row_s: float | None = None) -> int:
     """In place under a launcher; else the lab (root) or loopback, launched here. ``lab_faults`` and
     ``lab_scenario``: per-host faults of the lab (docs/lab.md, "Per-host faults")."""
     options = JobOptions(quick=quick, out=str(out) if out else "", max_n=max_n,
                          volumes=tuple(volumes) if volumes else None, iface=iface, keep_pcaps=keep_pcaps,
                          keep_going=keep_going, backend=backend, skip=tuple(skip), probe_seconds=probe_seconds,
-                         argv=tuple(sys.argv[1:]))
+                         argv=tuple(sys.argv[1:]), profile=profile or "", profile_sizes=profile_sizes,
+                         profile_row_s=profile_row_s)
     if os.environ.get("RANK") is not None:
         if lab_faults or lab_scenario:
             raise DiagError("--lab-fault and --lab-scenario shape diag's own lab; in place the hosts are yours")
         from diag.inplace.job import run_in_place
 
         return run_in_place(options)
-    plan = resolve_plan(quick, max_n, volumes, backend, tuple(skip))
+    plan = resolve_plan(quick, max_n, volumes, backend, tuple(skip), profile, profile_sizes, profile_row_s)
     rate = rate or plan.rate
     parse_rate_bps(rate)
     from diag.lab import LabConfig

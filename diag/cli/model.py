@@ -87,7 +87,7 @@ def _fit(args: argparse.Namespace) -> int:
     from diag.report.rundir import load_run
 
     data = load_run(args.paths)
-    model = fit(data.records, _world_sizes(args.world_sizes), [str(f.path) for f in data.record_files])
+    model = fit(data.model_records, _world_sizes(args.world_sizes), [str(f.path) for f in data.record_files])
     if not model.series_models:
         why = "; ".join(f"{s['series']} {s['op']}: {s['why']}" for s in model.skipped) or "no rows"
         raise DiagError(f"nothing to model ({why}): sweep two or more sizes of all_gather, all_reduce or send_recv")
@@ -263,7 +263,7 @@ def _check(args: argparse.Namespace) -> int:
 
     model = load(args.model)
     data = load_run(args.paths)
-    result = check_rows(model, data.records, parse_size(args.large))
+    result = check_rows(model, data.model_records, parse_size(args.large))
     if args.json:
         print(json.dumps(result, indent=1, allow_nan=False))
         return 0

@@ -63,6 +63,9 @@ class JobOptions:
     keep_going: bool = True
     backend: str = "gloo"                 # the backend under test (diag.plan.under_test)
     skip: tuple[str, ...] = ()            # step kinds left out (diag.plan.SKIPPABLE)
+    profile: str = ""                     # the model's profile steps: "add", "only" or "" (diag.plan.with_profile)
+    profile_sizes: tuple[int, ...] | None = None
+    profile_row_s: float | None = None
     probe_seconds: int = 2                # each phase of the link probe
     mode: str = "in-place"
     lab: dict[str, Any] | None = None     # the lab's description for run.json (lab mode)
@@ -95,6 +98,7 @@ class JobOptions:
         data["volumes"] = tuple(data["volumes"]) if data.get("volumes") else None
         data["argv"] = tuple(data.get("argv") or ())
         data["skip"] = tuple(data.get("skip") or ())
+        data["profile_sizes"] = tuple(data["profile_sizes"]) if data.get("profile_sizes") else None
         return cls(**data)
 
 
@@ -197,12 +201,12 @@ class InPlaceJob:
                 "failures": [], "argv": list(self.options.argv),
                 "trial_seed": int.from_bytes(os.urandom(4), "little")}
 
-    def _note(self, notes: list[str]) -> None:
+    def _note(self, notes: list[str], tag: str = "nodes") -> None:
         if self.run is None:
             return
         for note in notes:
             self.run.meta["notes"].append(note)
-            self.say(f"[nodes] {note}")
+            self.say(f"[{tag}] {note}")
         self.run.save()
 
     def _note_shared_hosts(self) -> None:
@@ -244,6 +248,7 @@ class InPlaceJob:
     # --- the steps -------------------------------------------------------------------------------------
     def actions(self) -> list[Action]:
         seed = self.world.broadcast(self.run.meta["trial_seed"] if self.run else 0)
+        memory = self._machines_memory() if any(s.kind == "profile" for s in self.plan.steps) else {}
         out = []
         for step in self.plan.steps:
             for n in self.plan.world_sizes_of(step):
@@ -251,13 +256,47 @@ class InPlaceJob:
                 meta: dict[str, Any] = {}
                 if step.trial is not None:
                     meta["trial"] = step_trial(self.plan, step, seed).to_json()
+                if step.kind == "profile":
+                    meta["profile"] = True   # its rows feed the model, not the survey (diag.report.rundir)
+                    spec = self._profile_fit(step, n, spec, memory)
                 from diag.runner import transport_tag
 
                 tag = f"{step.name}--{transport_tag(spec)}-{'-'.join(spec.ops)}-n{n}"
                 tested = self.plan.backend != "gloo" and (step.trial is not None or step.backend == self.plan.backend)
                 out.append(Action(step_title(step, n), step, n, spec, meta, f"records/{step.name}.jsonl", tag,
-                                  capture=step.trial is None, group_backend=self.plan.backend if tested else "gloo"))
+                                  capture=step.trial is None and step.kind != "profile",
+                                  group_backend=self.plan.backend if tested else "gloo"))
         return out
+
+    def _machines_memory(self) -> dict[str | None, int]:
+        """Available memory per machine (boot id; ranks in the lab's namespaces share one machine), as its ranks
+        see it: the least any of them saw."""
+        import psutil
+
+        seen = self.world.all_gather((self.topology.node(self.rank).boot_id, psutil.virtual_memory().available),
+                                     "reading the machines' memory")
+        out: dict[str | None, int] = {}
+        for boot_id, available in seen:
+            out[boot_id] = min(out.get(boot_id, available), available)
+        return out
+
+    def _profile_fit(self, step: Step, world_size: int, spec: Any, memory: dict[str | None, int]) -> Any:
+        """The profile step's sizes at N that fit the memory of the machines its ranks are on; what does not fit is
+        said in run.json's notes."""
+        from diag.plan import profile_sizes_that_fit
+
+        members = self.topology.members(world_size)
+        ranks: dict[str | None, int] = {}
+        for rank in members:
+            boot_id = self.topology.node(rank).boot_id
+            ranks[boot_id] = ranks.get(boot_id, 0) + 1
+        kept, left = profile_sizes_that_fit(step, world_size, spec.sizes,
+                                            [(count, memory.get(boot_id, 0)) for boot_id, count in ranks.items()])
+        if left:
+            self._note([f"{step.name} N={world_size}: sizes {', '.join(human_bytes(s) for s in left)} left out: "
+                        f"{max(ranks.values())} ranks on one machine would need more than half its available "
+                        "memory"], tag="profile")
+        return spec.replace(sizes=kept)
 
     def run_action(self, action: Action, index: int, total: int, progress: Any) -> None:
         members = self.topology.members(action.world_size)
@@ -457,11 +496,14 @@ def run_in_place(options: JobOptions) -> int:
         world.topology = topology
         max_n = min(options.max_n or world_size, world_size)
         plan = resolve_plan(options.quick, max_n, list(options.volumes) if options.volumes else None,
-                            options.backend, options.skip)
+                            options.backend, options.skip, options.profile or None, options.profile_sizes,
+                            options.profile_row_s)
         plan = replace(plan, world_sizes=tuple(n for n in plan.world_sizes if n <= world_size))
         say(f"diag reproduce ({options.mode}): {world_size} ranks on {len(topology.nodes)} node(s) "
             f"({', '.join(n.name for n in topology.nodes)}); N = {', '.join(map(str, plan.world_sizes))}; "
-            f"D = {', '.join(human_bytes(v) for v in plan.volumes)}")
+            f"D = {', '.join(human_bytes(v) for v in plan.volumes)}"
+            + (f"; profile: {len(plan.profile_sizes)} sizes per rank, {human_bytes(min(plan.profile_sizes))}.."
+               f"{human_bytes(max(plan.profile_sizes))}" if any(s.kind == "profile" for s in plan.steps) else ""))
         job = InPlaceJob(options, world, topology, plan, say)
         job.prepare()
         say(f"diag reproduce: run directory {job.root}" + ("" if job.shared else

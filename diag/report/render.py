@@ -85,14 +85,14 @@ def _model_rows(model: Model) -> list[list[str]]:
         rows.append([m.series, m.op, ",".join(map(str, m.world_sizes)), human_time(t.alpha_s),
                      human_rate(t.bandwidth_Bps) if t.beta_s_per_byte > 0 else "-",
                      f"{t.ramp_s * 1e3:+.3g} ms, half at {human_bytes(t.ramp_half_bytes)}" if m.ramp else "-",
-                     f"{t.n2_turn_share:.1%}" if m.n2_penalty else "-", f"{m.fit_error:.1%}",
+                     f"{t.n2_turn_share:.1%}" if m.n2_penalty else "-", f"{m.fit_error:.1%}", f"{m.stated_error:.1%}",
                      f"{m.heldout_error:.1%}" if m.heldout_error is not None else "-",
                      "yes" if m.within_stated else ("no" if m.within_stated is False else "-")])
     return rows
 
 
 MODEL_HEADER = ["series", "op", "fitted N", "alpha (per step)", "1/beta (per link)", "ramp (TCP not at rate)",
-                "N=2 turn-taking share", "fit error", "held-out error", "within stated error"]
+                "N=2 turn-taking share", "fit error", "stated error", "held-out error", "within stated error"]
 
 
 LINK_REFERENCE_HEADER = ["N", "iperf3 ring pattern (mean edge)", "of the single stream", "raw ring busbw",
@@ -154,10 +154,12 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
     blocks += [Heading(2, "Findings"), *(FindingBlock(f) for f in ordered(findings))]
     blocks += [Heading(2, "Records"), Table(RECORD_HEADER, [record_row(r) for r in records])]
     blocks += [Heading(2, "Model (per series and op, across N and size)"),
-               Text("T(N,S) = L*alpha + V*beta + L*ramp*m/(m+half) + [N=2] V*beta*share/(1-share), with L steps, "
-                    "m bytes per step and V bytes per link from the op's algorithm (docs/model.md). Held-out error: "
-                    "the median error of fits that left one N or one size out. Terms, intervals, every cell and "
-                    "where it extrapolates: model.json; `diag model predict`, `diag model export`.")]
+               Text("T(N,S) = L*alpha + V*beta + L*ramp*m/(m+ramp_half) + [N=2] V*n2_beta*m/(m+n2_half), with L "
+                    "steps, m bytes per step and V bytes per link from the op's algorithm; the N=2 turn-taking share "
+                    "is n2_beta/(beta+n2_beta) (docs/model.md). Fit error: the median error of the fitted cells' "
+                    "means; stated error: 90% of them lie within it; held-out error: the worse median of fits that "
+                    "left one N or one size out. Terms, intervals, every cell and where each model extrapolates: "
+                    "model.json; `diag model predict`, `diag model export`.")]
     blocks += ([Table(MODEL_HEADER, _model_rows(model))] if model.series_models
                else [Text("No series has two sizes or two world sizes to fit.")])
     blocks += [Text(f"{s['series']} {s['op']}: {s['why']}", muted=True) for s in model.skipped]
@@ -223,7 +225,7 @@ def write_report(run: RunData, out_dir: Path) -> ReportResult:
     plots = render_plots(run, out_dir)
     findings = diagnose(run)
     sources = [run.relative(f.path) for f in run.record_files]
-    model = fit_model(run.records, sources=sources)
+    model = fit_model(run.model_records, sources=sources)
 
     findings_path = out_dir / "findings.json"
     safefs.write_file(findings_path, json.dumps(strict_document(findings_to_json(findings, run), FINDINGS_NONFINITE),
@@ -243,7 +245,7 @@ def write_report(run: RunData, out_dir: Path) -> ReportResult:
     from diag.records import export_samples_csv
 
     samples_path = out_dir / "samples.csv"
-    export_samples_csv(run.records, samples_path)
+    export_samples_csv(run.model_records, samples_path)   # the profile's too
     files = [html_path, md_path, findings_path, model_path, samples_path] + [out_dir / p.filename for p in plots
                                                                              if isinstance(p, Plot)]
     return ReportResult(out_dir, files, plots, findings, model, verdict)
