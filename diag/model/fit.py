@@ -53,6 +53,9 @@ BOOTSTRAP_KEPT = 64
 STATED_ERROR_FLOOR = 0.02
 # The stated error covers this share of the fitted cells.
 STATED_COVERAGE = 0.9
+# Volumes within this ratio of each other are one D: D/(N-1) rounded down to whole elements makes N=4's
+# "4 MiB" 4194300 bytes, and leaving D=4 MiB out must leave it out at every N.
+SAME_VOLUME = 1.01
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,7 @@ def fit_terms(structure: Structure, cells: Sequence[CellData], variant: Variant,
             if candidate[1] < best[1]:
                 best = candidate
         n2_half = best[0].n2_half_bytes
-        for candidate_half in ramp_grid[1:] if variant.ramp else ():
+        for candidate_half in ramp_grid if variant.ramp else ():
             candidate = solve(float(candidate_half), n2_half)
             if candidate[1] < best[1]:
                 best = candidate
@@ -181,11 +184,6 @@ def _predict(structure: Structure, terms: Terms, cells: Sequence[CellData], n2: 
 
 def _distinct_sizes(cells: Sequence[CellData]) -> int:
     return len({c.size_bytes for c in cells})
-
-
-# Volumes within this ratio of each other are one D: D/(N-1) rounded down to whole elements makes N=4's
-# "4 MiB" 4194300 bytes, and leaving D=4 MiB out must leave it out at every N.
-SAME_VOLUME = 1.01
 
 
 def _volume_of(cells: Sequence[CellData]) -> dict[float, int]:
@@ -330,6 +328,9 @@ def gather(records: Iterable[Record], world_sizes: Sequence[int] | None = None
         structure = structure_of(first.backend, algo_of(first), op)
         assert structure is not None
         cells = [CellData.of(structure, n, s, times) for (n, s), times in sorted(samples.items()) if times and n >= 2]
+        if not cells:
+            skipped.append({"series": series, "op": op, "why": "no row with correct data and timed samples"})
+            continue
         if len({c.size_bytes for c in cells}) < 2 and len({c.world_size for c in cells}) < 2:
             skipped.append({"series": series, "op": op, "why": "one (N, size) measured: sweep two or more sizes to fit "
                                                                "a latency and a per-byte cost"})
