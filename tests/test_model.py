@@ -18,7 +18,7 @@ from report_helpers import KiB, MiB, make_record, write_records
 from diag.__main__ import main
 from diag.errors import DiagError
 from diag.model import Terms, load
-from diag.model.fit import Variant, _terms, fit
+from diag.model.fitting import Variant, _terms, fit
 from diag.model.structure import structure_of
 
 LINK_BPS = 12.5e6                   # 100 Mbit/s
@@ -339,3 +339,16 @@ def test_rows_with_wrong_data_and_ops_without_structure_are_named() -> None:
     assert any("wrong data" in n for n in m.notes) and 3 * MiB not in m.sizes_bytes
     assert any(s["op"] == "broadcast" and "no step structure" in s["why"] for s in model.skipped)
     assert math.isfinite(m.terms.alpha_s)
+
+
+def test_the_python_api_is_load_fit_predict(tmp_path) -> None:
+    """diag.model.fit is the function whatever else imported the fitting module (a submodule named fit would
+    replace it on the package)."""
+    import diag.model
+    import diag.model.fitting
+
+    model = diag.model.fit(sampled(RAW, "raw", "all_gather", (2, 3)), world_sizes=(2, 3))
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(model.to_json()))
+    p = diag.model.load(path).predict("all_gather", 5, 4 * MiB, series="raw")
+    assert p.extrapolated and p.time_s == pytest.approx(float(RAW.time_s(RING, 5, 4 * MiB)), rel=0.05)

@@ -143,7 +143,7 @@ def test_report_says_which_link_reference_each_n_is_held_against(tmp_path: Path)
 def test_report_help_does_not_import_torch() -> None:
     code = ("import sys; "
             "import diag.cli.report, diag.cli.diagnose, diag.cli.compare, diag.cli.model, diag.report; "
-            "from diag.report import rundir, diagnose, compare; import diag.model, diag.model.fit, diag.model.export; "
+            "from diag.report import rundir, diagnose, compare; import diag.model, diag.model.fitting, diag.model.export; "
             "print('torch' in sys.modules, 'matplotlib' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.stdout.split() == ["False", "False"], done.stderr

@@ -83,7 +83,7 @@ def _world_sizes(text: str | None) -> list[int] | None:
 
 def _fit(args: argparse.Namespace) -> int:
     from diag.errors import DiagError
-    from diag.model.fit import fit
+    from diag.model.fitting import fit
     from diag.report.rundir import load_run
 
     data = load_run(args.paths)
@@ -188,7 +188,7 @@ def check_rows(model: Any, records: Any, large_bytes: int) -> dict[str, Any]:
     same ratio of the model's predictions."""
     import numpy as np
 
-    from diag.model.fit import SAME_VOLUME, series_of
+    from diag.model.fitting import SAME_VOLUME, series_of
     from diag.report.diagnose.records_rules import dip_ratio
     from diag.report.series import by_series
 

@@ -7,7 +7,7 @@
 
     diag.model.fit(records, world_sizes=(2, 3, 4))          # -> Model (needs the records' series identity)
 
-Terms, fit, held-out tests and exports: diag/model/core.py, fit.py, export.py; docs/model.md.
+Terms, fit, held-out tests and exports: diag/model/core.py, fitting.py, export.py; docs/model.md.
 Importing this package (load, predict) needs numpy only; fitting needs scipy.
 """
 
@@ -26,6 +26,6 @@ __all__ = ["CONFIDENCE", "MODEL_SCHEMA", "Model", "Prediction", "SeriesModel", "
 
 def fit(records: Iterable[Record], world_sizes: Sequence[int] | None = None, sources: Sequence[str] = ()) -> Model:
     """One model per series and op from records (``diag.load_records(path).records``, ``load_run(...).records``)."""
-    from diag.model.fit import fit as _fit
+    from diag.model.fitting import fit as _fit
 
     return _fit(records, world_sizes, sources)

@@ -15,7 +15,7 @@ A model's time is built from three counts per (N, S), S the per-rank input in by
 V follows nccl-tests' bus bandwidth (total_bytes x bus factor: busbw is the rate of each link), except where
 the transport's algorithm moves more: diag's raw all_reduce gathers every block and reduces locally (a
 correctness reference, diag/transports/raw/transport.py), so it moves (N-1) S per rank like all_gather.
-Every structure here has V >= L m, which is what keeps every model built on it positive (diag/model/fit.py).
+Every structure here has V >= L m, which is what keeps every model built on it positive (diag/model/fitting.py).
 
 Which algorithm a transport runs: torch's gloo runs a ring for all_gather (gloo/allgather.cc) and all_reduce
 (gloo/allreduce.cc, ring by default), pairs for point-to-point; diag's raw transport runs its --algo (ring,

@@ -13,7 +13,7 @@ from typing import Any
 
 from diag import safefs
 from diag.model import Model
-from diag.model.fit import fit as fit_model
+from diag.model.fitting import fit as fit_model
 from diag.records import Record
 from diag.report.diagnose import Finding, diagnose, findings_to_json, format_threshold
 from diag.report.diagnose.findings import ordered, summary_lines
