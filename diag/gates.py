@@ -13,7 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from diag.errors import EXIT_BELOW_MIN_BUSBW, EXIT_FIRED, EXIT_OK, EXIT_SLOWER, EXIT_WRONG_DATA, DiagError
+from diag.errors import (
+    EXIT_BELOW_MIN_BUSBW,
+    EXIT_FIRED,
+    EXIT_OK,
+    EXIT_SLOWER,
+    EXIT_USAGE,
+    EXIT_WRONG_DATA,
+    DiagError,
+)
 from diag.units import human_bytes
 
 
@@ -46,7 +54,8 @@ def sweep_status(records: Sequence[Any], min_busbw_GBps: float | None = None) ->
 
 @dataclass(frozen=True)
 class CompareGate:
-    """``slower:5%``: fail when a row of B is significantly slower than A by at least 5%."""
+    """``slower:5%``: fail when a row of B is slower than A by at least 5% (its interval over launches above 1);
+    a gate that checked nothing (no row in common, or none with enough launches to test) fails too."""
 
     kind: str
     threshold: float
@@ -65,13 +74,24 @@ class CompareGate:
             raise DiagError("--fail-on slower:PERCENT must not be negative")
         return cls(kind, value)
 
-    def check(self, rows: Sequence[Any]) -> tuple[int, str | None]:
-        slower = [r for r in rows if r.verdict == "slower" and r.time_ratio - 1 >= self.threshold]
+    def check(self, result: Any) -> tuple[int, str | None]:
+        """``result``: a diag.report.compare.Comparison."""
+        rows = result.rows
+        if not rows:
+            return EXIT_USAGE, "no rows in common between A and B: the gate checked nothing, so it does not pass"
+        tested = [r for r in rows if r.verdict != "untested"]
+        if not tested:
+            return EXIT_USAGE, (f"none of the {len(rows)} rows in common has 3 launches (or trial rounds) a side: the "
+                                "gate checked nothing, so it does not pass (run each side 3 times into one file)")
+        slower = [r for r in tested if r.verdict == "slower" and r.time_ratio - 1 >= self.threshold]
         if not slower:
-            return EXIT_OK, None
+            return EXIT_OK, (None if len(tested) == len(rows) else
+                             f"the gate checked {len(tested)} of {len(rows)} rows; the others have fewer than 3 "
+                             "launches a side")
         worst = max(slower, key=lambda r: r.time_ratio)
-        return EXIT_SLOWER, (f"{len(slower)} row(s) significantly slower in B by >= {self.threshold:.0%}; worst "
-                             f"{worst.op} N={worst.world_size} {human_bytes(worst.size_bytes)}: {worst.time_ratio:.2f}x")
+        return EXIT_SLOWER, (f"{len(slower)} row(s) slower in B by >= {self.threshold:.0%} (interval over launches "
+                             f"above 1); worst {worst.op} N={worst.world_size} {human_bytes(worst.size_bytes)}: "
+                             f"{worst.time_ratio:.2f}x")
 
 
 FAIL_ON_FINDINGS = ("fired", "strong")

@@ -220,7 +220,6 @@ def profile_sizes_that_fit(step: Step, world_size: int, sizes: tuple[int, ...],
 
 
 BACKENDS_UNDER_TEST = ("gloo", "diag_tcp")
-P2P_OPS = ("exchange", "send_recv", "ping_pong", "all_gather_p2p")
 
 
 def under_test(plan: Plan, backend: str) -> Plan:
@@ -237,11 +236,8 @@ def under_test(plan: Plan, backend: str) -> Plan:
         return backend + text[len(plan.backend):] if text.startswith(plan.backend) else text
 
     def trial(spec: TrialSpec) -> TrialSpec:
-        # diag_tcp finishes a point-to-point call before it returns: two ranks that both post a receive first
-        # would wait for each other, so its exchange arms (and their comparisons) are left out.
-        kept = [a for a in spec.arms if a.backend != plan.backend or backend != "diag_tcp" or a.op not in P2P_OPS]
         arms = tuple(replace(a, name=name(a.name), backend=backend if a.backend == plan.backend else a.backend)
-                     for a in kept)
+                     for a in spec.arms)
         names = {a.name for a in arms}
         comparisons = tuple(renamed for c in spec.comparisons
                             if set((renamed := replace(c, on=name(c.on), off=name(c.off),

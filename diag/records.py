@@ -22,6 +22,7 @@ from typing import Any
 
 from diag import safefs
 from diag.errors import DiagError
+from diag.transports.raw.knobs import RawKnobs
 
 SCHEMA_VERSION = 2
 SUPPORTED_SCHEMAS = frozenset({1, 2})
@@ -72,9 +73,15 @@ class Record:
         return transport_label(self.backend, self.algo)
 
     @property
-    def key(self) -> tuple[str, str, str, int, int]:
-        """What identifies a row across files (for compare)."""
-        return (self.backend, self.algo, self.op, self.world_size, self.size_bytes)
+    def series(self) -> str:
+        """The series identity (series_label): transport + the mechanism knobs that change how bytes move."""
+        return series_label(self)
+
+    @property
+    def key(self) -> tuple[str, str, int, int]:
+        """What identifies a row across files and inside one (compare, the report's tables): its series, op,
+        world size and per-rank size. Two rows with one key are two launches of the same measurement."""
+        return (self.series, self.op, self.world_size, self.size_bytes)
 
     def to_event(self) -> dict[str, Any]:
         return {"event": "record", "schema": SCHEMA_VERSION, **dataclasses.asdict(self)}
@@ -95,6 +102,49 @@ def transport_label(backend: str, algo: str = "default") -> str:
     return f"raw:{algo}" if backend == "raw" else f"torch:{backend}"
 
 
+# --- the series identity ---------------------------------------------------------------------------------
+#
+# A series is a transport plus the mechanism knobs that change how bytes move (raw ``conn``, ``order``,
+# ``emulate``, ...): the key of rows everywhere (report, compare, model, to_pandas' and the CSVs' ``series``
+# column), so the raw-TCP reference, gloo's protocol model (--emulate gloo) and a half-duplex ring (--io
+# alternate) are never pooled. Settings (where bytes go, buffer sizes, sampling) and measured values (the
+# socket buffers the kernel granted, the TCP_INFO directory) are never part of it: they differ between two
+# launches of one configuration.
+
+# RawKnobs fields that are settings, not mechanisms: they never split a series. "algo" is in the transport.
+SERIES_SETTINGS = frozenset({"algo", "chunk_bytes", "sockbuf", "iface", "tcpinfo_interval_s", "tcpinfo_dir"})
+# The mechanism knobs, in label order: these first (the order labels have always had), then any other
+# RawKnobs field, so a knob added to the raw transport splits series without a change here.
+_LABEL_ORDER = ("emulate", "conn", "order", "handshake", "notice", "skew_us", "io", "chunks", "nodelay", "streams")
+MECHANISM_KNOBS: tuple[str, ...] = (*_LABEL_ORDER, *(
+    f.name for f in dataclasses.fields(RawKnobs) if f.name not in SERIES_SETTINGS and f.name not in _LABEL_ORDER))
+# Values the raw transport uses when a knob is not given (RawKnobs' defaults, the one source): a raw row shows
+# only what differs from them, so labels stay short. "order" is always shown (exchange), so it has no default
+# here. chunks None: blocks travel as chunk_bytes messages; an explicit --chunks K is shown.
+RAW_DEFAULTS: dict[str, Any] = {f.name: getattr(RawKnobs(), f.name) for f in dataclasses.fields(RawKnobs)
+                                if f.name in MECHANISM_KNOBS and f.name != "order"}
+
+
+def knob(record: Record, name: str) -> Any:
+    """A knob from the row's knobs, else its extra (the harness may keep the exchange order there). A raw row
+    that does not name a knob ran with the raw transport's default."""
+    if name in record.knobs:
+        return record.knobs[name]
+    if name in record.extra:
+        return record.extra[name]
+    return RAW_DEFAULTS.get(name) if record.backend == "raw" else None
+
+
+def series_label(record: Record, without: Any = ()) -> str:
+    """'raw:ring [emulate=gloo, order=recv-first]': the series identity of a row (``without``: knobs left out,
+    for pairing rows that differ in exactly those)."""
+    skip = set(without)
+    parts = [f"{k}={knob(record, k)}" for k in MECHANISM_KNOBS
+             if k not in skip and knob(record, k) not in (None, "")
+             and not (record.backend == "raw" and RAW_DEFAULTS.get(k, object()) == knob(record, k))]
+    return record.transport + (f" [{', '.join(parts)}]" if parts else "")
+
+
 @dataclass
 class RecordFile:
     """Everything in one records file: runs' start/end events and all rows, in file order."""
@@ -112,7 +162,8 @@ class RecordFile:
         return all(s.get("run_id") in ended for s in self.starts)
 
     def to_pandas(self, samples: bool = False) -> Any:
-        """A pandas DataFrame: one row per record (CSV_FIELDS and run_id, transport, knobs), or with
+        """A pandas DataFrame: one row per record (run_id, transport, CSV_FIELDS with ``series`` the key a
+        groupby wants, and knobs: every setting in force, measured ones included), or with
         ``samples`` one row per timed iteration (SAMPLE_FIELDS, long format). pandas is optional."""
         return records_frame(self.records, samples, source=str(self.path))
 
@@ -246,14 +297,15 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot serialize {type(value).__name__}")
 
 
-# The columns of `diag sweep --csv`: a record's identity and its timing summary, in base units.
-CSV_FIELDS = ("backend", "algo", "op", "world_size", "size_bytes", "total_bytes", "volume_bytes", "dtype",
+# The columns of `diag sweep --csv`: a record's identity (its series first: series_label) and its timing summary,
+# in base units.
+CSV_FIELDS = ("series", "backend", "algo", "op", "world_size", "size_bytes", "total_bytes", "volume_bytes", "dtype",
               "iters", "time_s", "min_s", "max_s", "p95_s", "stdev_s", "algbw_Bps", "busbw_Bps", "nwrong")
 
 
 # The columns of `diag sweep --samples-csv` and of to_pandas(samples=True): one row per timed iteration (its
 # time is the max over ranks, as the record's times_s), long format for pandas and R.
-SAMPLE_FIELDS = ("run_id", "backend", "algo", "transport", "op", "world_size", "size_bytes", "total_bytes",
+SAMPLE_FIELDS = ("run_id", "series", "backend", "algo", "transport", "op", "world_size", "size_bytes", "total_bytes",
                  "volume_bytes", "dtype", "knobs", "iteration", "time_s", "algbw_Bps", "busbw_Bps", "row_nwrong")
 ROW_FIELDS = ("run_id", "transport", *CSV_FIELDS, "knobs")
 
@@ -267,9 +319,10 @@ def sample_rows(records: list[Record]) -> Iterator[tuple[Any, ...]]:
     for r in records:
         factor = r.busbw_Bps / r.algbw_Bps if r.algbw_Bps > 0 else 0.0
         knobs = _knobs_text(r)
+        series = r.series
         for i, t in enumerate(r.times_s):
             algbw = r.total_bytes / t if t > 0 else 0.0
-            yield (r.run_id, r.backend, r.algo, r.transport, r.op, r.world_size, r.size_bytes, r.total_bytes,
+            yield (r.run_id, series, r.backend, r.algo, r.transport, r.op, r.world_size, r.size_bytes, r.total_bytes,
                    r.volume_bytes, r.dtype, knobs, i, t, algbw, algbw * factor, r.nwrong)
 
 

@@ -272,7 +272,7 @@ def test_an_interleaved_trial_beside_the_link_makes_a_survey_dip_surer(tmp_path)
     spec = reproduce_trial(sizes=(4 * MiB, 16 * MiB))
     write_trial(with_trial / "records" / "n2-trial.jsonl", spec, trial_records(spec, shaped_times(ANOMALY), rounds=8))
     (strong,) = [f for f in n2_busbw_dip(load_run([with_trial])) if f.statement.startswith("torch:gloo")]
-    assert strong.strength == "strong" and "in the interleaved N=2 trial beside the link" in strong.statement
+    assert strong.strength == "strong" and "against the link measured beside it in the same interleaved rounds" in strong.statement
     assert strong.statement.count("(shows the loss)") == 2
 
 
@@ -291,7 +291,7 @@ def test_a_survey_without_a_dip_does_not_clear_what_the_interleaved_trial_shows(
     spec = reproduce_trial(sizes=(4 * MiB, 16 * MiB))
     write_trial(root / "records" / "n2-trial.jsonl", spec, trial_records(spec, shaped_times(ANOMALY), rounds=8))
     (gloo,) = [f for f in n2_busbw_dip(load_run([root])) if f.statement.startswith("torch:gloo")]
-    assert gloo.status == "undecided" and "the interleaved N=2 trial shows it below the link" in gloo.statement
+    assert gloo.status == "undecided" and "but at N=2 it runs below the link measured beside it" in gloo.statement
 
 
 def test_an_undecided_backend_dip_leaves_the_mechanism_undecided_not_clear() -> None:

@@ -82,16 +82,31 @@ def test_a_reference_without_the_penalty_fits_none_and_no_ramp() -> None:
     assert m.terms.beta_s_per_byte == pytest.approx(RAW.beta_s_per_byte, rel=0.02)
 
 
-def test_series_are_never_pooled() -> None:
-    """raw:ring and raw:ring [emulate=gloo] share transport, op, N and sizes but are two series."""
-    slow = Terms(150e-6, 1.5 / LINK_BPS)
-    records = sampled(RAW, "raw", "all_gather", (2, 3, 4)) + sampled(slow, "raw", "all_gather", (2, 3, 4),
-                                                                     knobs={"emulate": "gloo"}, seed=2)
+def test_series_are_never_pooled(tmp_path, capsys) -> None:
+    """The raw-TCP reference, gloo's protocol model (--emulate gloo) and a half-duplex ring (--io alternate)
+    share raw:ring, op, N and sizes but are three series: three models, each with its own per-byte cost, never
+    one line through all three; predict picks one by its label, or the transport's reference."""
+    slow, slower = Terms(150e-6, 1.5 / LINK_BPS), Terms(150e-6, 2 / LINK_BPS)
+    records = (sampled(RAW, "raw", "all_gather", (2, 3, 4))
+               + sampled(slow, "raw", "all_gather", (2, 3, 4), knobs={"emulate": "gloo"}, seed=2)
+               + sampled(slower, "raw", "all_gather", (2, 3, 4), knobs={"io": "alternate"}, seed=3))
     model = fit(records)
     by_series = {m.series: m for m in model.series_models}
-    assert set(by_series) == {"raw:ring", "raw:ring [emulate=gloo]"}
-    assert by_series["raw:ring"].terms.beta_s_per_byte == pytest.approx(RAW.beta_s_per_byte, rel=0.02)
-    assert by_series["raw:ring [emulate=gloo]"].terms.beta_s_per_byte == pytest.approx(slow.beta_s_per_byte, rel=0.02)
+    assert set(by_series) == {"raw:ring", "raw:ring [emulate=gloo]", "raw:ring [io=alternate]"}
+    for label, terms in (("raw:ring", RAW), ("raw:ring [emulate=gloo]", slow), ("raw:ring [io=alternate]", slower)):
+        assert by_series[label].terms.beta_s_per_byte == pytest.approx(terms.beta_s_per_byte, rel=0.02)
+        assert by_series[label].fit_error < 0.03
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(model.to_json()))
+    assert main(["model", "predict", "--model", str(path), "--world-size", "5", "--size", "16M", "--series",
+                 "raw:ring [emulate=gloo]", "--json"]) == 0
+    (answer,) = json.loads(capsys.readouterr().out)
+    assert answer["series"] == "raw:ring [emulate=gloo]"
+    assert answer["time_s"] == pytest.approx(float(slow.time_s(structure_of("raw", "ring", "all_gather"), 5,
+                                                                16 * MiB)), rel=0.03)
+    assert main(["model", "predict", "--model", str(path), "--world-size", "5", "--size", "16M", "--series", "raw",
+                 "--json"]) == 0
+    assert [a["series"] for a in json.loads(capsys.readouterr().out)] == ["raw:ring"]
 
 
 def test_an_unmeasured_n_is_predicted_with_its_interval_and_said_to_extrapolate(gloo_model) -> None:

@@ -69,12 +69,12 @@ def test_both_ways_bulk_reads_busy_at_both_capture_points(path: BottleneckPath, 
 def test_ping_pong_reads_no_overlap_at_both_capture_points(path: BottleneckPath, tmp_path: Path) -> None:
     """64 KiB blocks in turns: a block is in flight until its sender has the ACK, which rides on the peer's
     reply -- they overlap by about one delivery of that ACK, the round trip at the capture point (a median
-    that includes the queueing of the sender's own bursts: 0.02-0.10 of the time here, where both-ways bulk
-    reads >= 0.8 and turns ~0.33)."""
+    that includes the queueing of the sender's own bursts: 0.02-0.10 of the time here, 0.153 once on a busy CI
+    machine, where both-ways bulk reads >= 0.8 and turns ~0.33: the bound sits between ping-pong and turns)."""
     with captures(path, tmp_path, "pingpong") as pcaps:
         exchange(path, "pingpong", 24 * 65536, block=65536, port=5202)
     overlap = {point: _connection(pcaps[point])["duplex_overlap"] for point in POINTS}
-    assert max(overlap.values()) <= 0.15, overlap
+    assert max(overlap.values()) <= 0.22, overlap
 
 
 def test_gloo_all_gather_reads_its_turns_alike_at_both_capture_points(path: BottleneckPath, tmp_path: Path) -> None:

@@ -219,7 +219,8 @@ def _engine_against_a_peer(early_credits: int) -> tuple[Engine, socket.socket, s
 
 def _notice(kind: int, seq: int, length: int) -> bytes:
     header = bytearray(wire.HEADER_BYTES)
-    wire.pack_header(header, kind, seq, length)
+    # a DATA header names the whole message it belongs to (here always one piece)
+    wire.pack_header(header, kind, seq, length, total=length if kind == wire.MSG_DATA else 0)
     return bytes(header)
 
 

@@ -63,7 +63,9 @@ class Peer:
 
     def write(self, kind: int, seq: int, payload: bytes = b"", length: int | None = None) -> None:
         header = bytearray(wire.HEADER_BYTES)
-        wire.pack_header(header, kind, seq, len(payload) if length is None else length)
+        # DATA names the whole block its piece belongs to (the receiver checks it, as every size)
+        wire.pack_header(header, kind, seq, len(payload) if length is None else length,
+                         total=BLOCK if kind == wire.MSG_DATA else 0)
         self.sock.sendall(bytes(header) + payload)
 
     def _read_exactly(self, view: memoryview) -> None:

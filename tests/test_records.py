@@ -14,7 +14,7 @@ import pytest
 from report_helpers import make_record, write_records
 
 from diag.errors import DiagError
-from diag.records import RecordWriter, load_records
+from diag.records import Record, RecordWriter, load_records
 
 
 def _rows(n: int) -> list:
@@ -102,3 +102,32 @@ def test_a_writer_killed_mid_line_then_appended_to(tmp_path: Path) -> None:
     loaded = load_records(path)
     assert loaded.starts[0]["run_id"] == "run" and loaded.ends[-1]["status"] == "failed"
     assert loaded.torn_lines == 1
+
+
+def test_series_is_the_key_of_pandas_and_the_csvs(tmp_path: Path) -> None:
+    """Two launches of one configuration share their series though their knobs differ in measured values (the
+    socket buffers the kernel granted, the TCP_INFO directory); the reference and gloo's protocol model, of one
+    transport, do not."""
+    import csv
+
+    pandas = pytest.importorskip("pandas")
+    from report_helpers import MiB, timed
+
+    from diag.records import CSV_FIELDS, SAMPLE_FIELDS, export_samples_csv, write_csv
+
+    def raw(knobs: dict, seed: int) -> Record:
+        return make_record("raw", "all_gather", 2, MiB, timed(0.05, count=3, seed=seed), knobs=knobs)
+
+    rows = [raw({"so_sndbuf": 425984, "tcpinfo_dir": "/tmp/a"}, 1), raw({"so_sndbuf": 2626560, "tcpinfo_dir": "/tmp/b"}, 2),
+            raw({"emulate": "gloo", "so_sndbuf": 425984}, 3)]
+    frame = load_records(write_records(tmp_path / "r.jsonl", rows)).to_pandas()
+    assert list(frame["series"]) == ["raw:ring", "raw:ring", "raw:ring [emulate=gloo]"]
+    assert frame["knobs"].nunique() == 3                      # the knobs string tells no two rows apart
+    assert frame.groupby("series").size().to_dict() == {"raw:ring": 2, "raw:ring [emulate=gloo]": 1}
+    write_csv(rows, tmp_path / "rows.csv")
+    with (tmp_path / "rows.csv").open() as handle:
+        table = list(csv.DictReader(handle))
+    assert list(table[0]) == list(CSV_FIELDS) and [r["series"] for r in table] == list(frame["series"])
+    export_samples_csv(rows, tmp_path / "samples.csv")
+    samples = pandas.read_csv(tmp_path / "samples.csv")
+    assert list(samples.columns) == list(SAMPLE_FIELDS) and samples["series"].nunique() == 2

@@ -99,7 +99,7 @@ def test_csv_export_replaces_a_planted_symlink(tmp_path: Path) -> None:
     csv_path.symlink_to(target)
     export_csv(records, csv_path)
     assert_untouched(target)
-    assert not csv_path.is_symlink() and csv_path.read_text().startswith("backend,")
+    assert not csv_path.is_symlink() and csv_path.read_text().startswith("series,backend,")
 
 
 def test_a_tcp_info_file_symlink_is_refused(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ class Outcome:
     backend: str
     seconds: float
     rc: int
-    named: dict[str, set[str]]       # host rule -> hosts its fired findings name
+    named: dict[str, set[str]]       # host rule -> hosts its fired findings (node_fingerprints: observed) name
     mechanism: str                   # status of the mechanism verdict
     control: str                     # negative control's status
     dip: str
@@ -88,7 +88,9 @@ def read_outcome(scenario: str, backend: str, run_dir: Path, seconds: float, rc:
         if finding["rule"] == "n2_busbw_dip" and not finding["statement"].startswith(f"torch:{backend} "):
             continue   # the dip that counts is the backend's under test (a raw model of gloo dips by design)
         status.setdefault(finding["rule"], finding["status"])
-        if finding["status"] == "fired" and finding["rule"] in HOST_RULES:
+        # how the nodes differ is an observation (docs/report.md, "Findings and observations"), naming its nodes
+        if finding["rule"] in HOST_RULES and (finding["status"] == "fired" or (
+                finding["status"] == "observed" and finding["rule"] == "node_fingerprints")):
             named.setdefault(finding["rule"], set()).update(named_hosts(finding))
     return Outcome(scenario, backend, seconds, rc, named, status.get("mechanism", "absent"),
                    status.get("negative_control", "absent"), status.get("n2_busbw_dip", "absent"))

@@ -1,8 +1,12 @@
-"""Row-by-row ratios of two record files (or run directories), with Welch's two-sample t-test on times_s.
+"""Row-by-row ratios of two record files (or run directories), decided on launches, never on iterations.
 
-Rows match on backend/algo/op/world_size/size (before vs after), or with --across on op/world_size/size
-only (backend vs backend: e.g. gloo in A against raw:ring in B, or both from one file with --a-transport
-and --b-transport). A difference counts when p < --alpha and the time changed by at least --threshold.
+Rows match on series (transport + mechanism knobs), op, world size and size (before vs after), or with
+--across on op/world_size/size only (backend vs backend: e.g. gloo in A against raw:ring in B, or both from
+one file with --a-transport and --b-transport). Each launch of a row (a file several runs appended to) and
+each round of an interleaved trial's arm is one block; the ratio of mean times B/A gets a bootstrap interval
+over blocks at confidence 1 - --alpha, and a change counts when that interval excludes 1 and the ratio is at
+least --threshold from 1. A row with fewer than 3 blocks a side is untested; Welch's t-test on the
+iterations is shown beside, never decides.
 
 examples:
   diag compare before.jsonl after.jsonl
@@ -28,14 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--b-transport", default=None, metavar="T", help="only B's rows of this transport")
     parser.add_argument("--threshold", type=float, default=None,
                         help="smallest relative time change that counts (default 0.05 = 5%%)")
-    parser.add_argument("--alpha", type=float, default=None, help="significance level (default 0.05)")
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="1 - the confidence of the ratio's bootstrap interval (default 0.05: 95%%)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--html", type=Path, default=None, metavar="FILE",
                         help="also write FILE: busbw vs size per N, both runs overlaid with their spreads, and the "
                              "rows (one self-contained page)")
     parser.add_argument("--fail-on", default=None, metavar="slower:PERCENT",
-                        help="exit 8 when a row of B is significantly slower than A by PERCENT or more, e.g. "
-                             "slower:5%% (a CI gate on a regression)")
+                        help="exit 8 when a row of B is slower than A by PERCENT or more (its interval over launches "
+                             "above 1), e.g. slower:5%% (a CI gate on a regression); exit 2 when no row is in common "
+                             "or none has 3 launches a side, since the gate then checked nothing")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
         from diag import validate
 
         validate.output_file(args.html, "--html")
-    a = load_run([args.a]).records
-    b = load_run([args.b]).records
+    # every row of each side: the survey rows (one block per launch) and the trials' blocks (one per round)
+    a = load_run([args.a]).all_records
+    b = load_run([args.b]).all_records
     result = compare(a, b, across=args.across, a_transport=args.a_transport, b_transport=args.b_transport,
                      alpha=alpha, threshold=threshold)
     text = render_text(result)
@@ -65,11 +72,12 @@ def run(args: argparse.Namespace) -> int:
     if args.html is not None:
         from diag.report.overlay import write_compare_html
 
-        write_compare_html(args.html, a, b, result, args.a, args.b, text.splitlines()[-1] if text else "")
+        write_compare_html(args.html, [r for r in a if not r.block], [r for r in b if not r.block], result, args.a,
+                           args.b, text.splitlines()[-1] if text else "")
         print(f"overlay: {args.html}", file=sys.stderr)
     if gate is None:
         return 0
-    code, why = gate.check(result.rows)
+    code, why = gate.check(result)
     if why:
         print(f"diag compare: {why}", file=sys.stderr)
     return code

@@ -36,8 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     predict.add_argument("--op", default="all_gather")
     predict.add_argument("--world-size", type=int, required=True)
     predict.add_argument("--size", required=True, help="per-rank input size, e.g. 16M, 12589824")
-    predict.add_argument("--series", default=None,
-                         help="a series label, or a transport: gloo, torch:gloo, raw, raw:ring (default: every series)")
+    predict.add_argument("--series", "--backend", dest="series", default=None,
+                         help="a series label as the model file names it (e.g. \"raw:ring [emulate=gloo]\"), or a "
+                              "transport: gloo, torch:gloo, raw, raw:ring (its reference series; default: every series)")
+    predict.add_argument("--algo", default=None, help="raw algorithm (ring, pairwise): with --series raw or none, "
+                                                      "the series raw:ALGO")
     predict.add_argument("--json", action="store_true")
     check = sub.add_parser("check", help="predict every row of measured records and print the errors")
     check.add_argument("paths", nargs="+", metavar="RUN_DIR|RECORDS")
@@ -166,7 +169,8 @@ def _predict(args: argparse.Namespace) -> int:
     model = load(args.model)
     size = parse_size(args.size)
     answers = []
-    for m in model.select(args.op, args.series):
+    series = f"raw:{args.algo}" if args.algo and args.series in (None, "raw") else args.series
+    for m in model.select(args.op, series):
         p = m.predict(args.world_size, size)
         answers.append(p.to_json())
         if not args.json:
@@ -188,15 +192,16 @@ def check_rows(model: Any, records: Any, large_bytes: int) -> dict[str, Any]:
     same ratio of the model's predictions."""
     import numpy as np
 
-    from diag.model.fitting import SAME_VOLUME, series_of
-    from diag.report.diagnose.records_rules import dip_ratio
+    from diag.model.fitting import SAME_VOLUME
+    from diag.records import series_label
+    from diag.report.diagnose.dip import dip_ratio
     from diag.report.series import by_series
 
     by_key = {(m.series, m.op): m for m in model.series_models}
     large_bytes = large_bytes / SAME_VOLUME       # D = 1 MiB at N=4 is 1048572 bytes (whole float32 elements)
     rows = []
     for r in records:
-        m = by_key.get((series_of(r), r.op))
+        m = by_key.get((series_label(r), r.op))
         if m is None or r.nwrong > 0 or not r.times_s:
             continue
         p = m.predict(r.world_size, r.size_bytes)

@@ -3,8 +3,8 @@ did not see, and say so.
 
 How the fit works:
   - Rows are keyed by their series identity (transport + the mechanism knobs that change how bytes move,
-    ``series_of``) and op: two series are never pooled. Rows with wrong data (#wrong > 0) are left out and
-    named. Rows of the same (N, S) (repeated launches) pool their samples into one cell.
+    ``diag.records.series_label``) and op: two series are never pooled. Rows with wrong data (#wrong > 0)
+    are left out and named. Rows of the same (N, S) (repeated launches) pool their samples into one cell.
   - Each cell's statistic is the mean of its per-iteration times (what a user's loop pays; a bimodal N=2 row
     counts with its slow share). The fit minimises the cells' relative errors, sum w (T(N,S)/mean - 1)^2,
     with w = 1/(NOISE_FLOOR^2 + relative standard error of the cell's mean^2): a cell known to 0.1% does
@@ -34,8 +34,7 @@ import numpy as np
 
 from diag.model.core import RATIO_LEVELS, Cell, HeldOut, Model, SeriesModel, Terms
 from diag.model.structure import Structure, structure_of
-from diag.records import Record
-from diag.report.series import series_label as series_of  # the one series identity of a row
+from diag.records import Record, series_label  # the one series identity (Record.series)
 
 # A cell's relative error never counts as smaller than this in the weights (model error dominates timer noise).
 NOISE_FLOOR = 0.02
@@ -307,7 +306,7 @@ def gather(records: Iterable[Record], world_sizes: Sequence[int] | None = None
     rows: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for r in records:
         if world_sizes is None or r.world_size in world_sizes:
-            rows[(series_of(r), r.op)].append(r)
+            rows[(series_label(r), r.op)].append(r)
     out: dict[tuple[str, str], tuple[Record, list[CellData], list[str]]] = {}
     skipped: list[dict[str, str]] = []
     for (series, op), group in sorted(rows.items()):

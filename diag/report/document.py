@@ -64,7 +64,7 @@ class VerdictBlock:
 
 Block = Heading | Text | Bullets | Table | Code | FigureBlock | FindingBlock | VerdictBlock
 
-_HEADS = {"fired": "Finding ({strength})", "undecided": "Cannot decide", "clear": "ok"}
+_HEADS = {"fired": "Finding ({strength})", "observed": "Observation", "undecided": "Cannot decide", "clear": "ok"}
 
 
 def to_markdown(blocks: Sequence[Block]) -> str:
@@ -152,7 +152,8 @@ align-items:start}.vslow{grid-area:slow}.vrest{grid-area:rest}.vfig{grid-area:fi
 .scroll{overflow-x:auto}
 table{border-collapse:collapse;font-size:12px;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px}
 th{background:#eee}.finding{margin:.6em 0;padding:.4em .8em;border-left:4px solid #999}
-.fired{border-color:#c33;background:#fff4f4}.undecided{border-color:#c93;background:#fffbf0}
+.fired{border-color:#c33;background:#fff4f4}.observed{border-color:#7a8ca8;background:#f5f7fa}
+.undecided{border-color:#c93;background:#fffbf0}
 .clear{border-color:#3a3}.src,.thr,.muted{color:#666;font-size:12px}figure{margin:1.5em 0}
 pre{background:#f6f6f6;padding:.6em;font-size:12px;overflow-x:auto}figcaption{font-size:13px;color:#444;max-width:900px}img{max-width:100%}"""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -27,7 +28,7 @@ from diag.report.queries import (
     threads_of,
 )
 from diag.report.rundir import CaptureSet, RunData
-from diag.report.series import PAIRWISE_OPS, by_series, series_label
+from diag.report.series import PAIRWISE_OPS, by_series, mean_busbw, series_label
 
 # --- the wire, every node's captures ---
 
@@ -278,7 +279,7 @@ def best_large_busbw(run: RunData) -> dict[int, tuple[float, str]]:
             continue
         for n, rows in per_n.items():
             for size in large_sizes(sorted(rows)):
-                value = rows[size].busbw_Bps
+                value = mean_busbw(rows[size])
                 if value > best.get(n, (0.0, ""))[0]:
                     best[n] = (value, f"{series_label(rows[size])} {op}")
     return best
@@ -311,6 +312,25 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
         return {}
     text = json.dumps(value) if isinstance(value, list) else " ".join(str(value).split())
     return {prefix: text}
+
+
+# Parts of a configured value the kernel hands out, not the configuration: a qdisc's handle and parent (tbf 8017:
+# on one node, tbf 8019: on the next, for the same rate and burst), its reference count. Two values that agree
+# once these are blanked configure the node alike.
+_KERNEL_IDENTIFIERS = (
+    (re.compile(r"\b(?:handle |parent )?[0-9a-f]{1,4}:[0-9a-f]{0,4}(?=\s|$)"), ""),
+    (re.compile(r"\brefcnt \d+"), ""),
+)
+
+
+def configured(key: str, value: str) -> str:
+    """A value as it configures the node: for a qdisc (``tc qdisc show``), without the handles and counts the
+    kernel assigns."""
+    if "qdisc" not in key.lower():
+        return value
+    for pattern, blank in _KERNEL_IDENTIFIERS:
+        value = pattern.sub(blank, value)
+    return " ".join(value.split())
 
 
 def volatile(key: str) -> bool:
@@ -378,12 +398,15 @@ def _differences(fingerprints: dict[str, dict[str, Any]]) -> list[Difference]:
     keys = sorted({k for values in flat.values() for k in values if not volatile(k)})
     out = []
     for key in keys:
-        seen = {node: values[key] for node, values in flat.items() if key in values}
+        # compared as they configure the node; shown as each node reported it (the first node's of a group)
+        reported = {node: values[key] for node, values in flat.items() if key in values}
+        seen = {node: configured(key, value) for node, value in reported.items()}
         if len(seen) < 2 or len(set(seen.values())) < 2:
             continue
         count = Counter(seen.values())
         order = list(fingerprints)
-        groups = tuple((value, tuple(n for n in order if seen.get(n) == value))
+        groups = tuple((reported[next(n for n in order if seen.get(n) == value)],
+                        tuple(n for n in order if seen.get(n) == value))
                        for value, _n in sorted(count.items(), key=lambda kv: (-kv[1], kv[0])))
         out.append(Difference(display_key(key), groups, kind_of(key)))
     rank = {"network": 0, "software": 1, "other": 2}

@@ -2,7 +2,7 @@
 
 One panel per (op, N): busbw against per-rank size, A solid and B dashed, each series with a band from the
 10th to the 90th percentile of its per-iteration busbw (the spread the significance test sees), then the
-row-by-row table of the comparison. One self-contained HTML file (the PNG inlined), from files only.
+row-by-row table of the comparison (decided on launches and trial rounds, docs/report.md). One self-contained HTML file (the PNG inlined), from files only.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from diag import safefs
 from diag.records import Record
 from diag.report.compare import Comparison
-from diag.report.series import busbw_samples, series_label
+from diag.report.series import busbw_samples, mean_busbw, series_label
 from diag.units import human_bytes, human_rate
 
 SPREAD = (0.10, 0.90)        # the band: these quantiles of a row's per-iteration busbw
@@ -63,8 +63,8 @@ def overlay_png(a: Sequence[Record], b: Sequence[Record], a_name: str, b_name: s
                 if not rows_of:
                     continue
                 x = [r.size_bytes for r in rows_of]
-                y = [r.busbw_Bps / 1e6 for r in rows_of]
-                samples = [busbw_samples(r) or [r.busbw_Bps] for r in rows_of]
+                y = [mean_busbw(r) / 1e6 for r in rows_of]
+                samples = [busbw_samples(r) or [mean_busbw(r)] for r in rows_of]
                 low = [_quantile(s, SPREAD[0]) / 1e6 for s in samples]
                 high = [_quantile(s, SPREAD[1]) / 1e6 for s in samples]
                 name = f"{side}: {label}"
@@ -84,7 +84,7 @@ def overlay_png(a: Sequence[Record], b: Sequence[Record], a_name: str, b_name: s
         ax.legend(fontsize=7)
     for index in range(len(keys), rows * columns):
         axes[index // columns][index % columns].set_visible(False)
-    fig.suptitle(f"busbw vs size, A = {a_name} (solid), B = {b_name} (dashed); bands: "
+    fig.suptitle(f"busbw of the mean time vs size, A = {a_name} (solid), B = {b_name} (dashed); bands: "
                  f"p{SPREAD[0] * 100:.0f}..p{SPREAD[1] * 100:.0f} of the iterations", fontsize=10)
     fig.tight_layout()
     buffer = io.BytesIO()
@@ -102,11 +102,13 @@ _CSS = ("body{font-family:sans-serif;max-width:1150px;margin:1.5em auto;padding:
 def write_compare_html(path: Path, a: Sequence[Record], b: Sequence[Record], result: Comparison,
                        a_name: str, b_name: str, summary: str) -> Path:
     png = base64.b64encode(overlay_png(a, b, a_name, b_name)).decode("ascii")
-    head = ["op", "N", "size", "A transport", "B transport", "A busbw", "B busbw", "time B/A", "p", "verdict"]
+    head = ["op", "N", "size", "A series", "B series", "from", "blocks A/B", "A busbw (mean time)",
+            "B busbw (mean time)", "time B/A [interval]", "Welch p (shown only)", "verdict"]
     body = "".join(
         f"<tr class='{r.verdict}'>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
-            r.op, str(r.world_size), human_bytes(r.size_bytes), r.a_transport, r.b_transport,
-            human_rate(r.a_busbw_Bps), human_rate(r.b_busbw_Bps), f"{r.time_ratio:.2f}x",
+            r.op, str(r.world_size), human_bytes(r.size_bytes), r.a_transport, r.b_transport, r.origin,
+            f"{r.a_blocks}/{r.b_blocks}", human_rate(r.a_busbw_Bps), human_rate(r.b_busbw_Bps),
+            f"{r.time_ratio:.2f}x" + (f" [{r.ratio_low:.2f}, {r.ratio_high:.2f}]" if r.verdict != "untested" else ""),
             f"{r.p_value:.2g}" if r.p_value is not None else "-", r.verdict)) + "</tr>"
         for r in result.rows)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><meta name='viewport' "
@@ -115,8 +117,10 @@ def write_compare_html(path: Path, a: Sequence[Record], b: Sequence[Record], res
             f"{html.escape(b_name)}</p><p>{html.escape(summary)}</p>"
             f"<img alt='busbw vs size, both runs' src='data:image/png;base64,{png}'>"
             f"<h2>Rows</h2><table><thead><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr></thead>"
-            f"<tbody>{body}</tbody></table><p class='muted'>time B/A &gt; 1: B is slower. A difference counts "
-            f"when Welch's t-test on the per-iteration times gives p below alpha and the time changed by at "
-            f"least the threshold (diag compare --help).</p></body></html>")
+            f"<tbody>{body}</tbody></table><p class='muted'>time B/A &gt; 1: B is slower (mean time per iteration). "
+            f"A difference counts when the bootstrap interval of the ratio over blocks (launches, or trial "
+            f"rounds) excludes 1 and the ratio changed by at least the threshold; a row with fewer than 3 blocks "
+            f"a side is untested. Welch's p on the iterations is shown, never decides (diag compare --help)."
+            f"</p></body></html>")
     safefs.write_file(safefs.make_parent(path), page)
     return path

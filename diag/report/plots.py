@@ -22,7 +22,7 @@ from diag.report.queries import (
     thread_cpu,
 )
 from diag.report.rundir import CaptureSet, RunData
-from diag.report.series import PAIRWISE_OPS, by_series, series_label
+from diag.report.series import PAIRWISE_OPS, by_series, mean_busbw, mean_time, series_label
 from diag.units import human_bytes
 
 # At most this many panels/lines per plot, so a big sweep stays readable.
@@ -71,16 +71,16 @@ def headline(run: RunData) -> FigureSpec | Skipped:
         for n in sorted(per_n):
             near = min(per_n[n].values(), key=lambda r: abs(r.volume_bytes - target))
             if abs(near.volume_bytes - target) <= SAME_VOLUME * target:
-                points.append((n, near.busbw_Bps / 1e6))
+                points.append((n, mean_busbw(near) / 1e6))
         if points:
             lines.append(Line(label, [p[0] for p in points], [p[1] for p in points], _style(label),
                               width=2.5 if label.startswith("torch:") else 1.5))
     if not lines:
         return Skipped(title, f"no rows at D={human_bytes(target)}")
-    panel = Panel(f"{op} busbw at D = {human_bytes(target)} per device", "world size N", "busbw [MB/s]",
+    panel = Panel(f"{op} busbw at D = {human_bytes(target)} per device", "world size N", "busbw of the mean time [MB/s]",
                   lines, refs=_link_ref(run), x="int", y_from_zero=True, legend="lower right")
     return FigureSpec("headline.png", title,
-                      f"{op} bus bandwidth (nccl-tests convention, MB/s = 1e6 B/s) against the number of ranks N, "
+                      f"{op} bus bandwidth of the mean time per iteration (nccl-tests convention, MB/s = 1e6 B/s) against the number of ranks N, "
                       f"each rank receiving the same volume D = {human_bytes(target)} at every N. On a full-duplex "
                       "link every transport should sit near the dashed link rate at every N; a backend line that "
                       "drops at N=2 while the raw-TCP lines stay up is the anomaly, and the gap is what the "
@@ -105,12 +105,12 @@ def time_vs_volume(run: RunData) -> FigureSpec | Skipped:
         for n in sorted(per_n)[:MAX_LINES]:
             rows = sorted(per_n[n].values(), key=lambda r: r.volume_bytes)
             volumes += [r.volume_bytes for r in rows if r.volume_bytes > 0]
-            lines.append(Line(f"N={n}", [r.volume_bytes for r in rows], [r.time_s * 1e3 for r in rows]))
+            lines.append(Line(f"N={n}", [r.volume_bytes for r in rows], [mean_time(r) * 1e3 for r in rows]))
         if link and len(set(volumes)) > 1:
             lo, hi = min(volumes), max(volumes)
             lines.append(Line(f"ideal D / link ({link * 8 / 1e9:.3g} Gbit/s)", [lo, hi],
                               [lo / link * 1e3, hi / link * 1e3], "k--"))
-        panels.append(Panel(f"{label} {op}", "per-device volume D = (N-1) x size [bytes]", "time per operation [ms]",
+        panels.append(Panel(f"{label} {op}", "per-device volume D = (N-1) x size [bytes]", "mean time per operation [ms]",
                             lines, x="bytes", y="log"))
     ideal = (f"The dashed line is the ideal time D / link rate ({run.link_source})." if link
              else "No link rate in run.json, so no ideal line.")
@@ -134,17 +134,17 @@ def busbw_vs_size(run: RunData) -> FigureSpec | Skipped:
         lines = []
         for n in sorted(series[key])[:MAX_LINES]:
             rows = sorted(series[key][n].values(), key=lambda r: r.size_bytes)
-            lines.append(Line(f"N={n}", [r.size_bytes for r in rows], [r.busbw_Bps / 1e6 for r in rows]))
-        panels.append(Panel(f"{key[0]} {key[1]}", "per-rank size [bytes]", "busbw [MB/s]", lines, refs=refs,
+            lines.append(Line(f"N={n}", [r.size_bytes for r in rows], [mean_busbw(r) / 1e6 for r in rows]))
+        panels.append(Panel(f"{key[0]} {key[1]}", "per-rank size [bytes]", "busbw of the mean time [MB/s]", lines, refs=refs,
                             x="bytes", y_from_zero=True))
     if single:
         rows: list[Record] = [next(iter(next(iter(series[k].values())).values())) for k in single]
-        panels.append(Panel("one-row experiments", "", "busbw [MB/s]",
+        panels.append(Panel("one-row experiments", "", "busbw of the mean time [MB/s]",
                             bars=Bars([f"{series_label(r)} {r.op} N={r.world_size} {human_bytes(r.size_bytes)}"
-                                       for r in rows], [("busbw", [r.busbw_Bps / 1e6 for r in rows])]),
+                                       for r in rows], [("busbw", [mean_busbw(r) / 1e6 for r in rows])]),
                             refs=refs))
     return FigureSpec("busbw_vs_size.png", title,
-                      "busbw (nccl-tests convention, MB/s = 1e6 B/s) per transport, one line per N. busbw is "
+                      "busbw of the mean time per iteration (nccl-tests convention, MB/s = 1e6 B/s) per transport, one line per N. busbw is "
                       "normalised so that all N should reach the same plateau at large sizes; a line that plateaus "
                       "lower (N=2) is the anomaly, and the size where it leaves the others is where it starts. "
                       "Compare the torch panels with the raw-TCP reference panels; experiments with one row each "
@@ -159,8 +159,8 @@ def efficiency(run: RunData) -> FigureSpec | Skipped:
     lines: dict[tuple[str, str], dict[int, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
     for r in run.records:
         ref = best_raw.get((r.op, r.world_size, r.size_bytes))
-        if r.backend != "raw" and ref and ref.busbw_Bps > 0:
-            lines[(series_label(r), r.op)][r.world_size].append((r.size_bytes, r.busbw_Bps / ref.busbw_Bps))
+        if r.backend != "raw" and ref and mean_busbw(ref) > 0:
+            lines[(series_label(r), r.op)][r.world_size].append((r.size_bytes, mean_busbw(r) / mean_busbw(ref)))
     if not lines:
         return Skipped(title, "backend and raw rows share no op, N and size")
     panels = []
@@ -348,11 +348,19 @@ def link_matrix(run: RunData) -> FigureSpec | Skipped:
                      for src in names]
             panels.append(Panel(f"src -> dst goodput, {what}", "receiving node (dst)", "sending node (src)",
                                 grid=Grid(names, names, cells, "goodput [MB/s]")))
-    resent = {pair: 100 * share for pair, share in matrix.incast_flow_shares().items()}
-    if resent:
-        cells = [[resent.get((src, dst)) for dst in names] for src in names]
-        panels.append(Panel("segments resent, every other node sending into dst at once", "receiving node (dst)",
-                            "sending node (src)", grid=Grid(names, names, cells, "resent after warm-up [%]")))
+    shares, delivered = matrix.incast_shares()
+    if shares:
+        # Each sender's share of what the column's node received, the column headed by what its port delivered
+        # in all: starved flows beside one at the link rate read as what they are, an uneven share of a full
+        # port, not as loss (their resends per segment sent say little when they send almost nothing).
+        link = run.link_Bps
+        columns = [f"{dst}\n{delivered[dst] / 1e6:.1f} MB/s" + (f" ({delivered[dst] / link:.0%})" if link else "")
+                   if dst in delivered else dst for dst in names]
+        cells = [[100 * shares[(src, dst)] if (src, dst) in shares else None for dst in names] for src in names]
+        panels.append(Panel("incast: each sender's share of what dst received, every other node sending into dst at "
+                            "once", "receiving node (dst), with the goodput its port delivered in all",
+                            "sending node (src)", grid=Grid(names, columns, cells, "share of dst's goodput [%]",
+                                                            fmt="{:.0f}")))
     size = max(4.0, 0.8 * len(names) + 2.0)
     return FigureSpec("link_matrix.png", title,
                       f"Goodput from each node (row) to each other node (column), MB/s = 1e6 B/s, measured with "
@@ -363,8 +371,12 @@ def link_matrix(run: RunData) -> FigureSpec | Skipped:
                       "link. The right panel runs both directions of a pair at once (each its own connection): a "
                       "full-duplex link keeps each near the left panel's value."
                       + (" The third panel is the incast: every other node sends into the column's node at once, "
-                         "the one time traffic converges on a host's switch port. A bright column is a port (or NIC) "
-                         "that drops what converges on it, a shallow buffer." if resent else ""),
+                         "the one time traffic converges on a host's port. Under each column, what that port "
+                         "delivered in all (and its share of the link rate): near 100% is a port that delivers what "
+                         "converges on it, however unevenly the senders share it (TCP flows into one tail-drop queue "
+                         "often leave one near the link rate and starve the others: unfairness, not loss); a column "
+                         "well below the others is a port that drops what converges on it, a shallow buffer "
+                         "(loss_at_host reads its senders' resends)." if shares else ""),
                       panels, columns=len(panels), panel_size=(size + 1.2, size))
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from diag.capture.schema import Connection
 from diag.records import Record
 from diag.report.rundir import CaptureSet, RunData
-from diag.report.series import series_label
+from diag.report.series import mean_busbw, series_label
 from diag.report.thresholds import BIDIR_MIN_BYTES, LARGE_SIZE_BYTES
 from diag.typedjson import from_json
 
@@ -29,7 +29,7 @@ def raw_reference(records: Iterable[Record]) -> dict[tuple[str, int, int], Recor
     for r in records:
         if r.backend == "raw":
             key = (r.op, r.world_size, r.size_bytes)
-            if key not in best or r.busbw_Bps > best[key].busbw_Bps:
+            if key not in best or mean_busbw(r) > mean_busbw(best[key]):
                 best[key] = r
     return best
 
@@ -58,7 +58,7 @@ def _raw_link_reach(run: RunData) -> dict[int, float]:
     for (_label, _op, n), rows in per_series.items():
         large = large_sizes(sorted(rows))
         if large:
-            reach = max(rows[s].busbw_Bps for s in large) / link_Bps
+            reach = max(mean_busbw(rows[s]) for s in large) / link_Bps
             best[n] = max(best.get(n, 0.0), reach)
     return best
 

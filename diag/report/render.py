@@ -35,7 +35,7 @@ from diag.report.nodes import differences_of, subgroup_nodes
 from diag.report.plots import render_plots
 from diag.report.queries import raw_link_reach
 from diag.report.rundir import RING_PATTERN_CPU_LIMIT, RunData
-from diag.report.series import series_label
+from diag.report.series import mean_algbw, mean_busbw, mean_time, series_label
 from diag.report.thresholds import TABLE
 from diag.report.verdict import Verdict, build_verdict
 from diag.typedjson import strict_document
@@ -72,10 +72,12 @@ def flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 def record_row(r: Record) -> list[str]:
     return [series_label(r), r.op, str(r.world_size), human_bytes(r.size_bytes), human_bytes(r.volume_bytes),
-            human_time(r.time_s), human_rate(r.algbw_Bps), human_rate(r.busbw_Bps), str(r.nwrong), str(len(r.times_s))]
+            human_time(mean_time(r)), human_rate(mean_algbw(r)), human_rate(mean_busbw(r)), str(r.nwrong),
+            str(len(r.times_s))]
 
 
-RECORD_HEADER = ["series", "op", "N", "size", "D", "time (median)", "algbw", "busbw", "#wrong", "samples"]
+RECORD_HEADER = ["series", "op", "N", "size", "D", "time (mean)", "algbw (mean time)", "busbw (mean time)", "#wrong",
+                 "samples"]
 
 
 def _model_rows(model: Model) -> list[list[str]]:

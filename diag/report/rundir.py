@@ -214,6 +214,11 @@ class RunData:
             s.get("run_id") for f in self.record_files for s in f.starts if (s.get("meta") or {}).get("profile")))
 
     @property
+    def all_records(self) -> list[Record]:
+        """Every row of every records file: the survey rows and the trials' blocks (diag compare reads both)."""
+        return [r for f in self.record_files for r in f.records]
+
+    @property
     def trials(self) -> list[tuple[Any, list[Record], dict[str, Any]]]:
         """(TrialSpec, its block records, its end event's summary or {}) for every trial launch in the run."""
         def collect() -> list[tuple[Any, list[Record], dict[str, Any]]]:
@@ -250,7 +255,7 @@ class RunData:
         profile = self._profile_runs   # the profile may measure a survey row's size again, for the model
         for f in self.record_files:
             for r in f.records:
-                if r.run_id in profile:
+                if r.run_id in profile or r.block:   # the model's profile; a trial's blocks (its rounds)
                     continue
                 seen.setdefault((series_label(r), r.op, r.world_size, r.size_bytes), []).append(self.relative(f.path))
         from diag.units import human_bytes

@@ -17,8 +17,8 @@ def _t(name: str, value: float | int, meaning: str) -> Threshold:
     return Threshold(name, value, meaning)
 
 
-N2_DIP_RATIO = _t("N2_DIP_RATIO", 0.8, "busbw at N=2 below this fraction of the median busbw at N>=3 "
-                  "(same size or same D) is a dip")
+N2_DIP_RATIO = _t("N2_DIP_RATIO", 0.8, "busbw at N=2 below this fraction of its healthy reference (the median "
+                  "busbw of the N>=3 that serve, same size or same D; else the link measured beside it) is a dip")
 N2_DIP_STRONG = _t("N2_DIP_STRONG", 0.6, "a dip deeper than this at the largest size, over >= 2 sizes, is strong")
 LARGE_SIZE_BYTES = _t("LARGE_SIZE_BYTES", 1 << 20, "sizes at or above this count as large (bandwidth-bound "
                       "rather than latency-bound)")
@@ -76,8 +76,14 @@ PACED_TOLERANCE = _t("PACED_TOLERANCE", 0.1, "an N whose subgroup holds the slow
                      "its best large-size busbw stays within this fraction above the slow edge's goodput")
 LOSS_HOST_SHARE = _t("LOSS_HOST_SHARE", 0.8, "share of all retransmitted segments on the directions into (or out "
                      "of) one host at or above which the loss is that host's")
+LOSS_PEER_SHARE = _t("LOSS_PEER_SHARE", 0.1, "a peer counts towards a host's loss (\"from N peers\") only where its "
+                     "direction holds at least this share of the loss placed on that host: a few segments resent "
+                     "beside one edge that carries nearly all of it leave the loss that edge's")
 LOSS_RATE_CONTRAST = _t("LOSS_RATE_CONTRAST", 4.0, "in the link matrix's flows, a host whose edges in (or out) lost at "
-                        "least this many times the share of segments of any other host's is where they are lost")
+                        "least this many times the share of segments of any other host's is where they are lost; "
+                        "and an observation (retransmissions, window events) on the backend's captures at least this "
+                        "many times the raw reference's on the same link, at an N where the backend is slow, is a "
+                        "finding")
 CWND_CUT_FACTOR = _t("CWND_CUT_FACTOR", 0.75, "cwnd falling to this fraction of its peak or below is a cut: a loss's "
                      "multiplicative decrease (CUBIC cuts to 0.7, Reno to 0.5), or a timeout's collapse")
 QUOTA_THROTTLED_SHARE = _t("QUOTA_THROTTLED_SHARE", 0.5, "a node's ranks under a cgroup CPU quota that ran out in at "
@@ -93,7 +99,7 @@ TABLE: tuple[Threshold, ...] = (
     WINDOW_FULL_MIN_COUNT, RETRANS_RATE,
     RETRANS_MIN_COUNT, IDLE_RESTART_S, IDLE_FRACTION, TURN_GAP_SHARE, CWND_COLLAPSE_SEGMENTS, CPU_PINNED_PCT, CPU_PINNED_SHARE, CPU_MIN_SAMPLES, QUOTA_THROTTLED_SHARE,
     CPU_SATURATED_PCT, CPU_LINK_REACHED, TURN_TAKING_GAP, HALF_DUPLEX_MATCH, SLOW_LINK_RATIO, LOCALIZE_MIN_NODES,
-    PACED_TOLERANCE, LOSS_HOST_SHARE, LOSS_RATE_CONTRAST, CWND_CUT_FACTOR, CPU_STARVED_LINK_SHARE, ALPHA, CONTROL_DIP, SHOWN_SHARE,
+    PACED_TOLERANCE, LOSS_HOST_SHARE, LOSS_PEER_SHARE, LOSS_RATE_CONTRAST, CWND_CUT_FACTOR, CPU_STARVED_LINK_SHARE, ALPHA, CONTROL_DIP, SHOWN_SHARE,
     RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED,
 )
 

@@ -119,15 +119,24 @@ class LinkMatrix:
             rounds.setdefault(int(phase.round or 1), {})[phase.dst] = phase
         return dict(sorted(rounds.items()))
 
-    def incast_flow_shares(self) -> dict[tuple[str, str], float]:
-        """(src, dst) -> the share of segments src resent after the warm-up while every other node sent into
-        dst, pooled over the rounds whose count was read."""
-        by_pair: dict[tuple[str, str], list[tuple[Incast, IncastFlow]]] = {}
+    def incast_shares(self) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
+        """What each node's port delivered while every other node sent into it at once: (src, dst) -> src's share
+        of the goodput dst received, and dst -> the goodput it received in all; both the mean over the rounds
+        that measured it. TCP flows converging on one port often share it unevenly (one near the link rate, the
+        others starved and resending): a column total at the link rate is a port that delivers, whatever the
+        shares; one below it is a port that drops what converges on it."""
+        into: dict[str, list[float]] = {}
+        by_pair: dict[tuple[str, str], list[float]] = {}
         for phase in self.incast:
-            for f in phase.flows:
-                if f.steady_retransmits is not None and phase.steady_s:
-                    by_pair.setdefault((f.src, phase.dst), []).append((phase, f))
-        return {pair: share for pair, sent_in in by_pair.items() if (share := steady_resent_share(sent_in)) is not None}
+            rates = [(f.src, float(f.goodput_Bps)) for f in phase.flows if isinstance(f.goodput_Bps, (int, float))]
+            total = sum(rate for _src, rate in rates)
+            if total <= 0:
+                continue
+            into.setdefault(phase.dst, []).append(total)
+            for src, rate in rates:
+                by_pair.setdefault((src, phase.dst), []).append(rate / total)
+        return ({pair: sum(v) / len(v) for pair, v in by_pair.items()},
+                {dst: sum(v) / len(v) for dst, v in into.items()})
 
     def names(self) -> list[str]:
         """The matrix's nodes: as listed, then any an edge names that the list lacks."""

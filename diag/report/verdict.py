@@ -119,42 +119,89 @@ def _control_dipped(rules: dict[str, list[Finding]]) -> Finding | None:
     return next((f for f in rules.get(CONTROL, []) if f.status == "fired"), None)
 
 
+def _backend_dips(rules: dict[str, list[Finding]]) -> list[Finding]:
+    return [f for f in rules.get(DIP, []) if _is_backend(f) and not f.statement.startswith("raw:")]
+
+
 def _what_is_slow(rules: dict[str, list[Finding]]) -> tuple[str, str, list[str]]:
     dips = rules.get(DIP, [])
-    dip = _strongest([f for f in dips if _is_backend(f)])
+    dip = _strongest(_backend_dips(rules))
     control = _control_dipped(rules)
+    faults = host_faults(rules)
     if dip is not None and control is not None:
         text, status, used = _dip_text(dip)
-        return (text[:-1] + "; so is a transport that does not take turns (the negative control), so the "
-                "slowdown is not the backend's own.", status, [*used, CONTROL])
-    if dip is not None:
+        itself = any(e.values.get("series") == _series_of(dip) for e in control.evidence)
+        tail = ("; it takes no turns on a connection itself (the negative control), so what slows it is no "
+                "turn-taking mechanism's." if itself else "; so is a transport that does not take turns (the "
+                "negative control), so the slowdown is not the backend's own.")
+        return text[:-1] + tail, status, [*used, CONTROL]
+    if dip is not None:   # a host fault beside it has its own row (at the hosts) and its own "to do"
         return _dip_text(dip)
-    faults = host_faults(rules)
+    open_dip = next((f for f in _backend_dips(rules) if f.status == "undecided"), None)
     if faults:
         head = plain(faults[0].statement).split("; ", 1)[0]
-        return f"One host slows the run: {head}.", "fired", [faults[0].rule]
+        text = f"One host slows the run: {head}."
+        if open_dip is not None and _link_loss(open_dip):
+            text += f" Whether the backend loses more at N=2 is undecided: {_link_loss(open_dip)}."
+        return text, "fired", [faults[0].rule]
     return _not_a_dip(rules, dips)
 
 
+def _series_of(f: Finding) -> str:
+    return str(f.evidence[0].values.get("series", "")) if f.evidence else ""
+
+
+def _cpu_at(rules: dict[str, list[Finding]], world_size: int) -> Finding | None:
+    """cpu_bound fired with evidence at this N (the machine, or a thread, saturated there)."""
+    return next((f for f in rules.get("cpu_bound", []) if f.status == "fired"
+                 and any(e.values.get("world_size") == world_size for e in f.evidence)), None)
+
+
+def _link_loss(f: Finding) -> str:
+    """'torch:gloo at N=2 ran at 0.69x the link measured beside it ...' from an undecided dip whose evidence is
+    the link (the survey and the link disagree), else ''."""
+    links = [e.values for e in f.evidence if e.values.get("reference_kind") in ("trial", "matrix")]
+    if not links:
+        return ""
+    worst = min(links, key=lambda v: v.get("ratio", 1.0))
+    where = "in the same interleaved rounds" if worst.get("reference_kind") == "trial" else "in the link matrix"
+    return (f"{worst.get('series', 'the backend')} {worst.get('op', '')} at N=2 ran at {worst['ratio']:.2f}x the link "
+            f"measured beside it {where} ({_busbw_pair(worst)} at D={human_bytes(int(worst.get('size_bytes', 0)))})")
+
+
+def _busbw_pair(values: dict[str, Any]) -> str:
+    n2, reference = values.get("busbw_n2_Bps"), values.get("busbw_reference_Bps", values.get("busbw_n3plus_Bps"))
+    if isinstance(n2, (int, float)) and isinstance(reference, (int, float)):
+        return f"mean busbw {human_rate(n2)} vs {human_rate(reference)}"
+    return "mean busbw"
+
+
 def _dip_text(dip: Finding) -> tuple[str, str, list[str]]:
-    """What is slow, from the strongest backend dip: its ratio, its figures at the largest size, its onset."""
-    values = dip.evidence[-1].values
+    """What is slow, from the strongest backend dip: its ratio against the reference it names (N>=3 that served,
+    or the link beside it), its figures at its deepest size, its onset, and what the reference left out."""
+    deepest = min(dip.evidence, key=lambda e: e.values.get("ratio", 1.0))
+    values = deepest.values
     first = dip.evidence[0].values
     axis = "D=" if " at D=" in dip.statement else ""
     per_rank = "" if axis else " per rank"
     series, op = values.get("series", "the backend"), values.get("op", "")
     ratio = values.get("ratio")
-    # the reference the rule held N=2 against ("N>=3", or "N=3" where CPU-bound N were left out)
+    kind = values.get("reference_kind", "survey")
+    # the reference the rule held N=2 against: the N>=3 that served ("N=3,4", "N=3"), or the link beside it
     named = re.search(r" below (N[>=][=\d,]*\d) at ", dip.statement)
-    reference = named.group(1) if named else "N>=3"
+    reference = {"trial": "the link measured beside it in the same interleaved rounds",
+                 "matrix": "the link matrix's edge between its hosts"}.get(
+                     kind, str(values.get("reference") or (named.group(1) if named else "N>=3")))
     text = (f"{series} {op} at N=2: busbw is {1 - ratio:.0%} below {reference}" if isinstance(ratio, (int, float))
             else f"{series} {op}: busbw at N=2 is below {reference}")
-    if isinstance(values.get("busbw_n2_Bps"), (int, float)) and isinstance(values.get("busbw_n3plus_Bps"),
-                                                                               (int, float)):
-        text += (f" ({human_rate(values['busbw_n2_Bps'])} vs {human_rate(values['busbw_n3plus_Bps'])} at "
-                 f"{axis}{human_bytes(int(values.get('size_bytes', 0)))}{per_rank})")
+    if isinstance(values.get("busbw_n2_Bps"), (int, float)):
+        text += f" ({_busbw_pair(values)} at {axis}{human_bytes(int(values.get('size_bytes', 0)))}{per_rank})"
     if isinstance(first.get("size_bytes"), int):
         text += f", from {axis}{human_bytes(first['size_bytes'])}{per_rank} upward"
+    left = [part.removeprefix("N>=3 cannot serve as the reference: ") for part in dip.statement.split("; ")
+            if " left out " in part]
+    if left:
+        text += "; " + "; ".join(plain(part) for part in left)
     return text + f" ({dip.strength} evidence).", "fired", [DIP]
 
 
@@ -165,13 +212,23 @@ def _not_a_dip(rules: dict[str, list[Finding]], dips: list[Finding]) -> tuple[st
     wrong = _strongest(rules.get(DATA_ERRORS, []))
     if wrong is not None:
         return f"Wrong data, not speed, is the problem: {wrong.statement}.", "fired", [DATA_ERRORS]
-    if dips and all(f.status == "undecided" for f in dips):
-        return f"Cannot tell whether N=2 is slow: {plain(dips[0].statement)}.", "undecided", [DIP]
+    backend = _backend_dips(rules)
+    open_ = [f for f in backend if f.status == "undecided"]
+    if open_:
+        loss = next((_link_loss(f) for f in open_ if _link_loss(f)), "")
+        if loss:
+            return (f"Cannot tell whether N=2 is slower than N>=3, but {loss}: {plain(open_[0].statement)}.",
+                    "undecided", [DIP])
+        return f"Cannot tell whether N=2 is slow: {plain(open_[0].statement)}.", "undecided", [DIP]
     if any(f.status == "fired" for f in dips):
         return ("No backend is slower at N=2; only raw-TCP experiment series dip there (their own schedules, "
                 "by design)."), "clear", [DIP]
+    if backend:
+        reference = backend[0].statement.split(": busbw at N=2 is not below ", 1)[-1].split(" (", 1)[0]
+        return f"Nothing is slow: busbw at N=2 is not below {reference}.", "clear", [DIP]
     if dips:
-        return "Nothing is slow: busbw at N=2 is not below N>=3.", "clear", [DIP]
+        return (f"Cannot tell whether the backend is slow: no backend series was compared ({plain(dips[0].statement)})."
+                , "undecided", [DIP])
     return "Cannot tell whether anything is slow: no rule compared N=2 with N>=3.", "undecided", []
 
 
@@ -223,7 +280,7 @@ def _host_lines(rules: dict[str, list[Finding]], shown: Finding | None) -> list[
     """The host findings for the card's own row: every fault but the one already shown as what is slow, then
     how the nodes differ."""
     lines = [f"{_fault_why(f)} ({plain(f.statement)})" for f in host_faults(rules) if f is not shown]
-    lines += [plain(f.statement) for rule in HOST_NOTES for f in rules.get(rule, []) if f.status == "fired"]
+    lines += [plain(f.statement) for rule in HOST_NOTES for f in rules.get(rule, []) if f.status in ("fired", "observed")]
     return lines
 
 
@@ -231,11 +288,14 @@ def _why(rules: dict[str, list[Finding]], slow_status: str) -> tuple[str, str, s
     control = _control_dipped(rules)
     faults = host_faults(rules)
     if control is not None:
-        named = ("; what the host findings name: " + "; ".join(_fault_why(f) for f in faults) if faults
-                 else "; no host finding names what slows it")
+        causes = [_fault_why(f) for f in faults]
+        cpu = _cpu_at(rules, 2)
+        if cpu is not None and cpu not in faults:
+            causes.append(f"the CPU: {plain(cpu.statement).split('; ', 1)[0]}")
+        named = ("; what the findings name: " + "; ".join(causes)) if causes else "; no host finding names what slows it"
         return (f"Not the backend's N=2 protocol: N=2 is slower for a transport that does not take turns too{named}.",
                 control.strength, plain(control.evidence[0].text), [CONTROL, *(f.rule for f in faults)], "")
-    backend_dip = _strongest([f for f in rules.get(DIP, []) if _is_backend(f)])
+    backend_dip = _strongest(_backend_dips(rules))
     if backend_dip is None and faults:
         # The rest of the fault's statement (after what "slow" shows) is why it slows the run: the N it paces,
         # the sysctl it is tied to, what the loss costs. Observations, not an experiment: no "shown by".
@@ -342,8 +402,13 @@ def build_verdict(run: Any, findings: Sequence[Finding], figure: str | None = No
     ruled_out, open_, used_out = _ruled_out(rules)
     faults = host_faults(rules)
     shown = faults[0] if faults and faults[0].rule in used_slow else None
+    backend_dip = _strongest(_backend_dips(rules))
     if shown is not None:   # the run is slowed at a host, not by the backend: the host is what to fix
         todo, fixes = FAULT_TODO[shown.rule].format(place=fault_place(shown)), []
+    elif faults and backend_dip is not None and _control_dipped(rules) is None:
+        # Two causes in one run: the backend's N=2 loss against its own link (what is slow, why) and a host
+        # fault (at the hosts). The card names both, and both are what to do.
+        todo += " And at the hosts: " + FAULT_TODO[faults[0].rule].format(place=fault_place(faults[0]))
     hosts = _host_lines(rules, shown)
     if shown is not None and figure == HEADLINE:
         figure = shown.evidence[0].plot or figure

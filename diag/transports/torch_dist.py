@@ -142,10 +142,6 @@ class TorchTransport:
         dist.recv(tensor, self._peer(src), group=self.group)
 
     def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, order: str) -> None:
-        if self.backend == "diag_tcp":
-            # its isend/irecv finish before they return: both ranks would wait in their first call
-            raise UnsupportedOperation("diag_tcp runs point-to-point calls one at a time, so an exchange cannot "
-                                       "overlap its send and receive; use all_gather on diag_tcp")
         other = self._peer(peer)
         if order == "send-first":
             works = [dist.isend(send, other, group=self.group), dist.irecv(recv, other, group=self.group)]
@@ -156,11 +152,6 @@ class TorchTransport:
 
     def batch_p2p(self, recvs: list[tuple[torch.Tensor, int]], sends: list[tuple[torch.Tensor, int]],
                   order: str) -> None:
-        if self.backend == "diag_tcp":
-            # its isend/irecv finish before they return: two ranks that both post a receive first would
-            # wait for each other until the timeout
-            raise UnsupportedOperation("diag_tcp runs point-to-point calls one at a time, so batch_isend_irecv "
-                                       "cannot overlap them; use all_gather on diag_tcp")
         receives = [dist.P2POp(dist.irecv, tensor, self._peer(peer), self.group) for tensor, peer in recvs]
         posts = [dist.P2POp(dist.isend, tensor, self._peer(peer), self.group) for tensor, peer in sends]
         for work in dist.batch_isend_irecv(receives + posts if order == "recv-first" else posts + receives):

@@ -20,7 +20,9 @@ from typing import Any
 from diag.report.diagnose.advice import workarounds
 from diag.report.diagnose.base import Rule
 from diag.report.diagnose.control import negative_control
-from diag.report.diagnose.cpu_rules import cpu_bound, cpu_limited_world_sizes
+from diag.report.diagnose.cpu_finding import cpu_bound
+from diag.report.diagnose.cpu_rules import cpu_limited_world_sizes
+from diag.report.diagnose.dip import n2_busbw_dip
 from diag.report.diagnose.findings import (
     FINDINGS_SCHEMA,
     STATUSES,
@@ -35,7 +37,7 @@ from diag.report.diagnose.findings import (
 )
 from diag.report.diagnose.fingerprint_rules import node_fingerprints
 from diag.report.diagnose.host_rules import loss_at_host, slow_host_link, window_at_host
-from diag.report.diagnose.mechanism import SUSPECTS, mechanism, suspects
+from diag.report.diagnose.mechanism import MODELLED_BACKEND, SUSPECTS, mechanism, suspects
 from diag.report.diagnose.paired import (
     EXCHANGE_ORDER,
     EXPERIMENTS,
@@ -43,7 +45,7 @@ from diag.report.diagnose.paired import (
     SHARED_CONNECTION,
     PairedExperiment,
 )
-from diag.report.diagnose.records_rules import backend_below_raw, data_errors, half_duplex_match, n2_busbw_dip
+from diag.report.diagnose.records_rules import backend_below_raw, data_errors, half_duplex_match
 from diag.report.diagnose.wire_rules import (
     capture_drops,
     idle_gaps,
@@ -76,10 +78,28 @@ def diagnose(run: RunData) -> list[Finding]:
     findings: list[Finding] = []
     for rule in RULES.values():
         findings.extend(rule(run))
+    findings = modelled_on_gloo(run, findings)
     verdicts = suspects(findings)
     findings.append(mechanism([*findings, *verdicts]))
     findings.extend(verdicts)
     return [f if f.explains else replace(f, explains=EXPLAINS.get(f.rule, NOT_A_TOGGLE)) for f in findings]
+
+
+# Experiments whose arms model gloo's pair (its protocol model, raw TCP sharing one connection the way it does):
+# they show a mechanism of gloo's, and account for a loss only where gloo is the backend under test.
+GLOO_EXPERIMENTS = (NOTICE_CHANNEL.id, SHARED_CONNECTION.id)
+
+
+def modelled_on_gloo(run: RunData, findings: list[Finding]) -> list[Finding]:
+    """In a run whose backend under test is not gloo (the diag_tcp negative control), an experiment shown on
+    gloo's protocol model costs that backend nothing: an observation about gloo, never a finding of this run."""
+    backends = {r.transport for r in run.all_records if r.backend != "raw" and r.world_size == 2}
+    if not backends or MODELLED_BACKEND in backends:
+        return findings
+    under_test = ", ".join(sorted(backends))
+    return [replace(f, status="observed", strength="", explains=f"none: it shows a mechanism of {MODELLED_BACKEND}'s "
+                    f"protocol model; the backend under test here is {under_test}, which does not use it")
+            if f.rule in GLOO_EXPERIMENTS and f.status == "fired" else f for f in findings]
 
 
 # What a finding without its own figure says of the backend's N=2 loss: only an experiment that toggles a

@@ -73,19 +73,15 @@ def cpu_limited_world_sizes(run: RunData) -> set[int]:
     return limited
 
 
-def cpu_bound(run: RunData) -> list[Finding]:
-    """A thread near 100% of a core, or every core of the machine busy: the CPU, not the network, sets
-    the pace. With nodes (the in-place layout), per node: a node whose CPU is saturated while its link idles
-    is named (its ranks are CPU-starved); a machine several nodes share (the lab) is judged once, as before."""
-    if run.nodes:
-        return per_node(run)
-    return one_point(run, run.captures)
+def unjudged(run: RunData) -> list[Finding]:
+    """cpu_bound's readings before they are judged against a measured loss."""
+    return run.remember("cpu_bound", lambda: per_node(run) if run.nodes else one_point(run, run.captures))
 
 
 def starved_nodes(run: RunData) -> set[str]:
     """The nodes cpu_bound finds CPU-starved (their CPU full while their link idled): a slow edge of theirs in
     the link matrix may be their CPU, not their link (the probe's tools ran on that CPU too)."""
-    findings = run.remember("cpu_bound", lambda: cpu_bound(run))
+    findings = unjudged(run)
     return {str(e.values["node"]) for f in findings if f.status == "fired" for e in f.evidence
             if e.values.get("kind") == "starved" and e.values.get("node")}
 

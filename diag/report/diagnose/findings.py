@@ -6,6 +6,10 @@ Schema history (``FINDINGS_SCHEMA``, the ``schema`` key of findings.json):
      plot, phase], thresholds). A file without a ``schema`` key is read as 1.
   2: each finding has ``explains``: the share of the backend's N=2 loss it accounts for, in words ("none"
      where it is an observation or unrelated; version 1 files read with "").
+  3: status "observed": objective information (retransmissions the raw reference shows too, idle gaps, a zero
+     window, how the nodes differ, how the wire looks) that accounts for none of a measured loss. It has
+     evidence and no strength, is no alarm (never red, never gated by ``diagnose --fail-on``), and becomes a
+     finding ("fired") only where it accounts for part of a measured loss. Versions 1 and 2 read as before.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from typing import Any
 
 from diag.typedjson import from_json, read_json_object, to_json
 
-FINDINGS_SCHEMA = 2
-STATUSES = ("fired", "undecided", "clear")
+FINDINGS_SCHEMA = 3
+STATUSES = ("fired", "observed", "undecided", "clear")
 STRENGTHS = ("strong", "moderate", "weak")
-# Print order: what fired first, then what could not be decided, then what was checked clear.
-STATUS_ORDER = {"fired": 0, "undecided": 1, "clear": 2}
+# Print order: what fired first, then what was observed, then what could not be decided, then what was
+# checked clear.
+STATUS_ORDER = {"fired": 0, "observed": 1, "undecided": 2, "clear": 3}
 
 
 @dataclass(frozen=True)
@@ -36,9 +41,9 @@ class Evidence:
 @dataclass(frozen=True)
 class Finding:
     rule: str
-    status: str                                  # fired | undecided | clear
+    status: str                                  # fired | observed | undecided | clear
     statement: str
-    strength: str = ""                           # strong | moderate | weak (fired only)
+    strength: str = ""                           # strong | moderate | weak (fired only; an observation has none)
     evidence: tuple[Evidence, ...] = ()
     thresholds: dict[str, float] = field(default_factory=dict)
     explains: str = ""                           # share of the backend's N=2 loss it accounts for, or "none ..."
@@ -48,6 +53,8 @@ class Finding:
             raise ValueError(f"bad status {self.status!r}")
         if self.status == "fired" and (not self.evidence or self.strength not in STRENGTHS):
             raise ValueError(f"rule {self.rule}: a finding needs evidence and a strength")
+        if self.status == "observed" and (not self.evidence or self.strength):
+            raise ValueError(f"rule {self.rule}: an observation needs evidence and has no strength")
 
     def to_json(self) -> dict[str, Any]:
         return to_json(self)
@@ -97,14 +104,23 @@ def fired(findings: Sequence[Finding]) -> list[Finding]:
     return [f for f in findings if f.status == "fired"]
 
 
+def observed(findings: Sequence[Finding]) -> list[Finding]:
+    return [f for f in findings if f.status == "observed"]
+
+
 def summary_lines(findings: Sequence[Finding]) -> list[str]:
-    """The short summary every command prints: one line per fired finding, then the count of rules that
-    could not decide and were checked clear."""
+    """The short summary every command prints: one line per fired finding, one line naming the observations,
+    then the count of each status."""
     hits = fired(findings)
     lines = [f"finding ({f.strength}) {f.rule}: {f.statement}" for f in hits] or ["no rule fired"]
+    seen = observed(findings)
+    if seen:
+        lines.append(f"observations (no alarm: they account for none of a measured loss): "
+                     f"{', '.join(dict.fromkeys(f.rule for f in seen))}")
     undecided = sum(f.status == "undecided" for f in findings)
     clear = sum(f.status == "clear" for f in findings)
-    lines.append(f"{len(hits)} findings, {undecided} rules could not decide, {clear} checked clear")
+    lines.append(f"{len(hits)} findings, {len(seen)} observations, {undecided} rules could not decide, "
+                 f"{clear} checked clear")
     return lines
 
 
@@ -112,7 +128,8 @@ def render_text(findings: Sequence[Finding]) -> str:
     """Every finding with up to five pieces of evidence and the thresholds it used (diag diagnose)."""
     lines: list[str] = []
     for f in ordered(findings):
-        tag = {"fired": f"FINDING ({f.strength})", "undecided": "CANNOT DECIDE", "clear": "ok"}[f.status]
+        tag = {"fired": f"FINDING ({f.strength})", "observed": "OBSERVED", "undecided": "CANNOT DECIDE",
+               "clear": "ok"}[f.status]
         lines.append(f"[{tag}] {f.rule}: {f.statement}")
         if f.explains and f.status != "clear":
             lines.append(f"      share of the N=2 loss: {f.explains}")

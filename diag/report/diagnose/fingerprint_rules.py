@@ -1,6 +1,7 @@
 """Node fingerprints that differ: a node whose TCP sysctls, MTU, offloads, NIC, congestion control, kernel or
-software versions are not the others' is named with the key and both values. Keys that differ by nature
-(names, addresses, namespace and boot ids, the job's own variables) never count (diag.report.nodes)."""
+software versions are not the others' is named with the key and both values, as an observation (a host rule says
+where a difference costs time). Keys that differ by nature (names, addresses, namespace and boot ids, the job's
+own variables) and identifiers the kernel hands out (a qdisc's handle) never count (diag.report.nodes)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from diag.report.diagnose.findings import Evidence, Finding
 from diag.report.nodes import fingerprint_differences
 from diag.report.rundir import RunData
 
-# How sure a difference matters, by what the key is about: TCP and the NIC set the pace of the wire; a software
-# version may; anything else (CPU model, platform string) is worth knowing, no more.
-STRENGTH_OF_KIND = {"network": "strong", "software": "moderate", "other": "weak"}
+# What a key is about, most telling first: TCP and the NIC set the pace of the wire; a software version may;
+# anything else (CPU model, platform string) is worth knowing, no more.
+KIND_ORDER = ("network", "software", "other")
 SHOWN_IN_STATEMENT = 3
 
 
@@ -33,5 +34,9 @@ def node_fingerprints(run: RunData) -> list[Finding]:
     more = f"; {len(differences) - SHOWN_IN_STATEMENT} more key(s) in the evidence" if len(differences) > SHOWN_IN_STATEMENT else ""
     odd = sorted({n for d in differences for n in d.odd})
     who = f"{odd[0]} differs" if len(odd) == 1 else f"{', '.join(odd)} differ"
-    return [Finding(name, "fired", f"the nodes are not configured alike ({who}): {shown}{more}",
-                    STRENGTH_OF_KIND[differences[0].kind], evidence)]
+    # How the nodes differ is objective information: an observation. Where a difference costs time, the host
+    # rules say so (window_at_host ties a limited window to its host's tcp_rmem), with the difference as evidence.
+    kinds = sorted({d.kind for d in differences}, key=KIND_ORDER.index)
+    return [Finding(name, "observed", f"the nodes are not configured alike ({who}): {shown}{more} ({', '.join(kinds)} "
+                    "keys)", evidence=evidence, explains="none: how the nodes differ; a host rule says where a "
+                    "difference costs time")]

@@ -3,11 +3,14 @@ connection, windows, retransmissions, idle gaps, capture drops."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from diag.capture.schema import Connection
-from diag.report.diagnose.base import drop_note, strength_of, undecided, weaken
+from diag.report.diagnose.base import drop_note, undecided
 from diag.report.diagnose.findings import Evidence, Finding
+from diag.report.diagnose.loss import SideBySide, side_by_side
 from diag.report.queries import (
     analysed,
     capture_op,
@@ -23,6 +26,7 @@ from diag.report.thresholds import (
     DUPLEX_OVERLAP_LOW,
     IDLE_FRACTION,
     IDLE_RESTART_S,
+    LOSS_RATE_CONTRAST,
     RETRANS_MIN_COUNT,
     RETRANS_RATE,
     RWND_LIMITED_FRACTION,
@@ -34,6 +38,10 @@ from diag.report.thresholds import (
     used,
 )
 from diag.units import human_bytes
+
+# What the wire-shape observations (duplex overlap, turn-taking) account for: they show how the loss looks.
+DESCRIBES = ("how the loss looks on the wire, not why: only an experiment that toggles a cause accounts for a "
+             "share of it")
 
 
 def low_duplex_overlap(run: RunData) -> list[Finding]:
@@ -92,8 +100,12 @@ def low_duplex_overlap(run: RunData) -> list[Finding]:
     fine_ns = sorted({n for n in (c.world_size for c in captures) if n and n not in ns})
     if fine_ns:
         statement += f" (captures at N={','.join(map(str, fine_ns))} show no such loss)"
-    strength = strength_of(DUPLEX_OVERLAP_LOW.value - worst, 0.3, 0.15)
-    return [Finding(name, "fired", statement, weaken(strength) if unreliable else strength, tuple(low), thresholds)]
+    if unreliable:
+        statement += "; some of these captures dropped packets in the kernel: their overlap is unreliable"
+    # How the wire looks, never why: an observation (the mechanism lists it as consistent with what an
+    # experiment shows; only an experiment that toggles a cause accounts for a share of the loss).
+    return [Finding(name, "observed", statement, evidence=tuple(low), thresholds=thresholds,
+                    explains=f"none: {DESCRIBES}")]
 
 
 def turn_taking(run: RunData) -> list[Finding]:
@@ -129,15 +141,15 @@ def turn_taking(run: RunData) -> list[Finding]:
                      best_raw.source("analysis"), "duplex_overlap.png"),
         )
         if overlap < DUPLEX_OVERLAP_LOW.value and raw_overlap - overlap >= TURN_TAKING_GAP.value:
-            strength = strength_of(raw_overlap - overlap - TURN_TAKING_GAP.value, 0.3, 0.15)
+            dropped = ("; a capture dropped packets in the kernel: the overlap is unreliable"
+                       if c.kernel_dropped or best_raw.kernel_dropped else "")
             findings.append(Finding(
-                name, "fired",
+                name, "observed",
                 f"{c.transport} all_gather at N=2 sends and receives on its one connection in turns "
                 f"({overlap:.0%} overlap), while raw TCP on one shared connection between the same hosts overlaps "
                 f"them {raw_overlap:.0%}: one TCP connection can carry both directions at once, so the turns "
-                "come from how the backend drives the pair, not from TCP or the link",
-                weaken(strength) if c.kernel_dropped or best_raw.kernel_dropped else strength, evidence,
-                thresholds))
+                f"come from how the backend drives the pair, not from TCP or the link{dropped}", evidence=evidence,
+                thresholds=thresholds, explains=f"none: {DESCRIBES}"))
         else:
             findings.append(Finding(name, "clear", f"{c.transport} all_gather at N=2 overlaps the two directions "
                                     f"of its connection {overlap:.0%} (raw shared connection: {raw_overlap:.0%})",
@@ -184,11 +196,30 @@ def window_limited(run: RunData) -> list[Finding]:
         return [Finding(name, "clear", "no zero windows and no direction often window-full on the wire, and no "
                         "connection window- or buffer-limited beyond the thresholds", thresholds=thresholds)]
     zero = sum(e.values.get("zero_windows", 0) for e in hits)
-    strength = ("strong" if zero or any(e.values.get("fraction", 0) >= 2 * RWND_LIMITED_FRACTION.value
-                                        for e in hits) else "moderate")
-    return [Finding(name, "fired", f"the sender waited on the receiver's window or its own buffer "
-                    f"({len(hits)} connection directions; {zero} zero windows)", strength, tuple(hits[:20]),
-                    thresholds)]
+    data = sum(e.values.get("data_packets", 0) for e in hits)
+    thresholds[LOSS_RATE_CONTRAST.name] = LOSS_RATE_CONTRAST.value
+    sides = side_by_side(run, _window_rate)
+    costly = [s for s in sides if s.loss and s.reference is not None and s.backend >= WINDOW_FULL_RATE.value
+              and s.backend >= LOSS_RATE_CONTRAST.value * max(s.reference, WINDOW_FULL_RATE.value / 10)]
+    head = (f"the sender waited on the receiver's window or its own buffer ({len(hits)} connection directions; "
+            f"{zero} zero windows" + (f" in {data} data packets" if data else "") + ")")
+    return [judged(name, head, sides, costly, _per_packet, "waited on a full window", hits, thresholds,
+                   "the backend's senders wait on windows the raw reference's do not")]
+
+
+def _window_rate(captures: list[CaptureSet]) -> float | None:
+    """Zero-window and window-full events per data packet over every direction of these captures."""
+    events = packets = 0
+    for c in captures:
+        for conn in c.connections:
+            for _label, d in conn.labelled_directions():
+                events += d.zero_windows + d.window_full
+                packets += d.data_packets or d.packets
+    return events / packets if packets else None
+
+
+def _per_packet(value: float) -> str:
+    return f"{value:.2g} window events per data packet"
 
 
 def retransmissions(run: RunData) -> list[Finding]:
@@ -222,9 +253,59 @@ def retransmissions(run: RunData) -> list[Finding]:
     if not hits:
         return [Finding(name, "clear", "retransmissions below the threshold everywhere", thresholds=thresholds)]
     worst = max(e.values.get("rate", 0) for e in hits)
-    return [Finding(name, "fired", f"segments were lost and resent on {len(hits)} connection directions "
-                    f"(worst {worst:.2%} of packets)", strength_of(worst / RETRANS_RATE.value, 10, 3),
-                    tuple(hits[:20]), thresholds)]
+    thresholds[LOSS_RATE_CONTRAST.name] = LOSS_RATE_CONTRAST.value
+    sides = side_by_side(run, _resent_rate)
+    costly = [s for s in sides if s.loss and s.reference is not None and s.backend >= RETRANS_RATE.value
+              and s.backend >= LOSS_RATE_CONTRAST.value * max(s.reference, RETRANS_RATE.value / 10)]
+    head = f"segments were lost and resent on {len(hits)} connection directions (worst {worst:.2%} of packets)"
+    return [judged(name, head, sides, costly, _percent, "resent", hits, thresholds,
+                   "losses cost time the raw reference on the same link does not lose")]
+
+
+def _resent_rate(captures: list[CaptureSet]) -> float | None:
+    """Retransmitted segments per packet over every direction of these captures."""
+    resent = packets = 0
+    for c in captures:
+        for conn in c.connections:
+            for _label, d in conn.labelled_directions():
+                resent += d.retransmissions
+                packets += d.packets
+    return resent / packets if packets else None
+
+
+def _percent(value: float) -> str:
+    return f"{100 * value:.2g}% of packets"
+
+
+def judged(name: str, head: str, sides: list[SideBySide], costly: list[SideBySide], unit: Callable[[float], str],
+           what: str, hits: list[Evidence], thresholds: dict[str, float], cost: str) -> Finding:
+    """An observation judged against the raw reference on the same link: a finding (moderate: what it costs is
+    not measured) only at an N where the backend has a measured loss and shows LOSS_RATE_CONTRAST times the
+    raw reference's; else an observation, with the comparison that makes it one."""
+    compared = [Evidence(s.text(unit), {"world_size": s.world_size, "backend": s.backend, "reference": s.reference,
+                                        "measured_loss": s.loss}, "analysis of the backend's and the raw "
+                         "reference's captures") for s in sides]
+    table = "; ".join(s.text(unit) for s in sides)
+    if costly:
+        where = ", ".join(f"N={s.world_size}" for s in costly)
+        return Finding(name, "fired", f"{head}; at {where}, where the backend is slow ({costly[0].loss}), its "
+                       f"directions {what} at least {LOSS_RATE_CONTRAST.value:g}x the raw reference's on the same link "
+                       f"({table}): {cost}", "moderate", tuple([*compared, *hits][:20]), thresholds,
+                       explains=f"not measured: a share of the loss at {where} may be this; what it costs is not "
+                                "measured here")
+    losses = [s for s in sides if s.loss]
+    if not losses:
+        why = "no loss of the backend is measured at any N captured, so this accounts for none"
+    elif all(s.reference is None for s in losses):
+        why = (f"no capture of the raw reference at N={','.join(str(s.world_size) for s in losses)}, where the "
+               "backend is slow, to judge it against: it stays an observation")
+    else:
+        why = ("where the backend is slow its own directions show no more than the raw reference's on the same "
+               "link: this is the link's (or raw TCP's own), not the backend's, and accounts for none of its loss")
+    table = table or "no capture of the backend"
+    return Finding(name, "observed", f"{head}; judged against the raw reference on the same link ({table}): {why}",
+                   evidence=tuple([*compared, *hits][:20]),
+                   thresholds=thresholds, explains=f"none: {why}")
 
 
 def find_sysctl(env: Any, fragment: str) -> Any:
@@ -315,13 +396,34 @@ def idle_gaps(run: RunData) -> list[Finding]:
     if not costly:
         statement += ("; the gaps fall between timed iterations or are turns on a connection that takes turns, "
                       "so they cost the timed iterations little")
-    # Strong only where gaps cost timed time (inside iterations, not turns) and Linux restarts cwnd after them.
-    strength = ("strong" if costly and restart and str(ssai) != "0" else "moderate" if costly and restart
-                else "weak")
+    # A finding only where gaps cost timed time (inside iterations, not turns) with Linux restarting cwnd after
+    # them, at an N where the backend is slow and idles more of its timed time than the raw reference there.
+    thresholds[LOSS_RATE_CONTRAST.name] = LOSS_RATE_CONTRAST.value
+    sides = side_by_side(run, lambda cs: _idle_share(cs, hits))
+    costly = [s for s in sides if costly and restart and str(ssai) != "0" and s.loss and s.reference is not None
+              and s.backend >= IDLE_FRACTION.value and s.backend >= s.reference + IDLE_FRACTION.value]
+    finding = judged(name, statement + turn_note, sides, costly, _idle_text, "idle inside timed iterations",
+                     hits, thresholds, "idle time inside the iterations the raw reference does not have, with "
+                     "Linux restarting from slow start after it")
     inside = [e.values["timed_share"] for e in hits if e.values.get("timed_share") is not None]
-    explains = (f"at most {max(inside):.0%} of the timed time (idle inside iterations), not measured against the "
-                "N=2 loss: an observation" if inside else "none: no record windows to place the gaps")
-    return [Finding(name, "fired", statement + turn_note, strength, tuple(hits[:20]), thresholds, explains=explains)]
+    if finding.status == "fired" and inside:
+        finding = replace(finding, explains=f"at most {max(inside):.0%} of the timed time (idle inside iterations), "
+                          "not measured against the loss")
+    return [finding]
+
+
+def _idle_share(captures: list[CaptureSet], hits: list[Evidence]) -> float | None:
+    """Idle seconds inside timed iterations over the timed seconds, of the gap directions of these captures
+    (the hits; a capture with no such direction idles 0 of its timed time)."""
+    sources = {c.source("analysis") for c in captures}
+    mine = [e.values for e in hits if e.source in sources and e.values.get("timed_s")]
+    if not mine:
+        return 0.0 if captures else None
+    return sum(v["inside_iterations_s"] for v in mine) / sum(v["timed_s"] for v in mine)
+
+
+def _idle_text(value: float) -> str:
+    return f"{value:.0%} of timed time idle"
 
 
 def idle_inside_iterations(capture: CaptureSet, conn: Connection, label: str) -> tuple[float, float]:
@@ -348,8 +450,9 @@ def capture_drops(run: RunData) -> list[Finding]:
     bad = [c for c in known if (c.kernel_dropped or 0) > 0 or c.flagged]
     if not bad:
         return [Finding(name, "clear", f"no kernel drops in {len(known)} captures")]
-    return [Finding(name, "fired", f"{len(bad)} captures lost packets in the kernel: findings from them "
-                    f"(duplex overlap, windows, retransmissions, gaps) are unreliable", "strong",
-                    tuple(Evidence(f"{c.label}: kernel dropped {c.kernel_dropped} packets",
-                                   {"kernel_dropped": c.kernel_dropped}, c.source("captures"))
-                          for c in bad))]
+    # About the capture, not the run's speed: an observation that says which findings it makes unreliable.
+    return [Finding(name, "observed", f"{len(bad)} captures lost packets in the kernel: findings from them "
+                    f"(duplex overlap, windows, retransmissions, gaps) are unreliable",
+                    evidence=tuple(Evidence(f"{c.label}: kernel dropped {c.kernel_dropped} packets",
+                                            {"kernel_dropped": c.kernel_dropped}, c.source("captures"))
+                                   for c in bad), explains="none: about the capture, not the loss")]

@@ -43,7 +43,7 @@ import errno
 import select
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from diag.errors import DiagError
 from diag.transports.raw import wire
@@ -62,6 +62,21 @@ _EMPTY = memoryview(b"")
 # Receives one operation posts per (peer, stream) at most, for two ranks without --chunks: a block in up to
 # MAX_CHUNKS pieces per stream, world_size - 1 blocks per ring step sequence (the transport passes its own).
 DEFAULT_EARLY_CREDITS = 2 * 1024
+ABORT_FLUSH_S = 1.0    # how long a failing rank tries to finish a half-written message so its ABORT can follow
+
+
+class Mismatch(DiagError):
+    """The peers' messages do not fit this rank's operation: the ranks called different operations or sizes."""
+
+
+class PeerAborted(DiagError):
+    """A peer stopped the operation (its own error says why) and told this rank so."""
+
+    def __init__(self, peer: int, reason: int) -> None:
+        why = ("found that the ranks called different operations or sizes" if reason == wire.ABORT_MISMATCH
+               else "failed in it (a timeout or a lost rank)")
+        super().__init__(f"rank {peer} stopped this operation: it {why}; its own error names the cause")
+        self.peer = peer
 
 
 @dataclass(eq=False, slots=True)
@@ -73,6 +88,8 @@ class Op:
     after: tuple[Op, ...] = ()  # this op may start only once these completed (ring forwarding, gloo's waits)
     done: bool = False
     link: Link | None = None
+    total: int = 0              # bytes of the whole block or message this piece belongs to (checked on arrival)
+    request: Any = None         # point-to-point: the message (p2p.Request) this piece belongs to
 
     def ready(self) -> bool:
         return all(dependency.done for dependency in self.after)
@@ -156,6 +173,7 @@ class Engine:
         self.piece = ALTERNATE_PIECE_BYTES if sockbuf is None else max(1024, min(ALTERNATE_PIECE_BYTES,
                                                                                  sockbuf // 2))
         self.broken: str | None = None
+        self.timeout_s = 0.0
 
     # ----------------------------------------------------------------------------------- public
     def run(self, stages: list[list[Op]], what: str, timeout_s: float) -> None:
@@ -163,6 +181,7 @@ class Engine:
             raise DiagError(f"the raw transport is unusable after an earlier failure ({self.broken}); "
                             "restart all ranks")
         deadline = time.monotonic() + timeout_s
+        self.timeout_s = timeout_s
         if self.notify:
             self.unposted = collections.Counter((op.peer, op.stream) for stage in stages for op in stage
                                                 if op.kind == SEND)
@@ -172,6 +191,10 @@ class Engine:
                     self._run_stage(stage, what, deadline, timeout_s)
         except DiagError as exc:
             self.broken = str(exc)
+            self._abort_peers(wire.ABORT_MISMATCH if isinstance(exc, Mismatch) else wire.ABORT_FAILED,
+                              exc)
+            exc.detail = str(exc)   # type: ignore[attr-defined]  # without the operation's name
+            exc.args = (f"{what}: {exc}",)
             raise
 
     # ----------------------------------------------------------------------------------- stage
@@ -242,7 +265,7 @@ class Engine:
                         masks.pop(fd, None)
             left = deadline - time.monotonic()
             if left <= 0:
-                self._timeout(links, what, timeout_s)
+                self._timeout(links, timeout_s)
             if not masks:
                 raise DiagError(f"{what}: schedule stalled with nothing to send or receive (internal error)")
             for _fd, event in poller.poll(max(1, int(min(left, 1.0) * 1000))):
@@ -253,7 +276,7 @@ class Engine:
         sending_turn = self.send_first
         while self.remaining:
             if time.monotonic() > deadline:
-                self._timeout(links, what, timeout_s)
+                self._timeout(links, timeout_s)
             if sending_turn:
                 link = next((candidate for candidate in links if candidate.out), None)
                 if link is not None:
@@ -286,7 +309,7 @@ class Engine:
 
     def _queue_data(self, link: Link, op: Op) -> None:
         header = bytearray(wire.HEADER_BYTES)
-        wire.pack_header(header, wire.MSG_DATA, link.send_seq, len(op.view), op.stream)
+        wire.pack_header(header, wire.MSG_DATA, link.send_seq, len(op.view), op.stream, total=op.total)
         link.send_seq += 1
         link.out.append(OutMessage(header, op.view, op))
 
@@ -332,8 +355,8 @@ class Engine:
 
     def _start_send(self, channel: Channel, op: Op, posted: int) -> None:
         if posted != len(op.view):
-            raise DiagError(f"rank {op.peer} posted a receive of {posted} bytes for a send of "
-                            f"{len(op.view)} bytes: the ranks called different operations or sizes")
+            raise Mismatch(f"rank {op.peer} posted a receive of {posted} bytes for a send of "
+                           f"{len(op.view)} bytes: the ranks called different operations or sizes")
         assert op.link is not None
         self._queue_data(op.link, op)
 
@@ -468,17 +491,23 @@ class Engine:
 
     def _on_header(self, link: Link, peer: int) -> None:
         kind, stream, seq, length = wire.parse_header(link.header, peer)
+        if kind == wire.MSG_ABORT:
+            raise PeerAborted(peer, length)
         if kind != wire.MSG_DATA:
             self._on_notice(kind, stream, seq, length, peer)
             return
         if not link.posted:
-            raise DiagError(f"rank {peer} sent {length} data bytes nobody asked for; "
-                            "are all ranks running the same operations and knobs?")
+            raise Mismatch(f"rank {peer} sent {length} data bytes nobody asked for; "
+                           "are all ranks running the same operations and knobs?")
         op = link.posted[0]
+        _tag, total = wire.header_tag_total(link.header)
+        if total != op.total:
+            raise Mismatch(f"rank {peer} moves {total} bytes per rank in this operation where this rank moves "
+                           f"{op.total}: the ranks called it with different sizes")
         if seq != link.recv_seq & 0xFFFFFFFF or length != len(op.view):
-            raise DiagError(f"rank {peer} sent message {seq} of {length} bytes where message "
-                            f"{link.recv_seq & 0xFFFFFFFF} of {len(op.view)} bytes was expected: "
-                            "the ranks called different operations or sizes")
+            raise Mismatch(f"rank {peer} sent message {seq} of {length} bytes where message "
+                           f"{link.recv_seq & 0xFFFFFFFF} of {len(op.view)} bytes was expected: "
+                           "the ranks called different operations or sizes")
         link.posted.popleft()
         link.recv_seq += 1
         if length == 0:
@@ -491,7 +520,7 @@ class Engine:
     def _wait(self, link: Link, mask: int, deadline: float) -> None:
         left = deadline - time.monotonic()
         if left <= 0:
-            self._timeout([link], "waiting", 0.0)
+            self._timeout([link], self.timeout_s)
         poller = select.poll()
         poller.register(link.conn.fd, mask)
         poller.poll(max(1, int(min(left, 1.0) * 1000)))
@@ -508,7 +537,41 @@ class Engine:
         return by_fd[events[0][0]] if events else None
 
     # ----------------------------------------------------------------------------------- failures
-    def _timeout(self, links: list[Link], what: str, timeout_s: float) -> None:
+    def _abort_peers(self, reason: int, exc: DiagError) -> None:
+        """Best effort: one ABORT on every connection this rank writes on, so that peers waiting for this
+        rank fail at once with the cause instead of timing out (or, once this process exits, reporting it
+        dead). A half-written message is finished first (a header must start at a message boundary); a
+        peer that does not read within ABORT_FLUSH_S, or whose connection failed, is skipped."""
+        failed_peer = exc.peer if isinstance(exc, PeerAborted) else None
+        deadline = time.monotonic() + ABORT_FLUSH_S
+        links = {id(link): link for link in self.routes.values()}
+        links.update({id(link): link for link in self.notice_links.values()})
+        for link in links.values():
+            if link.conn.peer == failed_peer or not (link.conn.sends or link in self.notice_links.values()):
+                continue
+            head = link.out[0] if link.out and (link.out[0].header_sent or link.out[0].payload_sent) else None
+            link.out.clear()
+            if head is not None:
+                head.op = None       # finishing it completes nothing: the operation is over
+                link.out.append(head)
+            header = bytearray(wire.HEADER_BYTES)
+            wire.pack_header(header, wire.MSG_ABORT, 0, reason)
+            link.out.append(OutMessage(header, _EMPTY, None))
+            try:
+                while link.out and time.monotonic() < deadline:
+                    if not self._write(link, None):
+                        self._wait_quietly(link, _POLL_OUT, deadline)
+            except DiagError:
+                pass
+            link.out.clear()
+
+    @staticmethod
+    def _wait_quietly(link: Link, mask: int, deadline: float) -> None:
+        poller = select.poll()
+        poller.register(link.conn.fd, mask)
+        poller.poll(max(1, int(min(max(0.0, deadline - time.monotonic()), 0.1) * 1000)))
+
+    def _timeout(self, links: list[Link], timeout_s: float) -> None:
         starved = sorted({link.conn.peer for link in links
                           if link.posted or link.receiving is not None or link.header_filled}
                          | {channel.peer for channel in self.channels.values() if channel.waiting})
@@ -518,8 +581,8 @@ class Engine:
             parts.append(f"no data from rank(s) {', '.join(map(str, starved))}")
         if blocked:
             parts.append(f"rank(s) {', '.join(map(str, blocked))} not reading")
-        raise DiagError(f"{what} timed out after {timeout_s:g}s: {'; '.join(parts) or 'no progress'}; "
-                        "a peer is stuck or dead (check its log), or raise --timeout")
+        raise DiagError(f"timed out after {timeout_s:g}s: {'; '.join(parts) or 'no progress'}; that rank is "
+                        "stuck, dead or in another operation (check its log), or raise the timeout")
 
     @staticmethod
     def _peer_failed(link: Link, exc: OSError | None) -> None:

@@ -35,7 +35,8 @@ def _paired(send: Op, recv: Op, send_first: bool) -> list[Op]:
 def transfer_ops(kind: int, peer: int, view: memoryview, chunks: int, streams: int,
                  after: list[Op] | None = None) -> list[Op]:
     bounds = part_bounds(len(view), chunks * streams)
-    return [Op(kind, peer, view[lo:hi], stream=i % streams, after=() if after is None else (after[i],))
+    return [Op(kind, peer, view[lo:hi], stream=i % streams, after=() if after is None else (after[i],),
+               total=len(view))
             for i, (lo, hi) in enumerate(bounds)]
 
 
@@ -67,8 +68,8 @@ def all_gather(algo: str, out: memoryview, rank: int, world_size: int, chunks: i
                 if previous is not None:
                     before_send, forwarded = previous[i]
                     waits = (forwarded, before_send) if gloo_waits else (forwarded,)
-                send = Op(SEND, right, part(send_block, i), stream=i % streams, after=waits)
-                recv = Op(RECV, left, part(recv_block, i), stream=i % streams, after=waits)
+                send = Op(SEND, right, part(send_block, i), stream=i % streams, after=waits, total=block)
+                recv = Op(RECV, left, part(recv_block, i), stream=i % streams, after=waits, total=block)
                 stage.extend(_paired(send, recv, send_first))
                 current.append((send, recv))
             previous = current
@@ -79,8 +80,8 @@ def all_gather(algo: str, out: memoryview, rank: int, world_size: int, chunks: i
         src = (rank - step) % world_size
         ops: list[Op] = []
         for i in range(parts):
-            send = Op(SEND, dst, part(rank, i), stream=i % streams)
-            recv = Op(RECV, src, part(src, i), stream=i % streams)
+            send = Op(SEND, dst, part(rank, i), stream=i % streams, total=block)
+            recv = Op(RECV, src, part(src, i), stream=i % streams, total=block)
             ops.extend(_paired(send, recv, send_first))
         stages.append(ops)
     if algo == "pairwise":

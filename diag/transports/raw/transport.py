@@ -13,16 +13,19 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from diag import safefs
 from diag.errors import DiagError
-from diag.transports.base import UnsupportedOperation
 from diag.transports.raw import mesh, schedules, tcpinfo, wire
 from diag.transports.raw.engine import RECV, SEND, Engine, Link
 from diag.transports.raw.knobs import MAX_CHUNKS, RawKnobs
+from diag.transports.raw.reductions import REDUCE_OPS, check_reduction, copy_result, reduce_like_gloo
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
+    from diag.transports.raw.p2p import P2PEngine
+
 STORE_PREFIX = "diag_raw"
-REDUCE_OPS = ("sum", "max", "min", "product")
 
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
@@ -62,7 +65,7 @@ class RawTransport:
     backend = "raw"
 
     def __init__(self, knobs: RawKnobs, rank: int, world_size: int, timeout_s: float,
-                 store: Any | None = None, token: bytes | None = None) -> None:
+                 store: Any | None = None, token: bytes | None = None, setup_timeout_s: float | None = None) -> None:
         """``token``: the run token, given to every rank over a private channel (diag's 0600 job file, or
         $DIAG_TCP_TOKEN); None: rank 0 makes one and publishes it in the store (the in-place trust model,
         docs/raw-tcp.md)."""
@@ -87,14 +90,17 @@ class RawTransport:
         self._row_samples: dict[str, list[dict[str, Any]]] = {}
         self._stop_sampler = threading.Event()
         self._sampler: threading.Thread | None = None
+        self._p2p: P2PEngine | None = None
 
-        base = store if store is not None else rendezvous_store(rank, world_size, timeout_s)
+        setup_s = timeout_s if setup_timeout_s is None else setup_timeout_s   # rendezvous and connecting
+        self._setup_timeout_s = setup_s
+        base = store if store is not None else rendezvous_store(rank, world_size, setup_s)
         # Every rank creates transports in the same sequence, so its own counter names the same
         # generation everywhere: two transports in one process never read each other's keys.
         generation = base.add(f"{STORE_PREFIX}/generation/{rank}", 1)
         self._store = dist.PrefixStore(f"{STORE_PREFIX}/{generation}", base)   # keys: diag_raw/<gen>/<key>
-        self._store.set_timeout(timedelta(seconds=timeout_s))
-        deadline = time.monotonic() + timeout_s
+        self._store.set_timeout(timedelta(seconds=setup_s))
+        deadline = time.monotonic() + setup_s
         self._address = mesh.choose_address(knobs.iface)
         listener = mesh.listen(self._address, knobs)
         try:
@@ -150,7 +156,7 @@ class RawTransport:
             self._addresses = [bytes(store.get(f"addr/{peer}")).decode() for peer in range(self.world_size)]
         except RuntimeError as exc:
             raise DiagError(f"rank {self.rank}: not all ranks published their address within "
-                            f"{self.timeout_s:g}s ({str(exc).splitlines()[0]})") from None
+                            f"{self._setup_timeout_s:g}s ({str(exc).splitlines()[0]})") from None
         mismatched = [(peer, theirs) for peer, theirs in enumerate(fingerprints) if theirs != fingerprint]
         if mismatched:
             # Every rank read every rank's knobs, so all of them see the mismatch and refuse; but the
@@ -277,23 +283,90 @@ class RawTransport:
         self._run(schedules.all_to_all(out, inp, self.rank, self.world_size, self.settings.chunks_for(block),
                                        self.settings.streams, self.settings.order == "send-first"), "all_to_all")
 
+    def all_to_all_v(self, outputs: list[memoryview], inputs: list[memoryview], what: str = "all_to_all") -> None:
+        """inputs[j] goes to rank j, outputs[j] comes from rank j (any sizes; each must equal what the other
+        side sends or expects, else both fail naming the sizes). Own block copied locally."""
+        if len(outputs) != self.world_size or len(inputs) != self.world_size:
+            raise DiagError(f"{what} needs one block per rank ({self.world_size})")
+        if len(outputs[self.rank]) != len(inputs[self.rank]):
+            raise DiagError(f"{what}: this rank's own block is {len(inputs[self.rank])} bytes in the input and "
+                            f"{len(outputs[self.rank])} in the output")
+        outputs[self.rank][:] = inputs[self.rank]
+        self._last_size_bytes = sum(len(view) for view in inputs)
+        self._swap([(peer, inputs[peer]) for peer in range(self.world_size) if peer != self.rank],
+                   [(peer, outputs[peer]) for peer in range(self.world_size) if peer != self.rank], what)
+
+    def gather(self, outputs: list[memoryview] | None, input: memoryview, root: int, what: str = "gather") -> None:
+        """Every rank's ``input`` into ``outputs[rank]`` on ``root`` (outputs None elsewhere)."""
+        self._check_peer(root, allow_self=True)
+        self._last_size_bytes = len(input)
+        if self.rank != root:
+            self._swap([(root, input)], [], what)
+            return
+        assert outputs is not None and len(outputs) == self.world_size
+        outputs[root][:] = input
+        self._swap([], [(peer, outputs[peer]) for peer in range(self.world_size) if peer != root], what)
+
+    def scatter(self, output: memoryview, inputs: list[memoryview] | None, root: int, what: str = "scatter") -> None:
+        """``inputs[rank]`` of ``root`` into every rank's ``output`` (inputs None except on root)."""
+        self._check_peer(root, allow_self=True)
+        self._last_size_bytes = len(output)
+        if self.rank != root:
+            self._swap([], [(root, output)], what)
+            return
+        assert inputs is not None and len(inputs) == self.world_size
+        output[:] = inputs[root]
+        self._swap([(peer, inputs[peer]) for peer in range(self.world_size) if peer != root], [], what)
+
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
-        """Gather every rank's tensor, then reduce locally in rank order: simple, exact and identical on
-        every rank; it moves (N-1) x size per rank (a reference for correctness, not a fast all_reduce)."""
+        """Gather every rank's tensor, then reduce locally in gloo's order (reductions.py): exact, gloo's
+        result bit for bit and identical on every rank; it moves (N-1) x size per rank (a reference for
+        correctness, not a fast all_reduce)."""
         import torch
 
+        check_reduction(op, tensor.dtype)
         gathered = torch.empty((self.world_size, *tensor.shape), dtype=tensor.dtype)
         self.all_gather(gathered, tensor.contiguous())
-        tensor.copy_(_reduce(gathered, op))
+        copy_result(tensor, reduce_like_gloo(list(gathered.unbind(0)), op))
 
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum") -> None:
+    def reduce(self, tensor: torch.Tensor, root: int, op: str = "sum") -> None:
+        """``root`` receives every rank's tensor and reduces in gloo's order; the others' tensors are left as
+        they are (torch leaves them unspecified; gloo uses them as scratch space)."""
         import torch
 
+        check_reduction(op, tensor.dtype)
+        staged = tensor.contiguous()
+        if self.rank != root:
+            self.gather(None, tensor_bytes(staged), root, "reduce")
+            return
+        gathered = torch.empty((self.world_size, *tensor.shape), dtype=tensor.dtype)
+        self.gather([tensor_bytes(block) for block in gathered.unbind(0)], tensor_bytes(staged), root, "reduce")
+        copy_result(tensor, reduce_like_gloo(list(gathered.unbind(0)), op))
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
+                       whole: bool = True) -> None:
+        """Block r of every rank's ``input`` reduced into rank r's ``output``. ``whole``: in gloo's order for
+        the input as one tensor (reduce_scatter_tensor); else for each block as a tensor of its own (the
+        list form)."""
+        import torch
+
+        check_reduction(op, input.dtype)
         if input.numel() != output.numel() * self.world_size:
             raise DiagError("reduce_scatter input must hold world_size x output elements")
         received = torch.empty(input.numel(), dtype=input.dtype)
         self.all_to_all(received, input.contiguous().reshape(-1))
-        output.copy_(_reduce(received.view(self.world_size, *output.shape), op))
+        blocks = list(received.view(self.world_size, -1).unbind(0))
+        start = self.rank * output.numel() if whole else 0
+        copy_result(output, reduce_like_gloo(blocks, op, start, input.numel() if whole else None))
+
+    def point_to_point(self, names: Callable[[int], str]) -> P2PEngine:
+        """Hand this transport's mesh to a non-blocking point-to-point engine (p2p.py) with its own thread;
+        the transport then carries nothing else (its close() stops the engine)."""
+        from diag.transports.raw.p2p import P2PEngine
+
+        self._p2p = P2PEngine(self._engine.routes, self._engine.notice_links, self._links, self.settings,
+                              self.rank, names)
+        return self._p2p
 
     def on_iteration(self, phase: str, index: int) -> None:
         for conn in self._conns:
@@ -317,6 +390,8 @@ class RawTransport:
         if self._closed:
             return
         self._closed = True
+        if self._p2p is not None:
+            self._p2p.close()
         self._stop_sampler.set()
         if self._sampler is not None:
             self._sampler.join(timeout=5)
@@ -339,6 +414,17 @@ class RawTransport:
         if self._skew_s and what != "barrier":
             _wait_precisely(self._skew_s)
         self._engine.run(stages, what, self.timeout_s)
+
+    def _swap(self, sends: list[tuple[int, memoryview]], recvs: list[tuple[int, memoryview]], what: str) -> None:
+        """One stage: every send and receive at once (posted in --order), each cut into pieces as usual."""
+        knobs = self.settings
+        ops: dict[int, list[Any]] = {SEND: [], RECV: []}
+        for kind, pairs in ((SEND, sends), (RECV, recvs)):
+            for peer, view in pairs:
+                self._check_peer(peer)
+                ops[kind] += schedules.transfer_ops(kind, peer, view, knobs.chunks_for(len(view)), knobs.streams)
+        stage = ops[SEND] + ops[RECV] if knobs.order == "send-first" else ops[RECV] + ops[SEND]
+        self._run([stage], what)
 
     def _check_peer(self, peer: int, allow_self: bool = False) -> None:
         if not 0 <= peer < self.world_size or (peer == self.rank and not allow_self):
@@ -380,17 +466,4 @@ def _wait_precisely(seconds: float) -> None:
         pass
 
 
-def _reduce(stacked: torch.Tensor, op: str) -> torch.Tensor:
-    if op == "sum":
-        return stacked.sum(dim=0, dtype=stacked.dtype)
-    if op == "product":
-        return stacked.prod(dim=0, dtype=stacked.dtype)
-    if op == "max":
-        return stacked.amax(dim=0)
-    if op == "min":
-        return stacked.amin(dim=0)
-    raise UnsupportedOperation(f"reduce op {op!r} is not supported by the raw transport "
-                               f"(choose {', '.join(REDUCE_OPS)})")
-
-
-__all__ = ["RawTransport", "rendezvous_store", "tensor_bytes"]
+__all__ = ["REDUCE_OPS", "RawTransport", "rendezvous_store", "tensor_bytes"]

@@ -63,10 +63,17 @@ MSG_MAGIC = 0xD1A6
 MSG_DATA = 1
 MSG_RECV_READY = 2    # gloo's NOTIFY_RECV_READY: "I posted the receive for your next send"
 MSG_SEND_READY = 3    # gloo's NOTIFY_SEND_READY: "I posted a send"; data follows once RECV_READY arrived
-MSG_KINDS = (MSG_DATA, MSG_RECV_READY, MSG_SEND_READY)
-# magic, type, stream index, sequence number (mod 2**32), payload length, padding to gloo's 48 bytes
-HEADER = struct.Struct("<HBBIQ32x")
+MSG_ABORT = 4         # "I stopped the operation named in this header" (its reason code in ``length``)
+MSG_REFUSE = 5        # point-to-point: "your RECV_READY does not fit my send" (my send's size in ``length``)
+MSG_KINDS = (MSG_DATA, MSG_RECV_READY, MSG_SEND_READY, MSG_ABORT, MSG_REFUSE)
+# magic, type, stream index, sequence number (mod 2**32), payload length, then in what was gloo's padding:
+# ``tag`` (point-to-point: the user's tag; collectives: the operation's number) and ``total`` (the bytes
+# per rank of the whole operation or message, so that ranks called with different sizes are told so
+# exactly, not only by one piece that does not fit); 16 bytes of padding keep gloo's 48-byte preamble size.
+HEADER = struct.Struct("<HBBIQqQ16x")
 HEADER_BYTES = HEADER.size
+ABORT_MISMATCH = 1    # the ranks called different operations or sizes
+ABORT_FAILED = 2      # the operation failed on the sender (timeout, a peer's error)
 
 
 @dataclass(frozen=True)
@@ -124,13 +131,19 @@ def parse_hello(data: bytes | bytearray | memoryview) -> Hello:
     return Hello(nonce=nonce, rank=rank, role=role, stream=stream)
 
 
-def pack_header(into: bytearray, kind: int, seq: int, length: int, stream: int = 0) -> None:
-    HEADER.pack_into(into, 0, MSG_MAGIC, kind, stream, seq & 0xFFFFFFFF, length)
+def pack_header(into: bytearray, kind: int, seq: int, length: int, stream: int = 0, tag: int = 0,
+                total: int = 0) -> None:
+    HEADER.pack_into(into, 0, MSG_MAGIC, kind, stream, seq & 0xFFFFFFFF, length, tag, total)
+
+
+def header_tag_total(data: bytearray) -> tuple[int, int]:
+    """-> (tag, total) of a header already checked by parse_header."""
+    return HEADER.unpack(data)[5:7]
 
 
 def parse_header(data: bytearray, peer: int) -> tuple[int, int, int, int]:
     """-> (kind, stream, seq, length); a malformed header is a protocol error naming the peer."""
-    magic, kind, stream, seq, length = HEADER.unpack(data)
+    magic, kind, stream, seq, length, _tag, _total = HEADER.unpack(data)
     if magic != MSG_MAGIC or kind not in MSG_KINDS:
         raise DiagError(f"rank {peer} sent a malformed message header (magic {magic:#x}, type {kind}); "
                         "are all ranks running the same diag version?")
