@@ -1,4 +1,4 @@
-"""Validated workarounds for gloo's N=2 all_gather: measure each against plain gloo, same hosts, same run.
+"""Validated workarounds for gloo's N=2 all_gather: each measured beside plain gloo in one interleaved trial.
 
 The N=2 dip comes from gloo's pair protocol (docs/raw-tcp.md, "The gloo protocol model"): all four ops of
 the 2-rank ring go to one pair, and a rank that is already writing its data queues its ready-to-receive
@@ -9,29 +9,27 @@ notice behind that data, so the directions take turns. A user can avoid it witho
 - ``diag_tcp``: run the unchanged script on diag's raw-TCP backend through ``diag exec`` (one socket per
   direction, no notices on the data path).
 
-``run_advise`` runs plain gloo all_gather and each workaround in turn through the normal sweep machinery
-(harness, records, data check on every iteration), writes the records as they finish
-(``records.jsonl``) and rewrites ``advise.json`` after every step, so a crash keeps what was measured and
-``diag reproduce`` and the report read the files afterwards. Each workaround row is compared with the gloo
-row of the same size by Welch's t-test on the per-iteration times (diag.report.compare).
+Both run as arms of the plan's advise step (diag.plan.ADVISE_STEP) beside plain gloo all_gather: one trial,
+the same ranks (gloo's subgroup and a diag_tcp subgroup of them), every arm in every round in a fresh seeded
+order, each arm with its CPU, until each workaround's comparison with the baseline is decided or the budget
+is spent. ``diag advise`` is a plan of that one step; ``diag reproduce`` runs the same step after its others.
+advise.json (diag.advisefile, schema 2) is written from the trial's records by the same decisions
+(diag.trialspec.decide_all: the "difference" design with WORKAROUND_EFFECT), so the report reads one verdict.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from diag import safefs
 from diag.advisefile import ADVISE_NAME, ADVISE_SCHEMA
-from diag.errors import DiagError
-from diag.spec import SweepSpec
+from diag.plan import ADVISE, ADVISE_COMPARISONS
 
-RECORDS_NAME = "records.jsonl"
 DEFAULT_SIZES = (16 << 20, 32 << 20)
+RECORDS = f"records/{ADVISE}.jsonl"       # the trial's records, relative to the run directory
 
 P2P_CODE = '''import torch.distributed as dist
 
@@ -51,6 +49,8 @@ DIST_BACKEND=diag_tcp torchrun --nproc-per-node 2 -m diag.exec train.py ARGS'''
 
 @dataclass(frozen=True)
 class Workaround:
+    """One arm of the advise trial (its name is the arm's), what it is and the code a user pastes."""
+
     name: str
     title: str
     backend: str
@@ -68,62 +68,34 @@ WORKAROUNDS = (
 )
 
 
-def advise_specs(sizes: tuple[int, ...], warmup: int, iters: int, timeout_s: float = 120.0,
-                 dtype: str = "uint8") -> list[tuple[Workaround, SweepSpec]]:
-    """The baseline first, then each workaround: same sizes, dtype and iteration counts."""
-    base = SweepSpec(backend="gloo", ops=("all_gather",), sizes=sizes, warmup=warmup, iters=iters,
-                     timeout_s=timeout_s, dtype=dtype, order="recv-first")
-    return [(entry, base.replace(backend=entry.backend, ops=(entry.op,))) for entry in (BASELINE, *WORKAROUNDS)]
-
-
-def advise_result(records: Path, world_size: int, sizes: tuple[int, ...], lab: str | None,
-                  failures: list[dict[str, str]] | None = None, complete: bool = True) -> dict[str, Any]:
-    """advise.json's content from the records measured so far (each workaround against the baseline)."""
+def advise_result(root: Path, lab: str | None = None, failures: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """advise.json's content from the advise trial's records in the run directory ``root``."""
     from diag.records import load_records
+    from diag.trialspec import TrialSpec
 
+    path = root / RECORDS
+    run = load_records(path) if path.exists() else None
+    start = next((s for s in (run.starts if run else []) if (s.get("meta") or {}).get("trial")), None)
+    spec = TrialSpec.from_json(start["meta"]["trial"]) if start else None
+    end = next((e for e in (run.ends if run else []) if start and e.get("run_id") == start.get("run_id")), None)
+    blocks = [r for r in (run.records if run else []) if spec and r.block.get("trial") == spec.name]
+    stopped = {size: summary.get("stopped") for size, summary in ((end or {}).get("trial") or {}).get("sizes", {}).items()}
     return {
-        "schema": ADVISE_SCHEMA, "anomaly": "gloo all_gather at N=2", "world_size": world_size,
-        "sizes": list(sizes), "lab": lab, "records": RECORDS_NAME, "baseline": _describe(BASELINE),
-        "workarounds": _compare(load_records(records).records if records.exists() else [], world_size),
-        "failures": list(failures or []), "complete": complete,
+        "schema": ADVISE_SCHEMA, "anomaly": "gloo all_gather at N=2",
+        "world_size": start.get("world_size") if start else None, "sizes": list(spec.sizes) if spec else [],
+        "lab": lab, "records": RECORDS, "trial": ADVISE, "design": "difference",
+        "effect": ADVISE_COMPARISONS[0].effect, "baseline": _describe(BASELINE),
+        "workarounds": [{**_describe(w), "rows": _rows(spec, blocks, w) if spec else []} for w in WORKAROUNDS],
+        "stopped": stopped, "failures": list(failures or []),
+        "complete": bool(end and end.get("status") == "ok"),
     }
 
 
-def write_advise(out_dir: Path, records: Path, *, world_size: int, sizes: tuple[int, ...], lab: str | None,
-                 failures: list[dict[str, str]] | None = None, complete: bool = True) -> dict[str, Any]:
-    result = advise_result(records, world_size, sizes, lab, failures, complete)
-    _write(out_dir, result)
-    return result
-
-
-def run_advise(out_dir: Path, *, lab: Any = None, world_size: int = 2, sizes: tuple[int, ...] = DEFAULT_SIZES,
-               warmup: int = 2, iters: int = 5, say: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Measure the baseline and every workaround at ``world_size`` on ``lab`` (None: loopback on this
-    machine), one launch each; -> the advise.json content, also written to ``out_dir`` after every step."""
-    from diag.runner import make_job, run_worlds
-
-    say = say or (lambda text: None)
-    safefs.private_dir(out_dir, "--out")
-    records = out_dir / RECORDS_NAME
-    steps = advise_specs(tuple(sizes), warmup, iters)
-    lab_name = getattr(lab, "name", None)
-    failures: list[dict[str, str]] = []
-    seconds: dict[str, float] = {}
-    write_advise(out_dir, records, world_size=world_size, sizes=tuple(sizes), lab=lab_name, complete=False)
-    for index, (entry, spec) in enumerate(steps, 1):
-        say(f"[advise {index}/{len(steps)}] {entry.title}, N={world_size}")
-        started = time.monotonic()
-        try:
-            job = make_job(spec, records, argv=["advise"], quiet=True)
-            run_worlds(spec, job, records, out_dir, world_sizes=[world_size], lab=lab,
-                       tag_prefix=f"advise-{entry.name}--")
-        except DiagError as exc:
-            failures.append({"workaround": entry.name, "error": str(exc)})
-            say(f"[advise {index}/{len(steps)}] failed: {exc}")
-        seconds[entry.name] = round(time.monotonic() - started, 1)
-        result = advise_result(records, world_size, tuple(sizes), lab_name, failures, complete=index == len(steps))
-        result["step_seconds"] = seconds
-        _write(out_dir, result)
+def write_advise(root: Path, lab: str | None = None, failures: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """RUN_DIR/advise/advise.json from the run's advise trial; returns what it wrote."""
+    result = advise_result(root, lab, failures)
+    safefs.private_dir(root / ADVISE)
+    safefs.write_file(root / ADVISE / ADVISE_NAME, json.dumps(result, indent=1))
     return result
 
 
@@ -131,35 +103,47 @@ def _describe(entry: Workaround) -> dict[str, Any]:
     return {"name": entry.name, "title": entry.title, "backend": entry.backend, "op": entry.op, "code": entry.code}
 
 
-def _compare(rows: list[Any], world_size: int) -> list[dict[str, Any]]:
-    """One entry per workaround: its rows against the baseline row of the same size (Welch's t-test)."""
-    from diag.report.compare import compare_rows
+def _rows(spec: Any, blocks: list[Any], workaround: Workaround) -> list[dict[str, Any]]:
+    """One row per size: the workaround's mean time and busbw beside the baseline's in the same rounds, the
+    speed-up with its interval, and the trial's decision."""
+    from diag.trialspec import arms_of, decide_all
 
-    def rows_of(entry: Workaround) -> dict[int, Any]:
-        return {row.size_bytes: row for row in rows
-                if row.backend == entry.backend and row.op == entry.op and row.world_size == world_size}
+    comparison = next((c for c in spec.comparisons if c.on == workaround.name and c.off == BASELINE.name), None)
+    rows = []
+    for size in spec.sizes:
+        arms = arms_of(blocks, spec.name, size)
+        base, arm = arms.get(BASELINE.name), arms.get(workaround.name)
+        if base is None or arm is None or comparison is None:
+            continue
+        decision = decide_all(spec, blocks, size).get(comparison.key)
+        ratio = decision.ratio if decision is not None else None     # the workaround's time / the baseline's
+        verdict = "undecided"
+        if decision is not None and decision.verdict == "shown" and ratio is not None:
+            verdict = "faster" if ratio.high < 1 else "slower"
+        elif decision is not None and decision.verdict == "ruled_out":
+            verdict = "same"
+        of = {name: [r for r in blocks if r.size_bytes == size and r.block.get("arm") == name]
+              for name in (BASELINE.name, workaround.name)}
+        rows.append({
+            "size_bytes": size, "time_s": arm.mean_s, "busbw_Bps": _busbw(of[workaround.name], arm.mean_s),
+            "baseline_time_s": base.mean_s, "baseline_busbw_Bps": _busbw(of[BASELINE.name], base.mean_s),
+            "speedup": base.mean_s / arm.mean_s if arm.mean_s > 0 else None,
+            "speedup_low": 1 / ratio.high if ratio is not None and ratio.high > 0 else None,
+            "speedup_high": 1 / ratio.low if ratio is not None and ratio.low > 0 else None,
+            "verdict": verdict, "reason": decision.reason if decision is not None else "no decision",
+            "rounds": decision.rounds if decision is not None else min(len(base.blocks), len(arm.blocks)),
+            "nwrong": sum(r.nwrong for r in of[workaround.name]),
+            "baseline_nwrong": sum(r.nwrong for r in of[BASELINE.name]),
+            "decision": decision.to_json() if decision is not None else None})
+    return rows
 
-    baseline = rows_of(BASELINE)
-    out = []
-    for entry in WORKAROUNDS:
-        compared = []
-        for size, row in sorted(rows_of(entry).items()):
-            base = baseline.get(size)
-            item: dict[str, Any] = {"size_bytes": size, "busbw_Bps": row.busbw_Bps, "time_s": row.time_s,
-                                    "nwrong": row.nwrong, "iterations": len(row.times_s)}
-            if base is not None:
-                test = compare_rows(base, row)
-                item.update(baseline_busbw_Bps=base.busbw_Bps, baseline_time_s=base.time_s,
-                            baseline_nwrong=base.nwrong, speedup=base.time_s / row.time_s if row.time_s else None,
-                            p_value=test.p_value, significant=test.significant, verdict=test.verdict,
-                            sentence=test.sentence)
-            compared.append(item)
-        out.append({**_describe(entry), "rows": compared})
-    return out
 
-
-def _write(out_dir: Path, result: dict[str, Any]) -> None:
-    safefs.write_file(out_dir / ADVISE_NAME, json.dumps(result, indent=1))
+def _busbw(blocks: list[Any], mean_s: float) -> float | None:
+    """busbw of a mean time: the op's total bytes over it, times its bus factor (both from a block record)."""
+    if not blocks or mean_s <= 0 or blocks[0].algbw_Bps <= 0:
+        return None
+    row = blocks[0]
+    return row.total_bytes / mean_s * row.busbw_Bps / row.algbw_Bps
 
 
 def render_text(result: dict[str, Any]) -> str:
@@ -167,23 +151,24 @@ def render_text(result: dict[str, Any]) -> str:
     from diag.units import human_bytes, human_rate
 
     where = f"lab {result['lab']}" if result.get("lab") else "loopback on this machine (unshaped: CPU-bound)"
-    lines = [f"Workarounds for {result['anomaly']} on {where}, each against plain gloo all_gather "
-             "(Welch's t-test on per-iteration times):"]
+    lines = [f"Workarounds for {result['anomaly']} on {where}, each beside plain gloo all_gather in the same "
+             "interleaved rounds (speed-up of the mean times, 95% bootstrap interval):"]
     for workaround in result["workarounds"]:
         lines.append(f"  {workaround['title']}:")
         if not workaround["rows"]:
             lines.append("    not measured (see failures)")
         for row in workaround["rows"]:
-            if row.get("speedup") is None:
-                lines.append(f"    {human_bytes(row['size_bytes'])}: {human_rate(row['busbw_Bps'])} busbw, "
-                             f"no baseline row to compare with; #wrong {row['nwrong']}")
-                continue
-            significance = (f"significant, p={row['p_value']:.2g}" if row["significant"]
-                            else f"not significant (p={row['p_value']:.2g})" if row["p_value"] is not None
-                            else "untested")
-            lines.append(f"    {human_bytes(row['size_bytes'])} per rank: {human_rate(row['baseline_busbw_Bps'])} "
-                         f"-> {human_rate(row['busbw_Bps'])} busbw, {row['speedup']:.2f}x ({significance}); "
+            interval = (f" [{row['speedup_low']:.2f}, {row['speedup_high']:.2f}]"
+                        if row.get("speedup_low") is not None and row.get("speedup_high") is not None else "")
+            speed = f"{row['speedup']:.2f}x{interval}" if row.get("speedup") is not None else "no speed-up"
+            rounds = f", {row['rounds']} rounds" if row.get("rounds") is not None else ""
+            lines.append(f"    {human_bytes(row['size_bytes'])} per rank: {_rate(human_rate, row['baseline_busbw_Bps'])} "
+                         f"-> {_rate(human_rate, row['busbw_Bps'])} busbw, {speed}: {row['verdict']}{rounds}; "
                          f"#wrong {row['nwrong']}")
+    for size, why in (result.get("stopped") or {}).items():
+        if why == "budget":
+            lines.append(f"  at {human_bytes(int(size))} the trial stopped on its budget: an undecided verdict "
+                         "needs more rounds (--budget)")
     for failure in result.get("failures", []):
         lines.append(f"  failed: {failure['workaround']}: {failure['error']}")
     for workaround in result["workarounds"]:
@@ -191,3 +176,11 @@ def render_text(result: dict[str, Any]) -> str:
         lines.append(f"# {workaround['title']}:")
         lines.extend(workaround["code"].splitlines())
     return "\n".join(lines)
+
+
+def _rate(human_rate: Any, value: float | None) -> str:
+    return human_rate(value) if value is not None else "?"
+
+
+__all__ = ["BASELINE", "DEFAULT_SIZES", "WORKAROUNDS", "Workaround", "advise_result", "render_text",
+           "write_advise"]

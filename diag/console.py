@@ -211,14 +211,10 @@ def sweep_weight(spec: Any, world_size: int) -> float:
                    for size in spec.sizes) * len(spec.ops)
 
 
-def reproduce_weights(plan: Any, step_spec: Callable[[Any, Any, int], Any], advise_size: int) -> list[float]:
-    """The weight of each action of diag reproduce, in its order: every (step, N) sweep, then advise (plain
-    gloo and its two workarounds at N=2, at ``advise_size`` per rank)."""
-    from diag.spec import SweepSpec
-
-    weights = [sweep_weight(step_spec(plan, step, n), n) for step in plan.steps for n in plan.world_sizes_of(step)]
-    advise = SweepSpec(sizes=(advise_size,), warmup=plan.warmup, iters=max(plan.iters, 3), dtype="uint8")
-    return [*weights, 3 * sweep_weight(advise, 2)]
+def plan_weights(plan: Any, step_spec: Callable[[Any, Any, int], Any]) -> list[float]:
+    """The weight of each action of a plan, in its order: every (step, N), a trial weighed by the blocks it
+    runs at least (diag.plan.step_spec)."""
+    return [sweep_weight(step_spec(plan, step, n), n) for step in plan.steps for n in plan.world_sizes_of(step)]
 
 
 class ReadProgress:

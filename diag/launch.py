@@ -1,9 +1,9 @@
 """Starting ranks. diag never manages rank processes itself: torch's launcher (torch.distributed.run) does.
 
-- In place: under torchrun / srun / any env:// launcher, ``diag sweep`` runs the worker directly.
-- Local (``--nproc N``): one ``torch.distributed.run`` on this machine with N workers.
-- Lab (``--lab``): one ``torch.distributed.run`` per namespace host (``--nnodes N --node-rank i``), started
-  inside that host's namespace, exactly as one would start a job on N real machines.
+- In place: under torchrun / srun / any env:// launcher, every rank runs the job directly (diag.runplan).
+- Loopback: one ``torch.distributed.run`` on this machine with K workers.
+- Lab: one ``torch.distributed.run`` per namespace host (``--nnodes K --node-rank i``), started inside that
+  host's namespace, exactly as one would start a job on K real machines.
 
 This module supervises the launchers only: it forwards Ctrl-C, stops the others when one fails, and
 turns torchrun's multi-page failure report into one line naming world size, row and rank.
@@ -18,7 +18,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -64,27 +63,6 @@ class HostLaunch:
         return ("ip", "netns", "exec", self.netns) if self.netns else ()
 
 
-@dataclass
-class WorldContext:
-    """What hooks (captures, observers) learn about a running world."""
-
-    world_size: int
-    hosts: list[HostLaunch]
-    run_dir: Path
-    tag: str
-    launcher_pids: list[int] = field(default_factory=list)
-    master_port: int = 0
-
-
-class WorldHook(Protocol):
-    """start() runs before the launchers (a capture sees the connections open); an optional
-    launched(context) runs once their pids are known; stop() runs after they ended, also on failure."""
-
-    def start(self, context: WorldContext) -> None: ...
-
-    def stop(self, context: WorldContext) -> None: ...
-
-
 def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((address, 0))
@@ -103,28 +81,26 @@ def check_port_free(address: str, port: int) -> None:
 
 
 class Launchable(Protocol):
-    """What diag's launcher hands every rank in a 0600 job file: a sweep (diag.worker.Job) or the in-place
-    main job (diag.inplace.job.JobOptions). ``module`` is what each rank runs with the file's path."""
+    """What diag's launcher hands every rank in a 0600 job file (diag.inplace.job.JobOptions). ``module`` is
+    what each rank runs with the file's path; ``kept`` where a failed run's finished rows are."""
 
     module: str
     state_dir: str | None
     heartbeat_s: float
-    out: str | None
 
     @property
     def watchdog_base_s(self) -> float: ...
 
     @property
-    def via_exec(self) -> bool: ...
+    def kept(self) -> str | None: ...
 
     def save(self, path: Path) -> None: ...
 
 
 def launcher_command(host_index: int, host: HostLaunch, nnodes: int, master_addr: str, master_port: int,
-                     job_path: Path, via_exec: bool = False, module_name: str = "diag.worker") -> list[str]:
-    """torchrun for one host; ``via_exec`` starts each rank through ``diag.exec`` (registers diag_tcp and
-    runs the worker as a script, exactly as ``diag exec`` runs a user's script)."""
-    module = ["-m", "diag.exec", "-m", module_name] if via_exec else ["-m", module_name]
+                     job_path: Path, module_name: str = "diag.inplace") -> list[str]:
+    """torchrun for one host, every rank running ``python -m MODULE JOB.json``."""
+    module = ["-m", module_name]
     # diag.lifeline: the launcher gets SIGTERM (and stops its workers) if this process dies, even by SIGKILL.
     return [
         *host.prefix, *python_command("-m", "diag.lifeline", str(os.getpid()), "-m", "torch.distributed.run"),
@@ -242,11 +218,10 @@ def watchdog_slack_s() -> float:
     return value
 
 
-def run_world(job: Launchable, hosts: list[HostLaunch], work_dir: Path, hooks: Sequence[WorldHook] = (),
-              master_port: int | None = None, tag: str = "", run_dir: Path | None = None,
+def run_world(job: Launchable, hosts: list[HostLaunch], work_dir: Path, master_port: int | None = None,
               console: bool = False) -> None:
-    """Start one launcher per host for one world size and supervise them until all end. ``console``: the
-    first host's stderr goes to ours (the main job's rank 0 prints its progress there), not to its log.
+    """Start one launcher per host for the job's K ranks and supervise them until all end. ``console``: the
+    first host's stderr goes to ours (the job's rank 0 prints its progress there), not to its log.
 
     Raises DiagError with a one-line summary if any rank fails; finished rows are already on disk.
     """
@@ -271,43 +246,27 @@ def run_world(job: Launchable, hosts: list[HostLaunch], work_dir: Path, hooks: S
     # the working directory; the launcher and its workers run in CHILD_CWD).
     env_base = child_env({k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
     env_base.setdefault("PYTHONUNBUFFERED", "1")
-    context = WorldContext(world_size, hosts, run_dir or work_dir, tag or f"n{world_size}",
-                           master_port=master_port)
 
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Path] = []
-    started_hooks: list[WorldHook] = []
     try:
-        for hook in hooks:
-            hook.start(context)
-            started_hooks.append(hook)
         for index, host in enumerate(hosts):
             log_path = work_dir / f"launcher-n{world_size}-{host.name}.log"
             logs.append(log_path)
             with os.fdopen(safefs.create(log_path, replace=True), "wb") as log:
                 procs.append(subprocess.Popen(
                     launcher_command(index, host, len(hosts), master_addr, master_port, job_path,
-                                     via_exec=job.via_exec, module_name=job.module),
+                                     module_name=job.module),
                     env={**env_base, **host.env}, stderr=None if console and index == 0 else log,
                     stdout=None if index == 0 else log,
                     start_new_session=True,  # Ctrl-C goes to us; we stop the launchers in order
                     cwd=CHILD_CWD,
                 ))
-        context.launcher_pids = [p.pid for p in procs]
-        for hook in started_hooks:
-            if hasattr(hook, "launched"):
-                hook.launched(context)  # hooks that need the processes (observers)
         failure = _supervise(procs, state_dir, watchdog_s, job_path, world_size)
     except BaseException:
-        # Ctrl-C, SIGTERM/SIGHUP (diag.lifeline.Terminated), or a hook that raised: never leave ranks behind.
+        # Ctrl-C, SIGTERM/SIGHUP (diag.lifeline.Terminated), or anything raised here: never leave ranks behind.
         _stop_all(procs, state_dir, job_path)
         raise
-    finally:
-        for hook in reversed(started_hooks):
-            try:
-                hook.stop(context)
-            except Exception as exc:  # a hook must never hide the sweep's own outcome
-                print(f"diag sweep: warning: {type(hook).__name__} stop failed: {exc}", file=sys.stderr)
     if failure is not None:
         _kill_workers(state_dir, job_path)  # a launcher that crashed may have left its workers behind
         raise DiagError(_failure_message(failure, world_size, state_dir, logs, job, watchdog_s), exit_code=1)
@@ -329,7 +288,8 @@ def _supervise(procs: list[subprocess.Popen[bytes]], state_dir: Path, watchdog_s
             _stop_all(procs, state_dir, job_path)
             break
         latest = _latest_progress_ns(state_dir, world_size, launched_ns)
-        if failure is None and latest and time.time_ns() - latest > watchdog_s * 1e9:
+        if failure is None and latest and time.time_ns() - latest > watchdog_s * 1e9 and not _all_finished(
+                state_dir, world_size):
             failure = "hung"
             _stop_all(procs, state_dir, job_path)
             break
@@ -337,6 +297,12 @@ def _supervise(procs: list[subprocess.Popen[bytes]], state_dir: Path, watchdog_s
     if failure is None and any(p.returncode != 0 for p in procs):
         failure = "failed"
     return failure
+
+
+def _all_finished(state_dir: Path, world_size: int) -> bool:
+    """Every rank said it is done (or failed): it is leaving, not hung, however slowly its process exits."""
+    states = _read_states(state_dir)
+    return len(states) >= world_size and all(s.get("status") in ("done", "failed") for s in states.values())
 
 
 def _failure_message(kind: str, world_size: int, state_dir: Path, logs: list[Path], job: Launchable,
@@ -366,21 +332,26 @@ def _failure_message(kind: str, world_size: int, state_dir: Path, logs: list[Pat
         if others:
             what += f"; then {others[0]}"
     kept = ""
-    if job.out:
-        kept = f"; finished rows are in {job.out}"
+    if job.kept:
+        kept = f"; finished rows are in {job.kept}"
     return f"world size {world_size}{row}: {what}{kept} (logs: {logs[0].parent})"
 
 
-def append_failure_end(out: str | None, run_id: str, message: str) -> None:
-    """Close a run whose rank 0 died before it could write its own ``end`` event."""
+def close_open_runs(out: str | os.PathLike[str], run_id: str, message: str) -> None:
+    """Close the runs of ``run_id`` (each N's: <run_id>-n<N>) whose rank 0 died before it could write their
+    ``end`` event: a reader then sees them failed, with the launcher's one line, not as still running."""
     if not out or not Path(out).exists():
         return
     from diag.records import RecordWriter, iter_events
 
     try:
-        ended = any(e["event"] == "end" and e.get("run_id") == run_id for e in iter_events(out))
+        events = list(iter_events(out))
     except DiagError:
-        ended = False
-    if not ended:
+        return
+    ended = {e.get("run_id") for e in events if e["event"] == "end"}
+    mine = [e["run_id"] for e in events if e["event"] == "start" and str(e.get("run_id", "")).startswith(run_id)
+            and e.get("run_id") not in ended]
+    if mine and run_id:
         with RecordWriter(out) as writer:
-            writer.end(run_id, "failed", t_ns=time.time_ns(), error=message)
+            for open_run in mine:
+                writer.end(open_run, "failed", t_ns=time.time_ns(), error=message)

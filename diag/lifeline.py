@@ -8,7 +8,7 @@ starts, and the parent is checked once afterwards: had it died before the prctl,
     python -m diag.lifeline PARENT_PID -- PROGRAM ARGS...  exec a program (tcpdump)
 
 torch's launcher starts every worker in a new session of its own, so killing the launcher's process group
-does not reach them: ``diag.worker`` binds itself to its launcher with :func:`bind_to_parent` as well.
+does not reach them: every rank (``python -m diag.inplace``) binds itself to its launcher with :func:`bind_to_parent` as well.
 
 diag runs as root, often in a directory others can write (a shared scratch dir, /tmp). ``python -m X``
 puts the current directory first on sys.path, so a ``diag/`` or ``torch/`` planted there would run as

@@ -231,38 +231,34 @@ def load_records(path: str | os.PathLike[str]) -> RecordFile:
 
 
 class RecordWriter:
-    """Appends events and flushes each one to disk at once, so a killed sweep keeps every finished row."""
+    """Appends events and flushes each one to disk at once, so a killed sweep keeps every finished row.
+    ``mirror``: a second records file that gets every event too (a sweep's --out, beside its run directory's
+    records): the same lines, written the same way, so either file alone holds the run."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], mirror: str | os.PathLike[str] | None = None) -> None:
         self.path = Path(path)
-        if self.path.is_dir():
-            raise DiagError(f"{self.path} is a directory; give a records file path such as runs/sweep.jsonl")
-        # O_NOFOLLOW, and an existing file must be a regular one of ours (diag.safefs): root never appends
-        # through a planted symlink or hard link.
-        self._fd = safefs.open_append(safefs.make_parent(self.path), read=True)
-        self._fence_torn_tail()
-
-    def _fence_torn_tail(self) -> None:
-        """A writer killed mid-line left no newline: end that line first, so the next event is not glued
-        onto it (which would make one unreadable line of the torn event and this one). The torn line itself
-        is kept as it is and skipped by the loader."""
-        size = os.fstat(self._fd).st_size
-        if size == 0:
-            return
-        last = os.pread(self._fd, 1, size - 1)
-        if last and last != b"\n":
-            os.write(self._fd, b"\n")
+        self._fds: list[int] = []
+        for target in (self.path, *((Path(mirror),) if mirror is not None else ())):
+            if target.is_dir():
+                self.close()
+                raise DiagError(f"{target} is a directory; give a records file path such as runs/sweep.jsonl")
+            # O_NOFOLLOW, and an existing file must be a regular one of ours (diag.safefs): root never appends
+            # through a planted symlink or hard link.
+            fd = safefs.open_append(safefs.make_parent(target), read=True)
+            self._fds.append(fd)
+            _fence_torn_tail(fd)
 
     def write(self, event: dict[str, Any]) -> None:
         event = {"event": event["event"], "schema": SCHEMA_VERSION, **event}
         line = (json.dumps(event, separators=(",", ":"), default=_json_default) + "\n").encode()
-        # One write() of the whole line on an O_APPEND descriptor: a reader or another appender never sees
-        # half of it interleaved with something else (a kill can still cut it short; the loader copes).
-        view = memoryview(line)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-        os.fsync(self._fd)
+        for fd in self._fds:
+            # One write() of the whole line on an O_APPEND descriptor: a reader or another appender never sees
+            # half of it interleaved with something else (a kill can still cut it short; the loader copes).
+            view = memoryview(line)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
 
     def start(self, run_id: str, **fields: Any) -> None:
         self.write({"event": "start", "run_id": run_id, **fields})
@@ -274,15 +270,27 @@ class RecordWriter:
         self.write({"event": "end", "run_id": run_id, "status": status, **fields})
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
 
     def __enter__(self) -> RecordWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _fence_torn_tail(fd: int) -> None:
+    """A writer killed mid-line left no newline: end that line first, so the next event is not glued onto it
+    (which would make one unreadable line of the torn event and this one). The torn line itself is kept as
+    it is and skipped by the loader."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return
+    last = os.pread(fd, 1, size - 1)
+    if last and last != b"\n":
+        os.write(fd, b"\n")
 
 
 def _json_default(value: Any) -> Any:

@@ -5,128 +5,27 @@ decided or its time budget is spent.
 Why one launch: arms run minutes apart in separate launches see different background load, and a verdict
 then reads the load, not the knob (seen: raw --conn shared 1.25x slower than split beside a busy core, 0.99x
 on a quiet machine). Here every arm runs in every round, so drift falls on all arms alike, and the analysis
-resamples by round (diag.stats.bootstrap_means). Each arm has its own transport (its own sockets); the gloo
-process group of the launch is the gloo arm's and also carries the trial's own small messages (stop votes,
-CPU samples), outside every timed window.
+resamples by round (diag.stats.bootstrap_means). Each raw arm has its own transport (its own sockets); the arms
+of a torch backend share that backend's process group over the trial's ranks (gloo's, and e.g. diag_tcp's
+beside it: one launch holds arms of several backends), and the control group (gloo) carries the trial's own
+small messages (stop votes, CPU samples), outside every timed window.
 
 A block is one call of the shared timing loop (harness.measure_row) and one record, with ``block`` set:
 trial, arm, round, position in the round, the round's order, and the CPU the block saw. The same
-comparisons decide here (to stop) and in diagnose (from the records), through diag.verdicts.
+comparisons decide here (to stop) and in diagnose (from the records), through diag.verdicts; the trial's
+data types and the reading of its blocks are diag.trialspec, which the report imports instead of this.
 """
 
 from __future__ import annotations
 
-import random
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
-from diag.errors import DiagError
-from diag.stats import Arm
+from diag.trialspec import TrialArm, TrialSpec, decide_all, round_order
 from diag.units import human_bytes
-from diag.verdicts import DESIGNS, ArmCpu, Decision, difference, explained_share
-
-TRIAL_SCHEMA = 1
-
-
-@dataclass(frozen=True)
-class TrialArm:
-    """One arm: a transport with its knobs, running one op."""
-
-    name: str
-    backend: str = "raw"                   # "raw", or the launch's own backend (gloo, diag_tcp): its process group
-    op: str = "all_gather"
-    algo: str = "ring"
-    order: str = "recv-first"              # exchange / p2p post order
-    knobs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """A question the trial answers, by arm names; ``rule`` is the diagnose rule whose finding it is."""
-
-    rule: str
-    design: str                            # diag.verdicts.DESIGNS
-    on: str                                # knock-out: base (suspect on); knock-in: healthy + suspect; difference: b
-    off: str                               # knock-out: toggle; knock-in: healthy; difference: a
-    reference: str = ""                    # knock-out: the healthy arm; knock-in: the anomaly arm
-    effect: float = 0.15                   # difference: smallest change that counts
-
-    def __post_init__(self) -> None:
-        if self.design not in DESIGNS:
-            raise DiagError(f"unknown experiment design {self.design!r}: one of {', '.join(DESIGNS)}")
-        if self.design != "difference" and not self.reference:
-            raise DiagError(f"a {self.design} comparison needs a reference arm")
-
-    @property
-    def key(self) -> str:
-        """Names the comparison among a trial's (several may serve one rule, e.g. an order effect per backend)."""
-        return f"{self.rule}:{self.on}/{self.off}"
-
-    @property
-    def arm_names(self) -> tuple[str, ...]:
-        return tuple(n for n in (self.on, self.off, self.reference) if n)
-
-    def decide(self, arms: Mapping[str, Arm], cpu: Mapping[str, ArmCpu] | None = None, seed: int = 0) -> Decision:
-        if self.design == "difference":
-            return difference(arms[self.off], arms[self.on], self.effect, cpu, seed)
-        if self.design == "knock-out":
-            return explained_share(arms[self.on], arms[self.off], arms[self.on], arms[self.reference],
-                                   "knock-out", cpu, seed)
-        return explained_share(arms[self.on], arms[self.off], arms[self.reference], arms[self.off],
-                               "knock-in", cpu, seed)
-
-
-@dataclass(frozen=True)
-class TrialSpec:
-    name: str
-    arms: tuple[TrialArm, ...]
-    comparisons: tuple[Comparison, ...]
-    sizes: tuple[int, ...]                 # per-rank bytes, one set of rounds each
-    block_iters: int = 2
-    warmup: int = 1                        # before each arm's first block at a size
-    min_rounds: int = 4
-    max_rounds: int = 16
-    budget_s: float = 90.0                 # all sizes together, shared in proportion to size
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        names = [a.name for a in self.arms]
-        if len(set(names)) != len(names):
-            raise DiagError(f"trial {self.name}: two arms with one name")
-        for c in self.comparisons:
-            missing = [n for n in c.arm_names if n not in names]
-            if missing:
-                raise DiagError(f"trial {self.name}: comparison {c.rule} names unknown arms {missing}")
-        if not 1 <= self.min_rounds <= self.max_rounds or self.block_iters < 1:
-            raise DiagError("a trial needs 1 <= min_rounds <= max_rounds and block_iters >= 1")
-        if self.budget_s <= 0 or not self.sizes:
-            raise DiagError("a trial needs sizes and a positive time budget")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": TRIAL_SCHEMA, **asdict(self)}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> TrialSpec:
-        data = {k: v for k, v in data.items() if k != "schema"}
-        return cls(**{**data, "arms": tuple(TrialArm(**a) for a in data["arms"]),
-                      "comparisons": tuple(Comparison(**c) for c in data["comparisons"]),
-                      "sizes": tuple(data["sizes"])})
-
-    def budget_for(self, size: int) -> float:
-        return self.budget_s * size / sum(self.sizes)
-
-    def arm(self, name: str) -> TrialArm:
-        return next(a for a in self.arms if a.name == name)
-
-
-def round_order(spec: TrialSpec, size_index: int, round_index: int) -> list[str]:
-    """The arms of one round in a fresh random order, the same on every rank (seeded by position)."""
-    names = [a.name for a in spec.arms]
-    random.Random(f"{spec.seed}/{size_index}/{round_index}").shuffle(names)
-    return names
 
 
 def arm_spec(base: Any, arm: TrialArm, size: int, iters: int, warmup: int) -> Any:
@@ -137,46 +36,6 @@ def arm_spec(base: Any, arm: TrialArm, size: int, iters: int, warmup: int) -> An
         spec = spec.replace(algo=arm.algo, knobs={**base.knobs, **arm.knobs})
     return spec
 
-
-# --- what the analysis reads back ------------------------------------------------------------------------
-
-def arms_of(records: Sequence[Any], trial: str, size: int) -> dict[str, Arm]:
-    """arm name -> its blocks at one per-rank size, keyed by round (the records' ``block``)."""
-    blocks: dict[str, list[tuple[list[float], str]]] = {}
-    for r in records:
-        b = r.block
-        if b.get("trial") == trial and r.size_bytes == size:
-            blocks.setdefault(b["arm"], []).append((r.times_s, f"{trial}/{size}/{b['round']}"))
-    return {name: Arm.of(name, [t for t, _ in items], [k for _, k in items]) for name, items in blocks.items()}
-
-
-def cpu_of(records: Sequence[Any], trial: str, size: int) -> dict[str, ArmCpu]:
-    """arm name -> the CPU its blocks saw (None where a block carried no samples)."""
-    busy: dict[str, list[float]] = {}
-    thread: dict[str, list[float]] = {}
-    for r in records:
-        b = r.block
-        if b.get("trial") != trial or r.size_bytes != size or not b.get("cpu"):
-            continue
-        for key, into in (("machine_busy", busy), ("busiest_thread", thread)):
-            values = [v for v in b["cpu"].get(key) or () if v is not None]
-            if values:
-                into.setdefault(b["arm"], []).append(max(values))
-    names = set(busy) | set(thread)
-    # The busiest thread counts only where it held most of a core in at least half the arm's blocks: one
-    # block's spike is not an arm's bottleneck.
-    return {n: ArmCpu(sum(busy[n]) / len(busy[n]) if busy.get(n) else None,
-                      sorted(thread[n])[len(thread[n]) // 2] if thread.get(n) else None) for n in names}
-
-
-def decide_all(spec: TrialSpec, records: Sequence[Any], size: int) -> dict[str, Decision]:
-    arms = arms_of(records, spec.name, size)
-    cpu = cpu_of(records, spec.name, size)
-    return {c.key: c.decide(arms, cpu, spec.seed) for c in spec.comparisons
-            if all(n in arms for n in c.arm_names)}
-
-
-# --- the worker side ------------------------------------------------------------------------------------
 
 class _CpuMeter:
     """CPU of this rank's process per thread, and of the whole machine, between two reads."""
@@ -208,15 +67,15 @@ class _CpuMeter:
                 "busiest_thread": busiest / wall if busiest is not None else None}
 
 
-def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callable[[Any], None], run_id: str,
-              heartbeat: Callable[[], None] | None = None, say: Callable[[str], None] | None = None,
-              token: bytes | None = None, group: Any = None) -> dict[str, Any]:
+def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any], base: Any,
+              emit: Callable[[Any], None], run_id: str, heartbeat: Callable[[], None] | None = None,
+              say: Callable[[str], None] | None = None, token: bytes | None = None, group: Any = None) -> dict[str, Any]:
     """Every rank runs this; rank 0 emits the block records and returns the trial's summary for the end event.
-    ``gloo`` is the launch's TorchTransport (the arms of its backend run on it; its group, or the subgroup's
-    control group, carries the stop votes); ``token``: the raw arms' run
-    token from the job file (None: rank 0 publishes one in the store, as for any raw launch); ``group``: the
-    subgroup of an in-place job the trial runs on (diag.transports.group.GroupContext), None: the whole
-    launch."""
+    ``torch_transports``: one TorchTransport per torch backend the arms name (diag.trialspec.TrialSpec.
+    torch_backends), each on its own process group of the trial's ranks; ``token``: the raw arms' run token from
+    the job file (None: rank 0 publishes one in the store, as for any raw launch); ``group``: the subgroup of
+    the job the trial runs on (diag.transports.group.GroupContext), whose control group carries the stop votes
+    and CPU samples (None: the default group of a launch of its own)."""
     import torch
     import torch.distributed as dist
 
@@ -224,7 +83,10 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
     from diag.transports.raw import create_transport
 
     spec = TrialSpec.from_json(trial_json)
-    rank, world = gloo.rank, gloo.world_size
+    missing = [b for b in spec.torch_backends if b not in torch_transports]
+    if missing:
+        raise ValueError(f"trial {spec.name}: no process group for its {', '.join(missing)} arms")
+    rank, world = (group.rank, group.world_size) if group is not None else (dist.get_rank(), dist.get_world_size())
     # torch's collectives name their root by its global rank, also on a subgroup
     pg = group.control if group is not None else None
     leader = group.global_rank(0) if group is not None else 0
@@ -232,7 +94,7 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
     transports: dict[str, Any] = {}
     try:
         for arm in spec.arms:   # the same order on every rank: raw meshes rendezvous by creation order
-            transports[arm.name] = gloo if arm.backend != "raw" else create_transport(
+            transports[arm.name] = torch_transports[arm.backend] if arm.backend != "raw" else create_transport(
                 arm_spec(base, arm, spec.sizes[0], 1, 0), rank, world, base.timeout_s,
                 store=group.store if group is not None else None, token=token)
         meter = _CpuMeter()
@@ -291,14 +153,14 @@ def run_trial(gloo: Any, trial_json: Mapping[str, Any], base: Any, emit: Callabl
                                       "decisions": {key: d.to_json() for key, d in decisions.items()}}
         return {"trial": {"name": spec.name, "spec": spec.to_json(), "sizes": summary}} if rank == 0 else {}
     finally:
+        shared = [id(t) for t in torch_transports.values()]
         for name, transport in transports.items():
-            if transport is not gloo:
+            if id(transport) not in shared:
                 try:
                     transport.close()
                 except Exception as exc:  # closing must not hide the trial's own error
                     tell(f"  trial: closing arm {name}: {exc}")
 
 
-__all__ = ["Comparison", "TrialArm", "TrialSpec", "arm_spec", "arms_of", "cpu_of", "decide_all",
-           "round_order", "run_trial"]
+__all__ = ["arm_spec", "run_trial"]
 

@@ -67,3 +67,17 @@ def output_dir(path: str | os.PathLike[str], flag: str) -> Path:
     if not os.access(p, os.W_OK):
         raise DiagError(f"{flag} {p}: no permission to write there")
     return p
+
+
+def interface(name: str | None, flag: str = "--iface") -> str | None:
+    """A network interface that exists on this machine (in this namespace); None or "" passes (no choice).
+    gloo's own error for a missing one is a C++ exception deep in its init."""
+    if not name:
+        return name
+    import psutil
+
+    known = psutil.net_if_addrs()
+    if name not in known:
+        raise DiagError(f"network interface {name!r} ({flag}) does not exist here; choose one of: "
+                        f"{', '.join(sorted(known))}")
+    return name

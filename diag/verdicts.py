@@ -48,6 +48,9 @@ MIN_ROUNDS = Threshold("MIN_ROUNDS", 3, "fewest blocks (interleaved rounds, or l
 CPU_CONFOUNDED = Threshold("CPU_CONFOUNDED", 0.9, "an arm whose machine was at least this busy (all cores "
                            "averaged), or one of whose ranks had a thread at least this share of a core, while "
                            "the arm it is held against was not, can neither convict nor clear a network mechanism")
+WORKAROUND_EFFECT = Threshold("WORKAROUND_EFFECT", 0.1, "a workaround (diag advise) runs beside plain gloo in the "
+                              "same rounds; its time ratio must differ by at least this fraction, with the whole "
+                              "interval of the ratio below 1, before it is advised")
 
 DESIGNS = ("knock-out", "knock-in", "difference")
 VERDICTS = ("shown", "ruled_out", "undecided")
@@ -239,4 +242,5 @@ def loss_share(anomaly: Arm, healthy: Arm, on: Arm, off: Arm, seed: int = 0) -> 
     return _share(bootstrap_means(list(arms.values()), seed=seed), on, off, anomaly, healthy)
 
 
-TABLE: tuple[Threshold, ...] = (CONTROL_DIP, SHOWN_SHARE, RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED)
+TABLE: tuple[Threshold, ...] = (CONTROL_DIP, SHOWN_SHARE, RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED,
+                                WORKAROUND_EFFECT)

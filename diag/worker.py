@@ -1,16 +1,15 @@
-"""One rank of a sweep. Runs under any env:// launcher (torchrun, Slurm, the lab's per-host launchers).
-
-``python -m diag.worker JOB.json`` is what diag's own launches start on every rank; ``diag sweep`` without
-``--nproc`` calls :func:`run_job` in place, so a user's torchrun/srun command line works unchanged.
+"""One rank's part of one step: the sweep (diag.harness) or the interleaved trial (diag.trial) of a step at one
+world size, on the subgroup the job made for it (diag.inplace.job). Rank 0 writes the records (and, for a
+sweep, mirrors them into its --out) and prints the nccl-tests-like table.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,13 @@ from diag.errors import DiagError
 from diag.records import transport_label
 from diag.spec import SweepSpec
 from diag.transports.group import GroupContext
+from diag.trialspec import TrialSpec
 
 
 @dataclass
 class Job:
+    """What one rank runs for one step at one world size (the job builds it; nothing reads it from a file)."""
+
     spec: SweepSpec
     out: str | None                 # records file (rank 0 appends to it)
     run_id: str
@@ -36,39 +38,10 @@ class Job:
     quiet: bool = False
     argv: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)   # lab name, capture settings, ... (into start)
-    # In place (torchrun), rank 0 prints nccl-tests' closing lines and exits with the gate's status
-    # (diag.gates); a rank started by diag's own launcher leaves both to the launching diag sweep.
-    gate: bool = True
-    min_busbw_GBps: float | None = None
-    # The raw transport's run token (hex) for ranks diag starts itself: it reaches them in this 0600 file,
+    # The raw transport's run token (hex) for ranks diag starts itself: it reaches them in the job's 0600 file,
     # never through the TCPStore, which any local user can reach. Never written to records.
     token: str | None = None
-    module: str = "diag.worker"     # what diag's launcher runs on every rank with this job file
-
-    @property
-    def watchdog_base_s(self) -> float:
-        """A rank reports progress at least every iteration, so only a collective past its timeout is silent."""
-        return self.spec.timeout_s
-
-    @property
-    def via_exec(self) -> bool:
-        return self.spec.backend == "diag_tcp"
-
-    def save(self, path: Path) -> None:
-        """0600, a new file renamed into place: it says what root's ranks run and where they write."""
-        safefs.write_file(path, json.dumps(asdict(self)), safefs.SECRET_MODE)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Job:
-        """Only a job file of ours that nobody else can read or write (else another user could redirect
-        where root writes, or read the run token)."""
-        fd = safefs.open_trusted(path, secret=True)
-        if fd is None:
-            raise DiagError(f"job file {path} is not a regular file of yours with mode 0600; refusing to run it")
-        with os.fdopen(fd, "rb") as handle:
-            data = json.loads(handle.read())
-        data["spec"] = SweepSpec.from_dict(data["spec"])
-        return cls(**data)
+    mirror: str | None = None       # a second records file rank 0 appends every event to (diag sweep --out)
 
 
 def env_rank() -> tuple[int, int]:
@@ -97,8 +70,11 @@ def make_transport(spec: SweepSpec, rank: int, world_size: int, token: str | Non
     if spec.backend == "diag_tcp":
         from diag.transports.raw.backend import ENV_KNOBS, ENV_TOKEN, register
 
+        # what the records say this transport ran with (its group read the knobs when the job made it)
         if spec.knobs:
             os.environ[ENV_KNOBS] = json.dumps(spec.knobs)
+        else:
+            os.environ.pop(ENV_KNOBS, None)
         if token:
             os.environ[ENV_TOKEN] = token   # this process's own environment: the backend reads it there
         register()   # a no-op when diag.exec started this rank and registered it already
@@ -129,10 +105,12 @@ def _one_line(exc: BaseException) -> str:
     return first[:300]
 
 
-def run_job(job: Job, group: GroupContext | None = None, raise_errors: bool = False) -> int:
-    """Run the job's sweep (or trial) on this rank; rank 0 writes the records. ``group``: on a subgroup of
-    an in-place job (diag.inplace), else on the default group from env://. ``raise_errors``: a failure is
-    raised as DiagError (after the records' failed ``end``), not returned as an exit status."""
+def run_job(job: Job, group: GroupContext | None = None, raise_errors: bool = False,
+            groups: Mapping[str, GroupContext] | None = None) -> int:
+    """Run the job's sweep (or trial) on this rank; rank 0 writes the records. ``group``: the subgroup of the
+    job (diag.inplace) the step runs on, gloo's (None: the default group from env://); ``groups``: the
+    subgroup on each torch backend the step runs on (its sweep's, a trial's arms'). ``raise_errors``: a
+    failure is raised as DiagError (after the records' failed ``end``), not returned as an exit status."""
     from diag.console import SweepConsole
     from diag.envinfo import fingerprint
     from diag.harness import plan_rows, run_sweep
@@ -145,14 +123,20 @@ def run_job(job: Job, group: GroupContext | None = None, raise_errors: bool = Fa
     writer: RecordWriter | None = None
     console: SweepConsole | None = None
     rows_done = 0
-    emitted: list[Any] = []
     try:
         spec = job.spec
-        plans = plan_rows(spec, world_size)
-        transport = make_transport(spec, rank, world_size, job.token, group)
+        groups = dict(groups or {})
+        trial = TrialSpec.from_json(job.meta["trial"]) if job.meta.get("trial") else None
+        plans = plan_rows(spec, world_size) if trial is None else []
+        transport = make_transport(spec, rank, world_size, job.token, groups.get(spec.backend, group))
+        torch_transports = {spec.backend: transport}
+        for backend in trial.torch_backends if trial is not None else ():
+            if backend not in torch_transports:   # e.g. a trial's diag_tcp arm beside its gloo arms
+                torch_transports[backend] = make_transport(spec.replace(backend=backend, knobs={}), rank,
+                                                           world_size, job.token, groups.get(backend))
         if rank == 0:
             if job.out:
-                writer = RecordWriter(job.out)
+                writer = RecordWriter(job.out, mirror=job.mirror)
                 writer.start(job.run_id, t_ns=time.time_ns(), world_size=world_size, spec=asdict(spec),
                              argv=job.argv, hosts=transport.hosts(), knobs=transport.knobs(),
                              env=fingerprint(), meta=job.meta)
@@ -185,35 +169,26 @@ def run_job(job: Job, group: GroupContext | None = None, raise_errors: bool = Fa
         def emit(record) -> None:
             nonlocal rows_done
             rows_done += 1
-            emitted.append(record)
             if writer is not None:
                 writer.record(record)
             if console is not None and not record.block:   # a trial prints a line per round, not per block
                 console.row(record)
 
         summary: dict[str, Any] = {}
-        if job.meta.get("trial"):   # an interleaved trial of several arms (diag/trial.py)
+        if trial is not None:   # an interleaved trial of several arms (diag/trial.py)
             from diag.trial import run_trial
 
-            summary = run_trial(transport, job.meta["trial"], spec, emit, job.run_id, heartbeat,
+            summary = run_trial(torch_transports, job.meta["trial"], spec, emit, job.run_id, heartbeat,
                                 say=(lambda text: console.line(text)) if console else None,
-                                token=bytes.fromhex(job.token) if job.token else None, group=group)
+                                token=bytes.fromhex(job.token) if job.token else None,
+                                group=groups.get(spec.backend, group))
         else:
             run_sweep(transport, spec, emit, job.run_id, on_row_start, heartbeat)
-        transport.close()
-        state.update(status="done")
+        for opened in torch_transports.values():
+            opened.close()
+        state.update(status="between steps")   # "done" is the job's word: this rank has finished all of it
         if writer is not None:
             writer.end(job.run_id, "ok", t_ns=time.time_ns(), rows=rows_done, **summary)
-        if rank == 0 and job.gate:
-            from diag.gates import closing_lines, sweep_status
-
-            if console is not None:
-                for line in closing_lines(emitted):
-                    console.line(line)
-            code, why = sweep_status(emitted, job.min_busbw_GBps)
-            if why:
-                print(f"diag sweep: {why}", file=sys.stderr, flush=True)
-            return code
         return 0
     except (Exception, KeyboardInterrupt) as exc:
         message = exc.args[0] if isinstance(exc, DiagError) else _one_line(exc)
@@ -233,25 +208,3 @@ def run_job(job: Job, group: GroupContext | None = None, raise_errors: bool = Fa
             console.close()
         if writer is not None:
             writer.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m diag.worker JOB.json", file=sys.stderr)
-        return 2
-    from diag.lifeline import bind_to_parent, terminate_as_exception
-
-    # torch's launcher starts workers in sessions of their own: without this, a launcher killed by SIGKILL
-    # (or whose runner was) would leave its ranks running. SIGKILL: a rank blocked in a collective must go.
-    bind_to_parent(signal.SIGKILL)
-    terminate_as_exception()  # the launcher's SIGTERM: rank 0 still writes its `end` event on the way out
-    try:
-        return run_job(Job.load(args[0]))
-    except DiagError as exc:
-        print(f"diag sweep: {exc}", file=sys.stderr)
-        return exc.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from diag.bench.fuzz_analyze import pcapng_block, pcapng_option
+from bench.fuzz_analyze import pcapng_block, pcapng_option
 from diag.capture import pcapfile, reader
 from diag.errors import DiagError
 from tests import decode_twin

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from report_helpers import MiB, ideal_time, make_record, timed, write_records
+from report_helpers import MiB, ideal_time, make_record, timed, write_records, write_steps
 
 from diag.records import Record
 
@@ -118,6 +118,9 @@ def write_inplace_run(root: Path, records: Iterable[Record], *, nodes: Sequence[
     """A run directory as rank 0 of the in-place job writes it; per-node parts keyed by node name."""
     root.mkdir(parents=True, exist_ok=True)
     write_records(root / "records" / "survey.jsonl", records)
+    tags = [tag for part in (analyses, observe) for per_node in (part or {}).values() for tag in per_node]
+    if tags:
+        write_steps(root / "records" / "steps.jsonl", tags)
     run_json = {"mode": mode, "topology": topology(nodes), "plan": {}, "notes": [], "failures": [],
                 "lab": {"name": "t", "rate_bps": 200e6, "hosts": len(nodes), "addresses": [ADDRESS[n] for n in nodes]},
                 "link": {"single_stream_Bps": LAB_Bps, "bidir_Bps": [LAB_Bps * BIDIR_SHARE] * 2, "tool": "iperf3",

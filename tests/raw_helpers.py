@@ -9,7 +9,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from diag.bench.ranks import collect_by_rank
+from bench.ranks import collect_by_rank
 from tests.common import free_port
 
 RANK_TIMEOUT_S = 60.0

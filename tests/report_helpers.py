@@ -70,6 +70,24 @@ def write_records(path: Path, records: Iterable[Record], env: dict[str, Any] | N
     return path
 
 
+def write_steps(path: Path, tags: Iterable[str]) -> None:
+    """The start events that name each (step, N)'s files on the nodes, as the job writes them (meta ``tag``,
+    ``world_size``, the transport in ``spec``): how the report learns a capture's N. The fixtures name their
+    tags as the job does, ending in -n<N> (or _n<N>); a raw step's tag says raw."""
+    import re
+
+    with RecordWriter(path) as writer:
+        for tag in sorted(set(tags)):
+            found = re.search(r"[_-]n(\d+)$", tag)
+            if found is None:
+                continue
+            run_id = f"step-{tag}"
+            writer.start(run_id, world_size=int(found.group(1)), spec={"backend": "raw" if "raw" in tag else "gloo",
+                                                                       "algo": "ring" if "raw" in tag else "default"},
+                         meta={"tag": tag})
+            writer.end(run_id, "ok", rows=0)
+
+
 def write_run_dir(root: Path, records: Iterable[Record], *, meta: dict[str, Any] | None = None,
                   analyses: dict[str, dict[str, Any]] | None = None,
                   captures: dict[str, dict[str, Any]] | None = None,
@@ -81,6 +99,9 @@ def write_run_dir(root: Path, records: Iterable[Record], *, meta: dict[str, Any]
         (root / "advise").mkdir(exist_ok=True)
         (root / "advise" / "advise.json").write_text(json.dumps(advise))
     write_records(root / "records" / "sweep.jsonl", records, env)
+    tags = [*(analyses or {}), *(captures or {}), *(observe or {})]
+    if tags:
+        write_steps(root / "records" / "steps.jsonl", tags)
     if meta is not None:
         (root / "run.json").write_text(json.dumps(meta))
     for folder, items, suffix in (("analysis", analyses, ".json"), ("captures", captures, ".capture.json")):
@@ -219,7 +240,7 @@ def trial_records(spec: Any, times: Any, world_size: int = 2, rounds: int = 6, r
     """The block records an interleaved trial (diag/trial.py) writes: every arm once per round, in the
     trial's own seeded order. ``times(arm, size, round) -> per-iteration seconds``; ``cpu(arm, round) ->
     {"machine_busy": [...], "busiest_thread": [...]}`` or None."""
-    from diag.trial import round_order
+    from diag.trialspec import round_order
 
     out: list[Record] = []
     t = 1_000_000_000
@@ -258,7 +279,7 @@ ANOMALY_SHAPES = {"gloo": (0.73, 1.12, 0.7), "raw": (0.72, 0.72, 0.0), "model": 
 
 def n2_trial(sizes: tuple[int, ...] = (16 * MiB,), seed: int = 7) -> Any:
     from diag.plan import N2_ARMS, N2_COMPARISONS
-    from diag.trial import TrialSpec
+    from diag.trialspec import TrialSpec
 
     return TrialSpec("n2-trial", N2_ARMS, N2_COMPARISONS, sizes=sizes, seed=seed)
 
@@ -270,19 +291,28 @@ def shaped_times(shapes: dict[str, tuple[float, float, float]], per_block: int =
         rng = random.Random(f"{arm}/{size}/{r}")
         return [(slow if rng.random() < share else fast) * (1 + rng.gauss(0, 0.02)) for _ in range(per_block)]
     return times
-def advise_doc(speedup: float = 1.62, p_value: float = 1e-4, second: float = 1.04) -> dict[str, Any]:
-    """advise.json as diag.advise writes it: the recv-first workaround with ``speedup`` at two sizes (fired
-    when significant), diag_tcp with ``second`` (too small to advise)."""
+def advise_row(size: int, speedup: float, verdict: str, nwrong: int = 0, spread: float = 0.05,
+               rounds: int = 8) -> dict[str, Any]:
+    """One row of advise.json (schema 2) as diag.advise writes it: the speed-up of the mean times with its
+    interval, and the trial's verdict on it."""
+    return {"size_bytes": size, "busbw_Bps": 6e6 * speedup, "baseline_busbw_Bps": 6e6, "time_s": 1 / speedup,
+            "baseline_time_s": 1.0, "speedup": speedup, "speedup_low": speedup * (1 - spread),
+            "speedup_high": speedup * (1 + spread), "verdict": verdict, "reason": f"{verdict} (test)",
+            "rounds": rounds, "nwrong": nwrong, "baseline_nwrong": 0,
+            "decision": {"design": "difference", "p_value": 1e-3, "rounds": rounds}}
+
+
+def advise_doc(speedup: float = 1.62, verdict: str = "faster", second: float = 1.04) -> dict[str, Any]:
+    """advise.json as diag.advise writes it: the recv-first workaround with ``speedup`` at two sizes and the
+    trial's ``verdict`` on it, diag_tcp with ``second`` (within the effect threshold: the same)."""
     from diag.advise import WORKAROUNDS
 
-    def rows(factor: float, p: float) -> list[dict[str, Any]]:
-        return [{"size_bytes": size, "busbw_Bps": 6e6 * factor, "baseline_busbw_Bps": 6e6, "time_s": 1 / factor,
-                 "baseline_time_s": 1.0, "speedup": factor, "p_value": p, "nwrong": 0, "baseline_nwrong": 0,
-                 "significant": p < 0.05, "verdict": "faster", "iterations": 5, "sentence": ""}
-                for size in (16 * MiB, 32 * MiB)]
+    def rows(factor: float, verdict: str) -> list[dict[str, Any]]:
+        return [advise_row(size, factor, verdict) for size in (16 * MiB, 32 * MiB)]
 
-    return {"schema": 1, "anomaly": "gloo all_gather at N=2", "world_size": 2, "sizes": [16 * MiB, 32 * MiB],
-            "lab": "t", "records": "records.jsonl", "baseline": {}, "failures": [], "complete": True,
+    return {"schema": 2, "anomaly": "gloo all_gather at N=2", "world_size": 2, "sizes": [16 * MiB, 32 * MiB],
+            "lab": "t", "records": "records/advise.jsonl", "trial": "advise", "design": "difference", "effect": 0.1,
+            "baseline": {}, "failures": [], "complete": True, "stopped": {},
             "workarounds": [{"name": w.name, "title": w.title, "backend": w.backend, "op": w.op, "code": w.code,
-                             "rows": rows(speedup if i == 0 else second, p_value if i == 0 else 0.3)}
+                             "rows": rows(speedup if i == 0 else second, verdict if i == 0 else "same")}
                             for i, w in enumerate(WORKAROUNDS)]}

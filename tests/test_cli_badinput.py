@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from report_helpers import make_record, write_records
 
-from diag.bench.fuzz_analyze import link_frame, pcap_seed, pcapng_block, pcapng_option
+from bench.fuzz_analyze import link_frame, pcap_seed, pcapng_block, pcapng_option
 from diag.records import load_records
 from tests.common import run_diag
 

@@ -92,14 +92,13 @@ def test_read_progress_follows_the_readers_file_position_and_passes(tmp_path: Pa
     assert ReadProgress(["-"], live=False).total == 0            # a pipe has no size: no bar
 
 
-def test_reproduce_weights_follow_the_plan() -> None:
+def test_plan_weights_follow_the_plan() -> None:
     pytest.importorskip("torch")
-    from diag.plan import QUICK, per_rank_size, step_spec
+    from diag.plan import QUICK, step_spec
 
-    weights = __import__("diag.console", fromlist=["reproduce_weights"]).reproduce_weights(
-        QUICK, step_spec, per_rank_size(max(QUICK.knob_volumes), 2))
+    weights = __import__("diag.console", fromlist=["plan_weights"]).plan_weights(QUICK, step_spec)
     steps = [(step, n) for step in QUICK.steps for n in QUICK.world_sizes_of(step)]
-    assert len(weights) == len(steps) + 1 and all(w > 0 for w in weights)
+    assert len(weights) == len(steps) and all(w > 0 for w in weights)
     # equal per-device volume D at every N: on a link the N=2, 3 and 4 sweeps take about as long, and so weigh
     gloo = [w for (step, n), w in zip(steps, weights, strict=False) if step.name == "gloo-all_gather"]
     assert len(gloo) == 3 and max(gloo) / min(gloo) < 1.01

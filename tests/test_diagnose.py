@@ -4,6 +4,7 @@ when it cannot decide. Inputs are run directories written by code (report_helper
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from report_helpers import (
@@ -670,16 +671,16 @@ def test_suspects_are_shown_or_ruled_out_only_by_their_toggling_experiment() -> 
     assert suspects([ruled])[0].status == "clear"
 
 
-def _advise_doc(speedups: list[tuple[float, float | None, int]]) -> dict:
-    """advise.json as diag.advise writes it: one workaround, one row per (speedup, p, nwrong)."""
-    rows = [{"size_bytes": 16 << 20 << i, "busbw_Bps": 22e6, "baseline_busbw_Bps": 22e6 / s, "speedup": s,
-             "p_value": p, "nwrong": w, "significant": p is not None and p < 0.05}
-            for i, (s, p, w) in enumerate(speedups)]
-    return {"schema": 1, "world_size": 2, "lab": "t", "workarounds": [
-        {"name": "p2p-recv-first", "title": "all_gather from batch_isend_irecv", "code": "x = 1\n", "rows": rows}]}
+def _advise_doc(rows: list[tuple[float, str, int]], schema: int = 2) -> dict:
+    """advise.json as diag.advise writes it: one workaround, one row per (speedup, the trial's verdict, nwrong)."""
+    from report_helpers import advise_row
+
+    made = [advise_row(16 << 20 << i, s, v, w) for i, (s, v, w) in enumerate(rows)]
+    return {"schema": schema, "world_size": 2, "lab": "t", "effect": 0.1, "workarounds": [
+        {"name": "p2p-recv-first", "title": "all_gather from batch_isend_irecv", "code": "x = 1\n", "rows": made}]}
 
 
-def test_workarounds_rule_fires_only_on_a_significant_checked_speed_up(tmp_path) -> None:
+def test_workarounds_rule_fires_only_on_a_decided_checked_speed_up(tmp_path) -> None:
     from diag.report.diagnose import workarounds
     from diag.report.render import workaround_blocks
     from diag.report.rundir import RunData
@@ -687,16 +688,67 @@ def test_workarounds_rule_fires_only_on_a_significant_checked_speed_up(tmp_path)
     def verdict(advise):
         return workarounds(RunData(None, [], {}, {}, [], [], advise=advise))[0]
 
-    shown = verdict(_advise_doc([(1.48, 0.01, 0), (1.5, 1e-5, 0)]))
+    shown = verdict(_advise_doc([(1.48, "faster", 0), (1.5, "faster", 0)]))
     assert shown.status == "fired" and "1.48x" in shown.statement and shown.evidence[0].values["speedup_min"] == 1.48
-    assert verdict(_advise_doc([(1.48, 0.2, 0)])).status == "clear"          # not significant
-    assert verdict(_advise_doc([(1.03, 1e-6, 0)])).status == "clear"         # significant but too small
-    assert verdict(_advise_doc([(1.5, 1e-6, 3)])).status == "clear"          # wrong data is no fix
-    assert verdict(_advise_doc([(1.5, 1e-6, 0), (1.02, 0.5, 0)])).status == "clear"  # not at every size
+    assert "interleaved rounds" in shown.statement
+    assert verdict(_advise_doc([(1.48, "undecided", 0)])).status == "clear"   # the trial could not tell (budget)
+    assert "undecided (test)" in verdict(_advise_doc([(1.48, "undecided", 0)])).statement  # ... and says why
+    assert verdict(_advise_doc([(1.03, "same", 0)])).status == "clear"        # within the effect threshold
+    assert verdict(_advise_doc([(0.8, "slower", 0)])).status == "clear"       # slower is no fix
+    assert verdict(_advise_doc([(1.5, "faster", 3)])).status == "clear"       # wrong data is no fix
+    assert verdict(_advise_doc([(1.5, "faster", 0), (1.02, "same", 0)])).status == "clear"  # not at every size
     assert verdict(None).status == "undecided"
-    blocks = workaround_blocks(_advise_doc([(1.48, 0.01, 0)]))
+    blocks = workaround_blocks(_advise_doc([(1.48, "faster", 0)]))
     assert any(getattr(b, "text", None) == "x = 1\n" for b in blocks)        # the code a user copies
     assert workaround_blocks(None) == []
+
+
+def test_an_advise_json_of_the_first_schema_is_read_but_decides_nothing(tmp_path) -> None:
+    """A run directory of an earlier release keeps its advise.json (schema 1: arms one after another, Welch's
+    test on iterations): the report still shows its speed-ups and code, and nothing is advised from it."""
+    from diag.advisefile import load_advise
+    from diag.report.diagnose import workarounds
+    from diag.report.render import workaround_blocks
+    from diag.report.rundir import RunData
+
+    old = {"schema": 1, "world_size": 2, "lab": "t", "records": "records.jsonl", "workarounds": [
+        {"name": "p2p-recv-first", "title": "all_gather from batch_isend_irecv", "code": "x = 1\n", "rows": [
+            {"size_bytes": 16 << 20, "busbw_Bps": 22e6, "baseline_busbw_Bps": 14e6, "time_s": 0.7,
+             "baseline_time_s": 1.1, "speedup": 1.57, "p_value": 1e-5, "significant": True, "verdict": "faster",
+             "nwrong": 0, "baseline_nwrong": 0, "iterations": 5, "sentence": ""}]}]}
+    (tmp_path / "advise.json").write_text(json.dumps(old))
+    advise = load_advise(tmp_path / "advise.json")
+    row = advise["workarounds"][0]["rows"][0]
+    assert advise["schema"] == 2 and advise["read_from_schema"] == 1
+    assert row["speedup"] == 1.57 and row["verdict"] == "undecided" and row["welch_p"] == 1e-5
+    finding = workarounds(RunData(None, [], {}, {}, [], [], advise=advise))[0]
+    assert finding.status == "clear" and "schema 1" in finding.statement
+    text = " ".join(getattr(b, "text", "") or "" for b in workaround_blocks(advise))
+    assert "earlier release" in text and "x = 1" in text
+
+
+def test_advise_json_comes_from_the_trials_own_decisions(tmp_path) -> None:
+    """diag.advise writes advise.json from the advise trial's block records with the trial's decisions: a
+    workaround 1.5x faster in every round is faster, one within 2% the same; the rule advises the first."""
+    from report_helpers import shaped_times, trial_records, write_trial
+
+    from diag.advise import write_advise
+    from diag.plan import ADVISE_STEP
+    from diag.report.diagnose import workarounds
+    from diag.report.rundir import RunData
+
+    spec = replace(ADVISE_STEP.trial, sizes=(16 << 20,), seed=1)
+    shapes = {"gloo": (1.0, 1.0, 0.0), "p2p-recv-first": (0.66, 0.66, 0.0), "diag_tcp": (0.99, 0.99, 0.0)}
+    write_trial(tmp_path / "records" / "advise.jsonl", spec, trial_records(spec, shaped_times(shapes), rounds=8))
+    result = write_advise(tmp_path, lab="t")
+    assert json.loads((tmp_path / "advise" / "advise.json").read_text()) == result
+    verdicts = {w["name"]: [r["verdict"] for r in w["rows"]] for w in result["workarounds"]}
+    assert verdicts == {"p2p-recv-first": ["faster"], "diag_tcp": ["same"]}
+    (p2p,) = result["workarounds"][0]["rows"]
+    assert p2p["speedup"] == pytest.approx(1 / 0.66, rel=0.03) and p2p["speedup_low"] > 1.1 and p2p["rounds"] == 8
+    assert p2p["decision"]["design"] == "difference" and p2p["decision"]["interleaved"]
+    finding = workarounds(RunData(None, [], {}, {}, [], [], advise=result))[0]
+    assert finding.status == "fired" and [e.values["workaround"] for e in finding.evidence] == ["p2p-recv-first"]
 
 
 def test_fail_on_fired_gates_and_the_verdict_prints_first(anomaly_run, flat_run, capsys) -> None:

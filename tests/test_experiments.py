@@ -24,7 +24,7 @@ from report_helpers import n2_trial as reproduce_trial
 from diag.report import load_run
 from diag.report.diagnose import NOTICE_CHANNEL, SHARED_CONNECTION, diagnose
 from diag.stats import Arm, bootstrap_means, modes
-from diag.trial import Comparison, TrialArm, TrialSpec, round_order
+from diag.trialspec import Comparison, TrialArm, TrialSpec, round_order
 from diag.verdicts import ArmCpu, difference, explained_share
 
 ROUNDS = [f"r{i}" for i in range(16)]
@@ -216,24 +216,24 @@ def test_a_live_trial_interleaves_arms_and_stops_on_its_budget(tmp_path) -> None
     every block is checked data, and the trial stops on its budget with the stop reason in the end event."""
     script = f"""
 import sys
-from dataclasses import replace
 from pathlib import Path
-from diag.runner import make_job, run_worlds
-from diag.spec import SweepSpec
-from diag.trial import Comparison, TrialArm, TrialSpec
+from diag.inplace.job import JobOptions
+from diag.plan import Plan, Step
+from diag.runplan import run_plan
+from diag.trialspec import Comparison, TrialArm, TrialSpec
 trial = TrialSpec("live", arms=(TrialArm("gloo", "gloo"), TrialArm("raw"), TrialArm("shared", knobs={{"conn": "shared"}})),
                   comparisons=(Comparison("shared_connection", "knock-in", "shared", "raw", "gloo"),),
                   sizes=(65536,), block_iters=2, min_rounds=3, max_rounds=400, budget_s=3.0, seed=3)
-out = Path({str(tmp_path)!r})
-spec = SweepSpec(backend="gloo", ops=("all_gather",), sizes=trial.sizes, warmup=1, iters=2, timeout_s=60)
-job = replace(make_job(spec, out / "trial.jsonl", quiet=True), meta={{"trial": trial.to_json()}})
-run_worlds(spec, job, out / "trial.jsonl", out, world_sizes=[2])
+plan = Plan(world_sizes=(2,), steps=(Step("trial", "trial", volumes="given", trial=trial),), name="trial",
+            probe=False, capture=False, observe=False, report=False, timeout_s=60)
+out = Path({str(tmp_path / "run")!r})
+sys.exit(run_plan(JobOptions(plan=plan.to_json(), command="advise", out=str(out), run_id="live")))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     from diag.records import load_records
 
-    rf = load_records(tmp_path / "trial.jsonl")
+    rf = load_records(tmp_path / "run" / "records" / "trial.jsonl")
     blocks = [r for r in rf.records if r.block]
     assert blocks and all(r.nwrong == 0 and r.iters == 2 for r in blocks)
     rounds = sorted({r.block["round"] for r in blocks})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diag.bench.fuzz_analyze import analyze_once, mutate, run_cases, seed_corpus
+from bench.fuzz_analyze import analyze_once, mutate, run_cases, seed_corpus
 
 
 def test_every_seed_is_a_valid_capture(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The main job in place, started as an operator starts it: one torchrun per node, by hand (issue 19).
+"""The main job in place, started as an operator starts it: one torchrun per node, by hand.
 
 The lab's namespaces stand in for the nodes; diag launches nothing itself. One node has no tcpdump on its
 PATH, one runs without CAP_NET_RAW (its capabilities dropped with setpriv): both must say so and sample
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.bench.inplace_lab import start_nodes
+from bench.inplace_lab import start_nodes
 from diag.records import load_records
 from tests.lab_helpers import requires_root, unique_lab_name
 
@@ -132,6 +132,7 @@ def test_in_place_by_hand_on_three_nodes(lab3, tmp_path):
     advice = json.loads((run_dir / "advise" / "advise.json").read_text())
     assert advice["complete"] and not advice["failures"]
     assert {w["name"] for w in advice["workarounds"] if w["rows"]} == {"p2p-recv-first", "diag_tcp"}
+    assert {r.block["arm"] for r in records["advise"].records if r.block} == {"gloo", "p2p-recv-first", "diag_tcp"}
     assert (run_dir / "report" / "report.html").stat().st_size > 10_000
     assert "findings (" in job.output("h0")
 

@@ -171,7 +171,7 @@ def test_a_streams_bound_on_the_lab_is_its_slower_hosts_link() -> None:
     reads as a busy CPU)."""
     from diag.inplace.links import lab_stream_bound_Bps
     from diag.lab.topology import plan_lab
-    from diag.reproduce import lab_meta
+    from diag.runplan import lab_meta
 
     meta = lab_meta(plan_lab(LabConfig(name="bound", hosts=3, rate="200mbit").with_faults(["h1:rate=25%"])))
     full, quarter = meta["expected_goodput_Bps"], meta["host_list"][1]["link"]["expected_goodput_Bps"]

@@ -132,6 +132,9 @@ def test_every_builtin_scenario_loads_and_the_help_names_them_all() -> None:
         scenario = load_scenario(name)
         assert scenario.label.name == name and scenario.faults
         LabConfig(hosts=2).with_faults(scenario=name)      # every one fits the smallest lab
+        # what diag should call it lives with it: rules that must name each faulty host, all on a host it faults
+        assert scenario.expected_rules() and set().union(*scenario.expected_rules().values()) <= {
+            fault.host for fault in scenario.faults}
     help_text = "".join(run_diag("lab", "up", "--help").stdout.split())   # argparse wraps at hyphens
     assert all(name in help_text for name in names)
 
@@ -158,9 +161,13 @@ def test_scenario_files_in_toml_and_json(tmp_path: Path) -> None:
     assert scenario.label.name == "two-odd-hosts" and scenario.label.source == str(toml_file)
     assert scenario.faults == (HostFault("h1", tcp_rmem=(4096, 16384, 65536), congestion_control="reno",
                                          slow_start_after_idle=False), HostFault("h2", mtu=9000, cpu=0.5))
+    assert scenario.expect == ()
     json_file = tmp_path / "odd.json"
-    json_file.write_text(json.dumps({"name": "n", "imitates": "i", "faults": {"3": {"rate": 1e8}}}))
-    assert load_scenario(str(json_file)).faults == (HostFault("h3", rate=1e8),)
+    json_file.write_text(json.dumps({"name": "n", "imitates": "i", "faults": {"3": {"rate": 1e8}},
+                                     "expect": {"3": ["slow_host_link", "node_fingerprints"]}}))
+    loaded = load_scenario(str(json_file))
+    assert loaded.faults == (HostFault("h3", rate=1e8),)
+    assert loaded.expected_rules() == {"slow_host_link": {"h3"}, "node_fingerprints": {"h3"}}
 
 
 @pytest.mark.parametrize(
@@ -175,6 +182,8 @@ def test_scenario_files_in_toml_and_json(tmp_path: Path) -> None:
         ('{"name": "n", "imitates": "i", "faults": {"h1": {"cc": "reno", "congestion_control": "bbr"}}}',
          "cc is given twice"),
         ('{"name": "n", "imitates": "i", "faults": {"h1": 5}}', "must be a table of KEY = VALUE"),
+        ('{"name": "n", "imitates": "i", "faults": {"h1": {"mtu": 9000}}, "expect": {"h1": "x"}}',
+         "expect must map hosts to the rules"),
         ("[1, 2]", "a scenario is a JSON object"),
         ("{not json", "not JSON"),
     ],

@@ -135,3 +135,23 @@ def test_capture_files_and_functions_are_small() -> None:
     assert not long_files, f"diag/capture files over {MAX_FILE_LINES} lines: {', '.join(long_files)}"
     assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {', '.join(long_functions)}"
     assert total <= MAX_CAPTURE_LINES, f"diag/capture holds {total} lines of Python (at most {MAX_CAPTURE_LINES})"
+
+
+# What runs experiments: the report reads the files they write through the schemas (records, trialspec,
+# runinfo, advisefile, capture.schema), never through these.
+RUNNERS = ("diag.trial", "diag.worker", "diag.harness", "diag.plan", "diag.runplan", "diag.launch", "diag.inplace",
+           "diag.advise", "diag.reproduce", "diag._sweep", "diag.cli")
+
+
+def test_the_report_imports_schemas_never_runners() -> None:
+    known = modules()
+    found = {name: sorted(t for t in imports(name, path, known) if any(t == r or t.startswith(f"{r}.") for r in RUNNERS))
+             for name, path in known.items() if name.startswith("diag.report")}
+    assert {name: runners for name, runners in found.items() if runners} == {}
+
+
+def test_benchmarks_are_not_shipped_in_the_package() -> None:
+    """The wheel holds diag/ only; the benchmark commands live beside it, run from a checkout."""
+    assert not (PACKAGE / "bench").exists() and (PACKAGE.parent / "bench" / "fault_scenarios.py").is_file()
+    assert 'include = ["diag*"]' in (PACKAGE.parent / "pyproject.toml").read_text()
+    assert not [name for name in modules() if ".bench" in name]

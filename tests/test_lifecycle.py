@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.bench.lab_faults import processes_naming  # one /proc scan for the tests and the fault bench
+from bench.lab_faults import processes_naming  # one /proc scan for the tests and the fault bench
 from diag.records import load_records
 
 DIAG = [sys.executable, "-m", "diag"]
@@ -110,26 +110,23 @@ def test_killing_the_runner_leaves_no_rank_or_launcher(tmp_path: Path, sig: sign
     assert loaded.ends and loaded.ends[-1]["status"] == "failed"
 
 
-def test_a_failing_hook_stops_the_ranks(tmp_path: Path) -> None:
-    from diag.launch import HostLaunch, run_world
-    from diag.runner import make_job
+def test_a_supervisor_that_fails_stops_the_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever goes wrong in the launching process while the ranks run (here its supervision loop raises
+    once they are up), no launcher and no rank is left behind."""
+    from diag import launch
+    from diag.inplace.job import JobOptions
+    from diag.plan import sweep_plan
     from diag.spec import SweepSpec
 
-    class FailingObserver:
-        def start(self, context) -> None:
-            return None
+    def breaks(*args, **kwargs):
+        time.sleep(3)  # ranks are starting by now
+        raise RuntimeError("supervisor broke")
 
-        def launched(self, context) -> None:
-            time.sleep(3)  # ranks are starting by now
-            raise RuntimeError("observer broke")
-
-        def stop(self, context) -> None:
-            return None
-
-    spec = SweepSpec(sizes=(1024,), iters=100000, warmup=0, gap_s=0.001)
-    job = make_job(spec, tmp_path / "hook.jsonl", quiet=True)
-    work = tmp_path / "logs"
-    work.mkdir()
-    with pytest.raises(RuntimeError, match="observer broke"):
-        run_world(job, [HostLaunch("local", 2)], work, [FailingObserver()])
+    monkeypatch.setattr(launch, "_supervise", breaks)
+    plan = sweep_plan(SweepSpec(sizes=(1024,), iters=100000, warmup=0, gap_s=0.001), (2,))
+    job = JobOptions(plan=plan.to_json(), command="sweep", out=str(tmp_path / "run"), quiet=True)
+    work = tmp_path / "run" / "logs"
+    work.mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="supervisor broke"):
+        launch.run_world(job, [launch.HostLaunch("local", 2)], work)
     assert wait_gone(str(work / "job-n2.json"), 15) == []

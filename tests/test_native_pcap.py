@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from native_helpers import assert_twins, claim_caplen, comparable, need_kernels, pcapng_capture, read
 
-from diag.bench.fuzz_analyze import mutate, pcapng_block, seed_corpus
+from bench.fuzz_analyze import mutate, pcapng_block, seed_corpus
 from diag.capture import pcapfile, reader
 from diag.errors import DiagError
 

@@ -25,7 +25,7 @@ from capture_helpers import LINK_HEADERS, loopback_capture, synthetic_flow, writ
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diag.bench.tcpstate_speed import tcp_inputs
+from bench.tcpstate_speed import tcp_inputs
 from diag.capture import tcpstate
 from diag.capture.pcapfile import ACK, FIN, PSH, RST, SYN
 from diag.capture.tcpstate import PacketState

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from lab_helpers import lab_names, requires_root, unique_lab_name
 
+from bench.probe_matrix import ProbeLaunch, ack_sharing_ceiling_Bps, edge_shares, launch_probe, slow_down
 from diag import goodput
-from diag.bench.probe_matrix import ProbeLaunch, ack_sharing_ceiling_Bps, edge_shares, launch_probe, slow_down
 from diag.errors import DiagError
 from diag.goodput import GRACE_S
 from diag.lab import Lab, LabConfig, bring_up

@@ -30,12 +30,21 @@ def test_profile_sizes_reach_from_one_byte_to_200_mib() -> None:
 def test_profile_added_to_the_plan_or_alone() -> None:
     quick = resolve_plan(True, None, None)
     added = resolve_plan(True, None, None, profile="add")
-    assert added.steps[:len(quick.steps)] == quick.steps and added.advise
+    # after the plan's own steps, before the advise trial (which stays last); never captured
+    assert added.steps[:len(quick.steps) - 1] == quick.steps[:-1] and added.steps[-1] == quick.steps[-1]
+    assert quick.steps[-1].kind == "advise" and added.has_advise
     profile = [s for s in added.steps if s.kind == "profile"]
     assert {(s.backend, s.op) for s in profile} == {("gloo", "all_gather"), ("gloo", "send_recv"),
                                                     ("gloo", "all_reduce"), ("raw", "all_gather"), ("raw", "send_recv")}
+    assert not any(s.captured for s in profile) and all(s.captured for s in quick.steps if s.kind in ("sweep", "knob"))
+    # a 200 MiB collective at N=8 on a slow link takes minutes: the subgroups wait for it
+    assert added.timeout_s >= 600 and quick.timeout_s < 600
     alone = resolve_plan(False, 8, None, profile="only", profile_sizes=(1, 64 << 10, 200 << 20), profile_row_s=0.5)
-    assert [s.kind for s in alone.steps] == ["profile"] * 5 and not alone.advise
+    assert [s.kind for s in alone.steps] == ["profile"] * 5 and not alone.has_advise and not alone.capture
+    # the plan travels to every rank as JSON (the job file, run.json): the profile's sizes come back
+    from diag.plan import Plan
+
+    assert Plan.from_json(alone.to_json()) == alone
     assert alone.world_sizes == tuple(range(2, 9)) and all(alone.world_sizes_of(s) == alone.world_sizes
                                                            for s in alone.steps)
     # the backend under test profiles itself (diag_tcp: the negative control's own numbers)
@@ -78,18 +87,20 @@ def test_profile_sizes_fit_the_memory_of_the_machines_the_ranks_share() -> None:
 
 
 def test_profile_rows_feed_the_model_not_the_survey(tmp_path) -> None:
-    survey = [make_record("gloo", "all_gather", n, s, [s / 10e6 * (n - 1) + 1e-3] * 4) for n in (2, 3)
-              for s in (MiB, 4 * MiB)]
+    # the job names one launch per N: every step at N, survey and profile, shares its run id (run-n2, run-n3);
+    # the profile is told by its own records file's start events
+    survey = [replace(make_record("gloo", "all_gather", n, s, [s / 10e6 * (n - 1) + 1e-3] * 4), run_id=f"run-n{n}")
+              for n in (2, 3) for s in (MiB, 4 * MiB)]
     root = write_run_dir(tmp_path / "run", survey)
     profile = [replace(make_record("gloo", "all_gather", n, s, [s / 10e6 * (n - 1) + 1e-3] * 4),
-                       run_id=f"profile-n{n}") for n in (2, 3) for s in (1, 4096, MiB)]
+                       run_id=f"run-n{n}") for n in (2, 3) for s in (1, 4096, MiB)]
     with RecordWriter(root / "records" / "profile-gloo-all_gather.jsonl") as writer:
         for n in (2, 3):
-            writer.start(f"profile-n{n}", env={}, spec={}, meta={"profile": True})
+            writer.start(f"run-n{n}", env={}, spec={}, meta={"profile": True})
             for r in profile:
                 if r.world_size == n:
                     writer.record(r)
-            writer.end(f"profile-n{n}", "ok")
+            writer.end(f"run-n{n}", "ok")
     run = load_run([root])
     assert len(run.records) == len(survey) and len(run.profile_records) == len(profile)
     assert len(run.model_records) == len(survey) + len(profile)

@@ -3,7 +3,7 @@ result and fails no run (real sockets, real ranks; the 500 + 500 figure is docs/
 
 from __future__ import annotations
 
-from diag.bench.listener_crowd import run_once
+from bench.listener_crowd import run_once
 
 
 def test_crowd_of_strays_during_rendezvous() -> None:

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from diag.records import load_records
+from diag.report.rundir import load_run
 
 
 def _namespaces() -> set[str]:
@@ -89,12 +90,25 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
     assert all((e.get("values") or {}).get("size_bytes") not in (1, 64 * 1024)      # the survey's rows only
                for f in rules for e in f.get("evidence", []))
     assert "| 1 B |" not in (run_dir / "report" / "report.md").read_text()
+    # every step at one N shares the launch's run id: the profile is told by its records file's start events
+    run = load_run([run_dir])
+    assert {(r.series, r.world_size) for r in run.records if r.op == "all_gather"} >= {("torch:gloo", 2),
+                                                                                       ("torch:gloo", 3)}
+    assert {r.size_bytes for r in run.profile_records} == {1, 64 * 1024}
+    assert not {r.size_bytes for r in run.records} & {1, 64 * 1024}
+    # the advise trial stays last, after the profile
+    assert [s["name"] for s in meta["plan"]["steps"]][-1] == "advise"
 
-    # diag advise ran on the same lab: each workaround against plain gloo, data checked
+    # the advise step ran on the same lab: each workaround beside plain gloo in one interleaved trial (gloo's
+    # and diag_tcp's process groups of the same ranks), data checked, each decided by the trial's bootstrap
     advice = json.loads((run_dir / "advise" / "advise.json").read_text())
     assert advice["complete"] and not advice["failures"] and advice["lab"] == meta["lab"]["name"]
-    assert all(row["nwrong"] == 0 and row["p_value"] is not None
+    assert all(row["nwrong"] == 0 and row["decision"]["interleaved"] and row["verdict"] in
+               ("faster", "slower", "same", "undecided")
                for workaround in advice["workarounds"] for row in workaround["rows"])
+    assert {w["name"] for w in advice["workarounds"] if w["rows"]} == {"p2p-recv-first", "diag_tcp"}
+    arms = {r.block["arm"]: r.backend for r in records["advise"].records if r.block}
+    assert arms == {"gloo": "gloo", "p2p-recv-first": "gloo", "diag_tcp": "diag_tcp"}
 
     # every node captured its own NIC for the steps it took part in and analysed its captures there
     assert meta["mode"] == "lab" and [n["name"] for n in meta["topology"]["nodes"]] == ["h0", "h1", "h2"]

@@ -19,9 +19,11 @@ from report_helpers import make_record, write_records
 
 from diag import validate
 from diag.errors import DiagError
+from diag.inplace.job import JobOptions
+from diag.plan import sweep_plan
 from diag.records import RecordWriter, export_csv
 from diag.spec import SweepSpec
-from diag.worker import Job, StateFile
+from diag.worker import StateFile
 from tests.common import run_diag
 
 NOBODY = 65534
@@ -62,21 +64,22 @@ def test_a_planted_job_file_symlink_is_replaced_and_the_job_file_is_0600(tmp_pat
     target = victim(tmp_path)
     job_path = tmp_path / "job-n2.json"
     job_path.symlink_to(target)
-    job = Job(spec=SweepSpec(backend="gloo"), out=str(tmp_path / "r.jsonl"), run_id="x")
+    job = JobOptions(plan=sweep_plan(SweepSpec(backend="gloo"), (2,)).to_json(), command="sweep",
+                     out=str(tmp_path / "r.d"), run_id="x")
     job.save(job_path)
     assert_untouched(target)
     info = os.lstat(job_path)
     assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600
-    assert Job.load(job_path).run_id == "x"
+    assert JobOptions.load(job_path) == job
 
 
 def test_a_job_file_others_can_write_or_read_is_refused(tmp_path: Path) -> None:
     job_path = tmp_path / "job-n2.json"
-    Job(spec=SweepSpec(backend="gloo"), out=None, run_id="x").save(job_path)
+    JobOptions(out=str(tmp_path / "r.d"), run_id="x").save(job_path)
     for mode in (0o666, 0o644):
         os.chmod(job_path, mode)
         with pytest.raises(DiagError, match="mode 0600"):
-            Job.load(job_path)
+            JobOptions.load(job_path)
 
 
 def test_records_are_never_appended_through_a_symlink_or_hard_link(tmp_path: Path) -> None:
@@ -178,7 +181,10 @@ def test_a_sweep_run_dir_and_its_files_are_private(tmp_path: Path) -> None:
                            "--iters", "1", "--warmup", "0", "--quiet", "--out", str(out), "--run-dir", str(run_dir)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for directory in (run_dir, run_dir / "logs", run_dir / "logs" / "state-n2", run_dir / "tcpinfo"):
+    (node,) = (run_dir / "nodes").iterdir()
+    assert list((node / "tcpinfo").glob("*.jsonl"))      # the raw transport's TCP_INFO, in its node's folder
+    for directory in (run_dir, run_dir / "logs", run_dir / "logs" / "state-n2", run_dir / "records",
+                      run_dir / "nodes", node, node / "tcpinfo"):
         assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700, directory
     assert stat.S_IMODE(os.stat(run_dir / "logs" / "job-n2.json").st_mode) == 0o600
 

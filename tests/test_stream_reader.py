@@ -24,7 +24,7 @@ import pytest
 from capture_helpers import LINK_HEADERS, loopback_capture, synthetic_flow, write_pcap
 from native_helpers import claim_caplen, need_kernels, pcapng_capture
 
-from diag.bench.fuzz_analyze import mutate, seed_corpus
+from bench.fuzz_analyze import mutate, seed_corpus
 from diag.capture import pcapfile, reader
 from diag.capture.reader_native import MIN_ROW_FILE_BYTES
 from diag.errors import DiagError

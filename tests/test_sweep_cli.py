@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +31,8 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> N
 
 
 def test_sweep_two_world_sizes_writes_valid_records(tmp_path):
+    """--nproc 2,3: one launch of 3 ranks, N=2 on a subgroup of them; one records run per N, as before, in --out
+    and in the run directory beside it."""
     out, table = tmp_path / "run.jsonl", tmp_path / "run.csv"
     proc = run_diag("sweep", "--nproc", "2,3", "--sizes", "1K,12589", "--dtype", "uint8", "--iters", "3",
                     "--warmup", "1", "--out", str(out), "--csv", str(table))
@@ -37,6 +40,13 @@ def test_sweep_two_world_sizes_writes_valid_records(tmp_path):
     data = load_records(out)
     assert data.complete and len(data.starts) == 2 and len(data.ends) == 2
     assert [(r.world_size, r.size_bytes) for r in data.records] == [(2, 1024), (2, 12589), (3, 1024), (3, 12589)]
+    assert len({s["run_id"].rsplit("-", 1)[0] for s in data.starts}) == 1      # one run, a run id per N
+    assert [len(r.hosts) for r in data.records] == [2, 2, 3, 3]
+    run_dir = tmp_path / "run.d"
+    assert (run_dir / "records" / "sweep.jsonl").read_text() == out.read_text()   # the same events, both files
+    assert list((run_dir / "logs").glob("job-n3.json")) and not list((run_dir / "logs").glob("job-n2.json"))
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["command"] == "sweep" and meta["plan"]["world_sizes"] == [2, 3] and meta["topology"]["subgroups"]["2"]
     assert all(r.nwrong == 0 and r.backend == "gloo" and r.op == "all_gather" for r in data.records)
     env = data.starts[0]["env"]
     assert "net.ipv4.tcp_rmem" in env["sysctl"] and env["torch"]
@@ -79,6 +89,31 @@ def test_killed_rank_ends_sweep_with_one_line_and_keeps_rows(tmp_path):
     data = load_records(out)
     assert len(data.records) >= 2 and all(r.nwrong == 0 for r in data.records)
     assert data.ends and data.ends[-1]["status"] == "failed"
+
+
+def test_in_place_under_torchrun_captures_and_observes_every_node(need_root, tmp_path):
+    """What users run on their own cluster: torchrun ... -m diag sweep --capture --observe. Every node captures
+    its own NIC and analyses it against the records, and samples its ranks: all of it in the run directory."""
+    if not shutil.which("tcpdump"):
+        pytest.skip("tcpdump is not installed (.ci/setup installs it)")
+    out = tmp_path / "tr.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "diag", "sweep", "--capture", "--observe", "--iface", "lo", "--sizes", "64K,1M", "--iters", "3",
+         "--warmup", "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "# Out of bounds values : 0 OK" in proc.stdout
+    records = load_records(out).records
+    assert [(r.world_size, r.size_bytes) for r in records] == [(2, 64 << 10), (2, 1 << 20)]
+    run_dir = tmp_path / "tr.d"
+    (node,) = (run_dir / "nodes").iterdir()
+    tag = "sweep--gloo-all_gather-n2"
+    analysis = json.loads((node / "analysis" / f"{tag}.json").read_text())
+    assert analysis["connections"] and {p["phase"]["size_bytes"] for p in analysis["phases"]} >= {64 << 10, 1 << 20}
+    assert json.loads((node / "captures" / f"{tag}.pcap.capture.json").read_text())["iface"] == "lo"
+    samples = [json.loads(line) for line in (node / "observe" / f"{tag}.jsonl").read_text().splitlines()]
+    assert {"tcp_info", "cpu_thread", "cpu_host"} <= {s["kind"] for s in samples}
+    assert json.loads((node / "fingerprint.json").read_text())["node"]["ranks"] == [0, 1]
 
 
 def test_in_place_under_torchrun(tmp_path):

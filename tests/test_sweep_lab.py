@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -47,9 +48,18 @@ def test_lab_sweep_matches_local_format_and_is_slower_than_loopback(lab3, tmp_pa
     start = lab_rows.starts[0]
     assert start["meta"]["lab"] == lab3.name
     assert start["env"]["variables"]["GLOO_SOCKET_IFNAME"] == "eth0"
+    # one launch of 3 ranks, N=2 on a subgroup of it; every node captured its own link and analysed it there
+    assert [s["world_size"] for s in lab_rows.starts] == [2, 3]
     run_dir = tmp_path / "lab.d"
-    assert (run_dir / "captures" / "gloo-all_gather-n2.pcap").stat().st_size > 0
-    assert (run_dir / "observe" / "gloo-all_gather-n3.jsonl").stat().st_size > 0
+    for host in lab3.hosts:
+        node = run_dir / "nodes" / host.name
+        steps = ["n2", "n3"] if host.name != lab3.hosts[2].name else ["n3"]   # h2 is in N=3's subgroup only
+        for n in steps:
+            assert (node / "captures" / f"sweep--gloo-all_gather-{n}.pcap").stat().st_size > 0
+            assert json.loads((node / "analysis" / f"sweep--gloo-all_gather-{n}.json").read_text())["connections"]
+            assert (node / "observe" / f"sweep--gloo-all_gather-{n}.jsonl").stat().st_size > 0
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["command"] == "sweep" and meta["mode"] == "lab" and meta["records_out"] == str(lab_out.resolve())
 
 
 def test_lab_sweep_needs_enough_hosts(lab3, tmp_path):

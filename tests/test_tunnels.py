@@ -19,7 +19,7 @@ import pytest
 from capture_helpers import need_tools
 from encapsulation_helpers import cases, write_cases
 
-from diag.bench.tshark_agreement import compare
+from bench.tshark_agreement import compare
 from diag.capture.analysis import analyze_files
 from diag.lab import netns as ns_tools
 from diag.lifeline import CHILD_CWD, python_command
@@ -111,7 +111,7 @@ def tunnel_pair(kind: str) -> Iterator[tuple[str, str, str]]:
             except ns_tools.CommandError as exc:
                 if "Unknown device type" in str(exc):
                     pytest.skip(f"this kernel cannot create a {kind} device ({exc}); the built frames and "
-                                "tcpdump's own test captures (diag.bench.tshark_agreement) cover it")
+                                "tcpdump's own test captures (bench.tshark_agreement) cover it")
                 raise
             ns_tools.ip_batch(ns, [f"addr add {inner}/24 dev tun0", "link set tun0 up"])
         yield a, b, kind

@@ -74,7 +74,7 @@ def test_dip_without_experiments_says_not_isolated_and_no_workaround(tmp_path: P
 
 
 def test_clean_run_says_nothing_is_slow(tmp_path: Path) -> None:
-    v = _verdict(tmp_path / "run", flat_records(), advise=advise_doc(speedup=1.01, p_value=0.4))
+    v = _verdict(tmp_path / "run", flat_records(), advise=advise_doc(speedup=1.01, verdict="same"))
     assert v.slow == "Nothing is slow: busbw at N=2 is not below N=3,4."
     assert v.why == "Nothing to explain." and v.sure == ""
     assert v.todo == "No measured workaround is significantly faster than plain gloo here."

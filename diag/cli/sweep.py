@@ -1,9 +1,13 @@
 """Time collectives over a size sweep: torch.distributed (gloo, nccl) or diag's raw-TCP reference.
 
-Three ways to start ranks:
-  diag sweep --nproc 2,3,4 ...           ranks on this machine, started by torch's launcher, one N at a time
+Three ways to start ranks, one job: K = the largest N ranks start once, and every N runs on a subgroup of them.
+  diag sweep --nproc 2,3,4 ...           K ranks on this machine, started by torch's launcher
   diag sweep --lab [NAME] --nproc 2,3    one launcher per lab host (network namespaces), as on a cluster
-  torchrun ... -m diag sweep ...         in place, under torchrun / srun / any env:// launcher
+  torchrun ... -m diag sweep ...         in place, under torchrun / srun / any env:// launcher (--nproc: the N
+                                         to run on subgroups of the job; default: the whole job)
+Every run writes a run directory (--run-dir, default <out>.d): records/sweep.jsonl, run.json and each node's
+fingerprint, captures (--capture), their analyses and observer samples (--observe) under nodes/<node>/;
+diag report renders it. The records are appended to --out as well.
 
 Ends with nccl-tests' closing lines (Out of bounds values, Avg bus bandwidth) and gates on them: exit 6 when a
 row has #wrong > 0, 7 when the average busbw is below --min-busbw (docs/cli.md, Exit codes).
@@ -20,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 from diag.errors import DiagError
@@ -71,8 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     where = parser.add_argument_group("where ranks run")
     where.add_argument("--nproc", type=_int_list,
-                       help="world sizes to run in turn on this machine (or on the lab), e.g. 2,3,4; "
-                            "without it diag runs in place under torchrun/env://")
+                       help="world sizes N to run, e.g. 2,3,4: max(N) ranks start once on this machine (or the "
+                            "lab) and each N runs on a subgroup of them; under torchrun/env:// the subgroups of "
+                            "the job (default there: the whole job)")
     where.add_argument("--lab", nargs="?", const="diag", default=None, metavar="NAME",
                        help="run each rank in its own lab host namespace (default lab name: diag)")
     where.add_argument("--iface", help="network interface for the ranks (sets GLOO_SOCKET_IFNAME)")
@@ -103,17 +107,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     out = parser.add_argument_group("output")
     out.add_argument("--out", help="records file (JSON Lines, appended; default runs/sweep-<time>.jsonl)")
-    out.add_argument("--run-dir", help="where logs, captures, observer and TCP_INFO files go "
-                                       "(default: beside --out, <out>.d)")
+    out.add_argument("--run-dir", help="the run directory: records, run.json, every node's captures, analyses, "
+                                       "observer and TCP_INFO files, logs (default: beside --out, <out>.d, "
+                                       "or <out>-<run id>.d where that holds an earlier run)")
     out.add_argument("--csv", help="also export this run's rows as CSV to this file (one line per row)")
     out.add_argument("--samples-csv", metavar="FILE",
                      help="also export every timed iteration (max over ranks) as one CSV row, long format for "
                           "pandas and R (columns: diag.records.SAMPLE_FIELDS)")
     out.add_argument("--capture", nargs="?", const="", default=None, metavar="IFACE",
-                     help="capture packets with tcpdump on IFACE (default: rank 0's host link; lo locally)")
+                     help="every node captures its own NIC with tcpdump (root) and analyses it against the records "
+                          "(default interface: the job's, e.g. each lab host's link; lo locally); a node that may "
+                          "not capture samples TCP_INFO instead and says so")
     out.add_argument("--snaplen", type=int, default=128, help="capture snap length (default 128)")
     out.add_argument("--observe", action="store_true",
-                     help="sample ss/TCP_INFO, per-thread CPU and NIC counters during the sweep")
+                     help="every node samples its ranks' ss/TCP_INFO, per-thread CPU and NIC counters during the "
+                          "sweep")
     out.add_argument("--quiet", action="store_true", help="print no table")
 
 
@@ -156,66 +164,48 @@ def build_spec(args: argparse.Namespace):
     )
 
 
-def default_out() -> Path:
-    return Path("runs") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-
-
 def run(args: argparse.Namespace) -> int:
     from diag.errors import require_torch
 
     require_torch("diag sweep")
     spec = build_spec(args)
-    in_place = not args.nproc and not args.lab
-    if in_place and "RANK" not in os.environ:
-        raise DiagError("no ranks to run: pass --nproc 2 (ranks on this machine), --lab, "
-                        "or start diag sweep under torchrun")
-    if args.iface:
-        os.environ["GLOO_SOCKET_IFNAME"] = args.iface
     from diag import validate
+    from diag._sweep import default_out, run_sweep
+    from diag.runplan import in_place, run_records
 
+    if args.iface:
+        validate.interface(args.iface)
+        os.environ["GLOO_SOCKET_IFNAME"] = args.iface
     out = validate.output_file(args.out, "--out") if args.out else default_out()
-    run_dir = Path(args.run_dir) if args.run_dir else out.with_name(out.name.removesuffix(".jsonl") + ".d")
-    if not in_place:  # under torchrun every rank would race to create it; ranks there write only --out
-        validate.output_dir(run_dir, "--run-dir")
     if args.csv:
         validate.output_file(args.csv, "--csv")
     if args.samples_csv:
         validate.output_file(args.samples_csv, "--samples-csv")
     if args.min_busbw is not None and not args.min_busbw >= 0:
         raise DiagError("--min-busbw takes GB/s, a number >= 0, e.g. 0.1")
-    if spec.backend == "raw":
-        spec = spec.replace(knobs={**spec.knobs, "tcpinfo_dir": str((run_dir / "tcpinfo").resolve())})
+    lab = None
+    if args.lab:
+        from diag.lab import load_lab
 
-    from dataclasses import replace
+        lab = load_lab(args.lab)
+    root = run_sweep(spec, out, run_dir=args.run_dir, lab=lab, iface=args.iface, master_addr=args.master_addr,
+                     master_port=args.master_port, capture=args.capture, snaplen=args.snaplen,
+                     observe=args.observe, quiet=args.quiet, argv=tuple(sys.argv[1:]))
+    if in_place() and int(os.environ.get("RANK", "0")) != 0:
+        return 0   # rank 0 writes the records and gates on them
+    from diag.plan import SWEEP
 
-    from diag.runner import make_job
-
-    job = replace(make_job(spec, out, quiet=args.quiet), min_busbw_GBps=args.min_busbw)
-    if in_place:
-        from diag.worker import run_job
-
-        code = run_job(job)  # rank 0: the closing lines and the gate's status
-        if int(os.environ.get("RANK", "0")) == 0 and out.exists():
-            export_tables(args, this_run(out, job.run_id))
-        return code
-    run_local_or_lab(args, spec, job, out, run_dir)
-    records = this_run(out, job.run_id)
+    records = run_records(root, SWEEP)
     export_tables(args, records)
     from diag.gates import closing_lines, sweep_status
 
     if not args.quiet:
         print("\n".join(closing_lines(records)), flush=True)
+        print(f"# {len(records)} rows written to {out} (run directory {root})", file=sys.stderr, flush=True)
     code, why = sweep_status(records, args.min_busbw)
     if why:
-        print(f"diag sweep: {why}", file=sys.stderr)
+        print(f"diag sweep: {why}", file=sys.stderr, flush=True)
     return code
-
-
-def this_run(out: Path, run_id: str) -> list:
-    """The rows this invocation wrote (--out may hold earlier runs: it is appended to)."""
-    from diag.records import load_records
-
-    return [r for r in load_records(out).records if r.run_id == run_id or r.run_id.startswith(f"{run_id}-")]
 
 
 def export_tables(args: argparse.Namespace, records: list) -> None:
@@ -227,16 +217,3 @@ def export_tables(args: argparse.Namespace, records: list) -> None:
         from diag.records import export_samples_csv
 
         export_samples_csv(records, Path(args.samples_csv))
-
-
-def run_local_or_lab(args: argparse.Namespace, spec, job, out: Path, run_dir: Path) -> None:
-    from diag.runner import run_worlds
-
-    lab = None
-    if args.lab:
-        from diag.lab import load_lab
-
-        lab = load_lab(args.lab)
-    run_worlds(spec, job, out, run_dir, world_sizes=args.nproc, lab=lab, iface=args.iface,
-               master_addr=args.master_addr, master_port=args.master_port, capture=args.capture,
-               snaplen=args.snaplen, observe=args.observe)

@@ -14,15 +14,18 @@ def main(argv: list[str] | None = None) -> int:
     from diag.errors import DiagError
     from diag.lifeline import bind_to_parent, terminate_as_exception
 
-    # As diag.worker: die with the launcher, and take its SIGTERM as an exception (rank 0 saves run.json).
+    # Die with the launcher, and take its SIGTERM as an exception (rank 0 saves run.json, its records their end).
     bind_to_parent(signal.SIGKILL)
     terminate_as_exception()
+    command = "diag"
     try:
         from diag.inplace.job import JobOptions, run_in_place
 
-        return run_in_place(JobOptions.load(args[0]))
+        options = JobOptions.load(args[0])
+        command = f"diag {options.command}"
+        return run_in_place(options)
     except DiagError as exc:
-        print(f"diag reproduce: {exc}", file=sys.stderr, flush=True)
+        print(f"{command}: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
 
 

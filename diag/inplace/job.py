@@ -1,4 +1,6 @@
-"""The main job in place: one launch of K ranks runs the whole plan (docs/inplace.md).
+"""The one job: one launch of K ranks runs a whole plan (docs/inplace.md). ``diag reproduce``, ``diag sweep``,
+``diag advise`` and ``diag.sweep()`` all build a plan (diag.plan) and run it here, whether the ranks were
+started by the user's launcher (torchrun, srun: in place) or by diag (loopback, the lab: diag.runplan).
 
 Every rank runs ``run_in_place``; they walk the same list of actions in the same order. Before each step
 the job's ranks meet (diag.inplace.world), the leaders of the nodes that take part start their node's
@@ -9,7 +11,9 @@ captures against the records, the nodes' files reach the run directory (written 
 else sent to rank 0 through the job's group), and rank 0 writes the report.
 
 Adds no measurement logic of its own: the plan (diag.plan), the harness and trials (diag.worker), the
-network probe (diag.probe) and the analyzer do the measuring.
+network probe (diag.probe) and the analyzer do the measuring. What the plan asks around its steps: the link
+probe first, every node's capture and observers during the steps, the report at the end (Plan.probe, capture,
+observe, report).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 import secrets
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
@@ -31,41 +36,36 @@ from diag.errors import DiagError
 from diag.inplace.node import NodeWork
 from diag.inplace.topology import Topology, build_topology, identify, job_interface
 from diag.inplace.world import WORLD_TIMEOUT_S, World
-from diag.plan import (
-    STEP_TIMEOUT_S,
-    Plan,
-    Step,
-    per_rank_size,
-    resolve_plan,
-    step_spec,
-    step_title,
-    step_trial,
-)
+from diag.plan import ADVISE, Plan, Step, capture_tag, step_spec, step_title, step_trial
+from diag.runinfo import LabInfo, RunInfo
 from diag.transports.group import GroupContext
 from diag.units import human_bytes
 
 MODES = ("in-place", "lab", "loopback")
-SHARED_MARK = ".diag-shared"
-JOB_SILENCE_S = 600.0      # rank 0 writes it into the run directory; a node that reads it shares it
+COMMANDS = ("reproduce", "sweep", "advise")
+SHARED_MARK = ".diag-shared"   # rank 0 writes it into the run directory; a node that reads it shares it
+# The longest a rank of the job may stay silent: one phase of the link probe, or the analysis of a node's
+# captures. A plan with neither (a sweep without --capture) is silent at most one collective's timeout.
+JOB_SILENCE_S = 600.0
 
 
 @dataclass(frozen=True)
 class JobOptions:
-    """What every rank of the job is asked to do: the reproduce command line, or the job file diag's own
-    lab/loopback launch hands each rank (0600: it carries the run token)."""
+    """What every rank of the job is asked to do: the plan and where its results go. In place every rank
+    builds it from its own command line; diag's own lab/loopback launch hands it to each rank in a job file
+    (0600: it carries the run token)."""
 
-    quick: bool = True
-    out: str = ""
-    max_n: int | None = None
-    volumes: tuple[int, ...] | None = None
+    plan: dict[str, Any] = field(default_factory=dict)   # diag.plan.Plan.to_json()
+    command: str = "reproduce"            # reproduce | sweep | advise: run.json's command, the progress lines
+    out: str = ""                         # the run directory
+    records_out: str | None = None        # diag sweep's --out: rank 0 appends every event there too
+    run_id: str = ""                      # the records' run id (each N's launch: <run_id>-n<N>); "": drawn
     iface: str | None = None
+    capture_iface: str | None = None      # capture here instead of the job's interface (diag sweep --capture IFACE)
+    snaplen: int = 128
     keep_pcaps: bool = False
     keep_going: bool = True
-    backend: str = "gloo"                 # the backend under test (diag.plan.under_test)
-    skip: tuple[str, ...] = ()            # step kinds left out (diag.plan.SKIPPABLE)
-    profile: str = ""                     # the model's profile steps: "add", "only" or "" (diag.plan.with_profile)
-    profile_sizes: tuple[int, ...] | None = None
-    profile_row_s: float | None = None
+    quiet: bool = False                   # no sweep tables on rank 0's stdout (diag sweep --quiet)
     probe_seconds: int = 2                # each phase of the link probe
     mode: str = "in-place"
     lab: dict[str, Any] | None = None     # the lab's description for run.json (lab mode)
@@ -78,12 +78,17 @@ class JobOptions:
     @property
     def watchdog_base_s(self) -> float:
         """Rank 0 reports after every iteration of every step and at every phase of the job; the longest
-        silence is one phase (the link probe, the analysis of a node's captures)."""
-        return JOB_SILENCE_S
+        silence is one phase (the link probe, the analysis of a node's captures), or without those one
+        collective's timeout."""
+        plan = self.plan or {}
+        if plan.get("probe", True) or plan.get("capture", True):
+            return JOB_SILENCE_S
+        return float(plan.get("timeout_s") or JOB_SILENCE_S)
 
     @property
-    def via_exec(self) -> bool:
-        return False
+    def kept(self) -> str:
+        """Where a failed run's finished rows are (the launcher's failure line says it)."""
+        return self.records_out or str(Path(self.out) / "records")
 
     def save(self, path: Path) -> None:
         safefs.write_file(path, json.dumps(asdict(self)), safefs.SECRET_MODE)
@@ -95,41 +100,43 @@ class JobOptions:
             raise DiagError(f"job file {path} is not a regular file of yours with mode 0600; refusing to run it")
         with os.fdopen(fd, "rb") as handle:
             data = json.loads(handle.read())
-        data["volumes"] = tuple(data["volumes"]) if data.get("volumes") else None
         data["argv"] = tuple(data.get("argv") or ())
-        data["skip"] = tuple(data.get("skip") or ())
-        data["profile_sizes"] = tuple(data["profile_sizes"]) if data.get("profile_sizes") else None
         return cls(**data)
 
 
 @dataclass
 class Run:
-    """The run directory and its run.json (rank 0), written again after every change."""
+    """The run directory and its run.json (rank 0; diag.runinfo), written again after every change."""
 
     root: Path
-    meta: dict[str, Any]
+    info: RunInfo
 
     def save(self) -> None:
-        safefs.write_file(self.root / "run.json", json.dumps(self.meta, indent=1, default=str))
+        self.info.save(self.root)
 
 
 @dataclass
 class Action:
+    """One step at one world size: what the step's subgroup runs, where its records go, how its files are
+    tagged on every node, and the row counts and weights of the sweep tables' progress."""
+
     title: str
-    step: Step | None          # None: the advise step
+    step: Step
     world_size: int
     spec: Any = None
     job_meta: dict[str, Any] = field(default_factory=dict)
     records: str = ""
     tag: str = ""
     capture: bool = False
-    group_backend: str = "gloo"
+    rows: int = 0
+    weight: float = 0.0
 
 
-def make_say(started: float, rank: int) -> Callable[[str], None]:
-    """Progress lines on rank 0's stderr, each with the time since the start (the tables go to stdout)."""
+def make_say(started: float, rank: int, quiet: bool = False) -> Callable[[str], None]:
+    """Progress lines on rank 0's stderr, each with the time since the start (the tables go to stdout);
+    ``quiet``: none (a sweep's own table and bar say it all)."""
     def say(text: str) -> None:
-        if rank != 0:
+        if rank != 0 or quiet:
             return
         elapsed = int(time.monotonic() - started)
         print(f"{elapsed // 60:2d}:{elapsed % 60:02d} {text}", file=sys.stderr, flush=True)
@@ -149,13 +156,17 @@ class InPlaceJob:
         self.node = topology.node(self.rank)
         self.is_leader = self.node.leader == self.rank
         self.run: Run | None = None
-        self.root = Path(options.out or f"runs/reproduce-{time.strftime('%Y%m%d-%H%M%S')}")
+        self.root = Path(options.out or f"runs/{options.command}-{time.strftime('%Y%m%d-%H%M%S')}")
         self.shared = False
         self.node_work: NodeWork | None = None
-        self.groups: dict[int, GroupContext | None] = {}          # gloo, per N
-        self.backend_groups: dict[int, GroupContext | None] = {}  # the backend under test where not gloo
+        # (N, backend, knobs) -> this rank's subgroup of N on that backend (None: not a member); gloo's for
+        # every N, the others' where a step at N runs on them (diag.plan.Plan.groups_at)
+        self.groups: dict[tuple[int, str, str], GroupContext | None] = {}
         self.failures: list[dict[str, str]] = []
         self.started = time.monotonic()
+        self.run_id = options.run_id or uuid.uuid4().hex[:12]   # rank 0's names the records
+        self.all_actions: list[Action] = []
+        self.quiet_steps = options.command == "sweep"
         from diag.worker import StateFile
 
         self.state = StateFile(options.state_dir, self.rank)
@@ -168,7 +179,7 @@ class InPlaceJob:
             if (self.root / "records").exists() and any((self.root / "records").iterdir()):
                 raise DiagError(f"{self.root} already holds records: choose a new --out directory")
             safefs.private_dir(self.root, "--out")
-            for sub in ("records", "nodes", "advise"):
+            for sub in ("records", "nodes", *((ADVISE,) if self.plan.has_advise else ())):
                 safefs.private_dir(self.root / sub)
             mark = secrets.token_hex(8)
             safefs.write_file(self.root / SHARED_MARK, mark)
@@ -186,7 +197,9 @@ class InPlaceJob:
         # its part on its own disk (same path) and sends it to rank 0 at the end.
         self.root = Path(root) if self.shared else self.root
         if self.is_leader:
-            self.node_work = NodeWork(self.node, self.root / "nodes" / self.node.name, self.topology.iface)
+            self.node_work = NodeWork(self.node, self.root / "nodes" / self.node.name, self.topology.iface,
+                                      capture_iface=self.options.capture_iface or self.topology.iface,
+                                      snaplen=self.options.snaplen, wants_capture=self.plan.capture)
             self.node_work.write_fingerprint(self.topology.to_json())
         notes = self.world.all_gather(self.node_work.notes if self.node_work else [], "fingerprinting the nodes")
         if self.node_work is not None:
@@ -194,19 +207,25 @@ class InPlaceJob:
         self._note([n for node_notes in notes for n in node_notes])
         self._note_shared_hosts()
 
-    def _initial_meta(self) -> dict[str, Any]:
-        return {"created_ns": time.time_ns(), "mode": self.options.mode, "cpu_count": os.cpu_count(),
-                "quick": self.options.quick, "plan": self.plan.to_json(), "lab": self.options.lab,
-                "topology": self.topology.to_json(self.plan.world_sizes), "link": None, "notes": [],
-                "failures": [], "argv": list(self.options.argv),
-                "trial_seed": int.from_bytes(os.urandom(4), "little")}
+    def _initial_meta(self) -> RunInfo:
+        from diag.runinfo import RUN_SCHEMA
+        from diag.typedjson import from_json
+
+        return RunInfo(schema=RUN_SCHEMA, command=self.options.command, created_ns=time.time_ns(),
+                       mode=self.options.mode, cpu_count=os.cpu_count(), quick=self.plan.name == "quick",
+                       plan=self.plan.to_json(), lab=from_json(LabInfo, self.options.lab) if self.options.lab else None,
+                       topology=self.topology.to_json(self.plan.world_sizes), argv=list(self.options.argv),
+                       trial_seed=int.from_bytes(os.urandom(4), "little"), records_out=self.options.records_out)
 
     def _note(self, notes: list[str], tag: str = "nodes") -> None:
         if self.run is None:
             return
         for note in notes:
-            self.run.meta["notes"].append(note)
-            self.say(f"[{tag}] {note}")
+            self.run.info.notes.append(note)
+            if self.quiet_steps:   # a sweep prints no progress lines, but what a node could not do is said
+                print(f"[{tag}] {note}", file=sys.stderr, flush=True)
+            else:
+                self.say(f"[{tag}] {note}")
         self.run.save()
 
     def _note_shared_hosts(self) -> None:
@@ -217,26 +236,55 @@ class InPlaceJob:
                         "machine)"])
 
     def make_groups(self) -> None:
-        """One subgroup per N, made by every rank (torch's rule), used by its members for every step at N; where
-        the backend under test is not gloo, one of that backend too (its control messages go over gloo's)."""
+        """One subgroup per N on gloo, made by every rank (torch's rule), used by its members for every step at N
+        and as the control group of the others; one per N on every other backend a step at N runs on
+        (diag.plan.Plan.groups_at: the backend under test, a sweep's backend, a trial's diag_tcp arm), their
+        control messages over gloo's. diag_tcp reads its knobs when its group is made."""
         import torch.distributed as dist
 
         store = dist.distributed_c10d._get_default_store()
-        if self.plan.backend == "diag_tcp":
-            self._register_diag_tcp()
+        timeout = timedelta(seconds=self.plan.timeout_s)
         for n in self.plan.world_sizes:
             members = self.topology.members(n)
-            timeout = timedelta(seconds=STEP_TIMEOUT_S)
             group = dist.new_group(ranks=list(members), backend="gloo", timeout=timeout)
-            tested = (dist.new_group(ranks=list(members), backend=self.plan.backend, timeout=timeout)
-                      if self.plan.backend != "gloo" else None)
-            if self.rank not in members:
-                self.groups[n] = self.backend_groups[n] = None
-                continue
-            prefix = dist.PrefixStore(f"diag_group/n{n}", store)
-            self.groups[n] = GroupContext(members, members.index(self.rank), group, prefix, f"n{n}")
-            self.backend_groups[n] = replace(self.groups[n], process_group=tested, control_group=group,
-                                             label=f"n{n}-{self.plan.backend}") if tested is not None else None
+            gloo = None
+            if self.rank in members:
+                prefix = dist.PrefixStore(f"diag_group/n{n}", store)
+                gloo = GroupContext(members, members.index(self.rank), group, prefix, f"n{n}")
+            self.groups[(n, "gloo", "")] = gloo
+            for backend, knobs in self.plan.groups_at(n):
+                self._prepare_backend(backend, knobs)
+                tested = dist.new_group(ranks=list(members), backend=backend, timeout=timeout)
+                self.groups[(n, backend, _knobs_key(backend, knobs))] = (
+                    replace(gloo, process_group=tested, control_group=group, label=f"n{n}-{backend}")
+                    if gloo is not None else None)
+
+    def group(self, world_size: int, backend: str, knobs: dict[str, Any] | None = None) -> GroupContext | None:
+        """This rank's subgroup of N on ``backend`` (raw transports run on gloo's: its store and control group)."""
+        if backend == "raw":
+            backend = "gloo"
+        return self.groups.get((world_size, backend, _knobs_key(backend, knobs or {})))
+
+    def _prepare_backend(self, backend: str, knobs: dict[str, Any]) -> None:
+        """What a backend needs before its group is made: diag_tcp registered with its knobs and the run token;
+        NCCL its device, one per local rank."""
+        if backend == "diag_tcp":
+            from diag.transports.raw.backend import ENV_KNOBS
+
+            self._register_diag_tcp()
+            if knobs:
+                os.environ[ENV_KNOBS] = json.dumps(knobs)
+            else:
+                os.environ.pop(ENV_KNOBS, None)
+        elif backend == "nccl":
+            import torch
+
+            from diag.errors import EXIT_NO_DEVICE
+
+            if not torch.cuda.is_available():
+                raise DiagError("backend nccl needs CUDA, and no CUDA device is visible; use --backend gloo",
+                                exit_code=EXIT_NO_DEVICE)
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
     def _register_diag_tcp(self) -> None:
         from diag.transports.raw.backend import ENV_TOKEN, register
@@ -247,7 +295,11 @@ class InPlaceJob:
 
     # --- the steps -------------------------------------------------------------------------------------
     def actions(self) -> list[Action]:
-        seed = self.world.broadcast(self.run.meta["trial_seed"] if self.run else 0)
+        from diag.console import plan_weights
+        from diag.harness import plan_rows
+
+        seed = self.world.broadcast(self.run.info.trial_seed if self.run else 0)
+        weights = iter(plan_weights(self.plan, step_spec))
         memory = self._machines_memory() if any(s.kind == "profile" for s in self.plan.steps) else {}
         out = []
         for step in self.plan.steps:
@@ -259,13 +311,13 @@ class InPlaceJob:
                 if step.kind == "profile":
                     meta["profile"] = True   # its rows feed the model, not the survey (diag.report.rundir)
                     spec = self._profile_fit(step, n, spec, memory)
-                from diag.runner import transport_tag
-
-                tag = f"{step.name}--{transport_tag(spec)}-{'-'.join(spec.ops)}-n{n}"
-                tested = self.plan.backend != "gloo" and (step.trial is not None or step.backend == self.plan.backend)
-                out.append(Action(step_title(step, n), step, n, spec, meta, f"records/{step.name}.jsonl", tag,
-                                  capture=step.trial is None and step.kind != "profile",
-                                  group_backend=self.plan.backend if tested else "gloo"))
+                try:
+                    rows = len(plan_rows(spec, n)) if step.trial is None else 0
+                except DiagError:
+                    rows = 0   # the step itself says what is wrong
+                out.append(Action(step_title(step, n), step, n, spec, meta, f"records/{step.name}.jsonl",
+                                  capture_tag(step, spec, n), capture=self.plan.capture and step.captured,
+                                  rows=rows, weight=next(weights)))
         return out
 
     def _machines_memory(self) -> dict[str | None, int]:
@@ -273,7 +325,7 @@ class InPlaceJob:
         see it: the least any of them saw."""
         import psutil
 
-        seen = self.world.all_gather((self.topology.node(self.rank).boot_id, psutil.virtual_memory().available),
+        seen = self.world.all_gather((self.node.boot_id, psutil.virtual_memory().available),
                                      "reading the machines' memory")
         out: dict[str | None, int] = {}
         for boot_id, available in seen:
@@ -285,9 +337,8 @@ class InPlaceJob:
         said in run.json's notes."""
         from diag.plan import profile_sizes_that_fit
 
-        members = self.topology.members(world_size)
         ranks: dict[str | None, int] = {}
-        for rank in members:
+        for rank in self.topology.members(world_size):
             boot_id = self.topology.node(rank).boot_id
             ranks[boot_id] = ranks.get(boot_id, 0) + 1
         kept, left = profile_sizes_that_fit(step, world_size, spec.sizes,
@@ -303,22 +354,16 @@ class InPlaceJob:
         takes_part = {node.name for node in self.topology.nodes_of(members)}
         if progress is not None:
             self.say(f"[{index}/{total}] {action.title}  {progress.status()}")
-        self.state.update(status="running", step=action.title)
+        self.state.update(status="step", step=action.title)   # "running": a row of it runs (diag.worker)
         self.world.barrier(f"before {action.title}")
         if self.node_work is not None and self.node.name in takes_part:
-            self.node_work.start_step(action.tag, action.capture)
+            self.node_work.start_step(action.tag, action.capture, self.plan.observe)
         started = time.monotonic()
         error = None
         try:
             self.world.barrier(f"starting {action.title}")   # every capture listens before the first packet
-            if action.group_backend == "gloo":
-                group = self.groups.get(action.world_size)
-            elif action.step is not None:
-                group = self.backend_groups.get(action.world_size)
-            else:
-                group = self._tcp_group(members)
             if self.rank in members:
-                error = self._run_on(action, group)
+                error = self._run_on(action)
             self.world.barrier(f"during {action.title} (N={action.world_size})")
         finally:
             if self.node_work is not None:
@@ -327,33 +372,47 @@ class InPlaceJob:
         if self.run is not None:
             if errors:
                 self.failures.append({"step": action.title, "error": errors[0]})
-                self.run.meta["failures"] = self.failures
+                self.run.info.failures = list(self.failures)
                 self.say(f"[{index}/{total}] failed: {errors[0]}")
             else:
-                self.run.meta.setdefault("step_seconds", {})[action.title] = round(time.monotonic() - started, 2)
+                self.run.info.step_seconds[action.title] = round(time.monotonic() - started, 2)
             self.run.save()
         if errors and not self.options.keep_going:
             raise DiagError(f"{action.title}: {errors[0]}")
 
-    def _run_on(self, action: Action, group: GroupContext | None) -> str | None:
-        from diag.runner import make_job
-        from diag.worker import run_job
+    def _run_on(self, action: Action) -> str | None:
+        """This rank's part of one action: the step's sweep or trial (diag.worker.run_job) on its subgroup."""
+        from diag.worker import Job, run_job
 
         spec = action.spec
         if spec.backend == "raw":
             # every rank writes its raw TCP_INFO samples into its own node's part of the run directory
             spec = spec.replace(knobs={**spec.knobs, "tcpinfo_dir": str(self._node_dir() / "tcpinfo")})
-        job = make_job(spec, self.root / action.records, argv=["reproduce"], quiet=False)
-        job = replace(job, run_id=f"{job.run_id}-n{action.world_size}", gate=False, token=self.options.token,
-                      state_dir=self.options.state_dir,
-                      meta={**action.job_meta, "mode": self.options.mode, "lab": (self.options.lab or {}).get("name"),
-                            "capture": "" if action.capture else None,
-                            "capture_tag": action.tag if action.capture else None,
-                            "run_dir": str(self.root.resolve())})
-        if self.rank != 0:
-            job = replace(job, out=None)
+        n = action.world_size
+        groups: dict[str, GroupContext] = {}
+        backends = ([(a.backend, a.knobs) for a in step_trial(self.plan, action.step).arms if a.backend != "raw"]
+                    if action.step.trial is not None else [(spec.backend, spec.knobs)])
+        for backend, knobs in backends:
+            found = self.group(n, backend, knobs)
+            if found is not None:
+                groups.setdefault(backend, found)
+        # the sweep tables' bar runs over every sweep action of the plan (a trial prints a line per round)
+        sweeps = [a for a in self.all_actions if a.step.trial is None]
+        before = sweeps[:next((i for i, a in enumerate(sweeps) if a is action), 0)]
+        job = Job(spec=spec, out=str(self.root / action.records) if self.rank == 0 else None,
+                  run_id=f"{self.run_id}-n{n}", argv=[self.options.command], quiet=self.options.quiet,
+                  token=self.options.token, state_dir=self.options.state_dir,
+                  mirror=self.options.records_out if self.rank == 0 else None,
+                  rows_before=sum(a.rows for a in before), rows_total=sum(a.rows for a in sweeps),
+                  weight_before=sum(a.weight for a in before),
+                  weight_total=sum(a.weight for a in sweeps),
+                  meta={**action.job_meta, "mode": self.options.mode, "lab": (self.options.lab or {}).get("name"),
+                        "tag": action.tag,   # every node's files of this (step, N): captures, analysis, observe
+                        "capture": "" if action.capture else None,
+                        "capture_tag": action.tag if action.capture else None,
+                        "run_dir": str(self.root.resolve())})
         try:
-            run_job(job, group=group, raise_errors=True)
+            run_job(job, group=self.group(n, "gloo"), groups=groups, raise_errors=True)
         except DiagError as exc:
             return str(exc)
         return None
@@ -361,35 +420,12 @@ class InPlaceJob:
     def _node_dir(self) -> Path:
         return self.root / "nodes" / self.node.name
 
-    def _tcp_group(self, members: tuple[int, ...]) -> GroupContext | None:
-        """A subgroup on the diag_tcp backend (advise: the unchanged script's workaround), made by every rank."""
-        import torch.distributed as dist
-
-        self._register_diag_tcp()
-        group = dist.new_group(ranks=list(members), backend="diag_tcp", timeout=timedelta(seconds=STEP_TIMEOUT_S))
-        return GroupContext(members, members.index(self.rank), group, None, "diag_tcp") if self.rank in members else None
-
-    def advise_actions(self) -> list[Action]:
-        """Plain gloo all_gather and each workaround at N=2 (diag.advise), one action each; none where the
-        backend under test is not gloo (the workarounds are gloo's)."""
-        from diag.advise import advise_specs
-
-        if self.plan.backend != "gloo" or not self.plan.advise:
-            return []
-        size = per_rank_size(max(self.plan.knob_volumes), 2)
-        from diag.runner import transport_tag
-
-        return [Action(f"advise: {entry.title}, N=2", None, 2, spec, {"advise": entry.name}, "advise/records.jsonl",
-                       f"advise-{entry.name}--{transport_tag(spec)}-{spec.ops[0]}-n2", capture=False,
-                       group_backend="diag_tcp" if spec.backend == "diag_tcp" else "gloo")
-                for entry, spec in advise_specs((size,), self.plan.warmup, max(self.plan.iters, 3))]
-
     # --- the end ----------------------------------------------------------------------------------------
     def finish(self) -> None:
         """Every node analyses its captures; the nodes' files reach the run directory; advise.json."""
         self.world.barrier("after the last step")
         self.state.update(status="analyzing")
-        if self.rank == 0 and self.plan.backend == "gloo" and self.plan.advise:
+        if self.rank == 0 and self.plan.has_advise:
             self._write_advise()
         records = self._records_for_analysis()
         if self.node_work is not None and records:
@@ -431,14 +467,12 @@ class InPlaceJob:
                 safefs.write_file(target, data)
 
     def _write_advise(self) -> None:
+        """advise.json from the advise trial's records (diag.advise), with the steps of it that failed."""
         from diag.advise import write_advise
 
-        records = self.root / "advise" / "records.jsonl"
-        write_advise(self.root / "advise", records, world_size=2,
-                     sizes=(per_rank_size(max(self.plan.knob_volumes), 2),),
-                     lab=(self.options.lab or {}).get("name"),
+        write_advise(self.root, lab=(self.options.lab or {}).get("name"),
                      failures=[{"workaround": f["step"], "error": f["error"]} for f in self.failures
-                               if f["step"].startswith("advise")])
+                               if f["step"].startswith(ADVISE)])
 
     def report(self) -> int:
         """Rank 0: the report and the terminal summary; the exit status of the run."""
@@ -450,7 +484,7 @@ class InPlaceJob:
 
         result = write_report(load_run([str(self.root)]), self.root / "report")
         elapsed = time.monotonic() - self.started
-        self.run.meta["elapsed_s"] = round(elapsed, 1)
+        self.run.info.elapsed_s = round(elapsed, 1)
         self.run.save()
         print(f"\ndiag reproduce: done in {elapsed / 60:.1f} min; report: {self.root / 'report' / 'report.html'}")
         print("\n".join(verdict_lines(result.verdict)) if result.verdict else "")
@@ -467,22 +501,32 @@ class InPlaceJob:
 
 
 def run_in_place(options: JobOptions) -> int:
-    """Every rank of the job runs this (under torchrun/srun, or diag's own lab/loopback launch)."""
+    """Every rank of the job runs this (under torchrun/srun, or diag's own lab/loopback launch). Returns the
+    exit status: 1 where diag reproduce's steps failed in place, else 0; a sweep's gate is its command's
+    (diag.runplan), over the records rank 0 wrote."""
     import torch.distributed as dist
 
-    from diag.console import Progress, reproduce_weights
+    from diag.console import Progress
+    from diag.validate import interface
     from diag.worker import env_rank
 
     if options.mode not in MODES:
         raise DiagError(f"unknown job mode {options.mode!r}")
+    if options.command not in COMMANDS:
+        raise DiagError(f"unknown command {options.command!r} for the job")
+    plan = Plan.from_json(options.plan)
     rank, world_size = env_rank()
-    if world_size < 2:
-        raise DiagError("diag reproduce in place needs at least 2 ranks (torchrun --nnodes K or --nproc-per-node K)")
-    iface = job_interface(options.iface)
+    too_big = [n for n in plan.world_sizes if n > world_size]
+    if too_big:
+        raise DiagError(f"N={max(too_big)} needs {max(too_big)} ranks and the job has {world_size}: start "
+                        f"{max(too_big)} ranks (torchrun --nproc-per-node / --nnodes), or ask for fewer")
     if options.iface and not os.environ.get("GLOO_SOCKET_IFNAME"):
         os.environ["GLOO_SOCKET_IFNAME"] = options.iface   # gloo and the raw transport bind the job's interface
+    for name in (os.environ.get("GLOO_SOCKET_IFNAME") or "").split(","):
+        interface(name, "GLOO_SOCKET_IFNAME")
+    iface = job_interface(options.iface)
     started = time.monotonic()
-    say = make_say(started, rank)
+    say = make_say(started, rank, quiet=options.command == "sweep")
     try:
         dist.init_process_group("gloo", timeout=timedelta(seconds=WORLD_TIMEOUT_S))
     except (RuntimeError, ValueError) as exc:
@@ -491,40 +535,34 @@ def run_in_place(options: JobOptions) -> int:
 
     world = World(GroupCoordinator())
     job: InPlaceJob | None = None
+    command = f"diag {options.command}"
     try:
         topology = build_topology(world.all_gather(identify(rank, iface), "meeting the other ranks"), iface)
         world.topology = topology
-        max_n = min(options.max_n or world_size, world_size)
-        plan = resolve_plan(options.quick, max_n, list(options.volumes) if options.volumes else None,
-                            options.backend, options.skip, options.profile or None, options.profile_sizes,
-                            options.profile_row_s)
-        plan = replace(plan, world_sizes=tuple(n for n in plan.world_sizes if n <= world_size))
-        say(f"diag reproduce ({options.mode}): {world_size} ranks on {len(topology.nodes)} node(s) "
-            f"({', '.join(n.name for n in topology.nodes)}); N = {', '.join(map(str, plan.world_sizes))}; "
-            f"D = {', '.join(human_bytes(v) for v in plan.volumes)}"
+        say(f"{command} ({options.mode}): {world_size} ranks on {len(topology.nodes)} node(s) "
+            f"({', '.join(n.name for n in topology.nodes)}); N = {', '.join(map(str, plan.world_sizes))}"
+            + (f"; D = {', '.join(human_bytes(v) for v in plan.volumes)}" if plan.volumes else "")
             + (f"; profile: {len(plan.profile_sizes)} sizes per rank, {human_bytes(min(plan.profile_sizes))}.."
                f"{human_bytes(max(plan.profile_sizes))}" if any(s.kind == "profile" for s in plan.steps) else ""))
         job = InPlaceJob(options, world, topology, plan, say)
         job.prepare()
-        say(f"diag reproduce: run directory {job.root}" + ("" if job.shared else
+        say(f"{command}: run directory {job.root}" + ("" if job.shared else
             " (not shared with every node: each node sends its results to rank 0 at the end)"))
-        from diag.inplace.links import measure_links
+        if plan.probe:
+            from diag.inplace.links import measure_links
 
-        measure_links(job)
+            measure_links(job)
         job.make_groups()
-        actions = job.actions() + job.advise_actions()
+        actions = job.all_actions = job.actions()
         # One plan-level bar, weighted by bytes x iterations (sizes double: counting steps would mislead).
-        *weights, advise = reproduce_weights(plan, step_spec, per_rank_size(max(plan.knob_volumes), 2))
-        left = len(actions) - len(weights)   # advise's actions share its weight (none: another backend)
-        weights += [advise / left] * left if left else []
-        progress = Progress("reproduce", sum(weights), live=False) if rank == 0 else None
-        for index, (action, weight) in enumerate(zip(actions, weights, strict=True), 1):
+        progress = Progress(options.command, sum(a.weight for a in actions), live=False) if rank == 0 else None
+        for index, action in enumerate(actions, 1):
             job.run_action(action, index, len(actions), progress)
             if progress is not None:
-                progress.advance(weight)
+                progress.advance(action.weight)
         job.finish()
-        code = job.report() if rank == 0 else 0
-        if options.mode != "in-place":
+        code = job.report() if rank == 0 and plan.report else 0
+        if options.mode != "in-place" or options.command != "reproduce":
             code = 0   # diag's own launch reads the failed steps from run.json (torchrun would add a traceback)
         job.state.update(status="done")
         world.barrier("at the end", timeout_s=600.0)
@@ -534,13 +572,18 @@ def run_in_place(options: JobOptions) -> int:
         if job is not None:
             job.state.update(status="failed", error=message)
             if job.run is not None:
-                job.run.meta["failures"] = [*job.failures, {"step": "job", "error": message}]
+                job.run.info.failures = [*job.failures, {"step": "job", "error": message}]
                 job.run.save()
         raise
     finally:
         if dist.is_initialized():
             with contextlib.suppress(Exception):   # a lost node may leave the group unable to shut down cleanly
                 dist.destroy_process_group()
+
+
+def _knobs_key(backend: str, knobs: dict[str, Any]) -> str:
+    """Groups of diag_tcp differ by the knobs they were made with; the other backends take none."""
+    return json.dumps(knobs, sort_keys=True) if backend == "diag_tcp" and knobs else ""
 
 
 __all__ = ["MODES", "Action", "InPlaceJob", "JobOptions", "Run", "run_in_place"]

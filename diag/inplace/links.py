@@ -34,7 +34,7 @@ def measure_links(job: Any) -> None:
         # is 3 rounds x 3 phases, K=8 7 x 3, then one incast phase per node (2 s or more); the ring patterns
         # add one phase per N.
         seconds = job.options.probe_seconds
-        matrix = measure_matrix(coord, nodes, seconds=seconds, incast="incast" not in job.options.skip)
+        matrix = measure_matrix(coord, nodes, seconds=seconds, incast=job.plan.incast)
         rings = {}
         for n in job.plan.world_sizes:
             ring = topology.nodes_of(topology.members(n))
@@ -48,9 +48,10 @@ def measure_links(job: Any) -> None:
         return
     first = matrix.edge(nodes[0].name, nodes[1].name)
     second = matrix.edge(nodes[1].name, nodes[0].name)
-    job.run.meta["link"] = {"single_stream_Bps": first.alone_Bps, "bidir_Bps": [first.bidir_Bps, second.bidir_Bps],
-                            "tool": matrix.tool, "seconds": seconds, "ring_pattern": rings,
-                            "matrix": matrix.to_json()}
+    from diag.runinfo import LinkInfo
+
+    job.run.info.link = LinkInfo(single_stream_Bps=first.alone_Bps, bidir_Bps=[first.bidir_Bps, second.bidir_Bps],
+                                 tool=matrix.tool, seconds=seconds, ring_pattern=rings, matrix=matrix.to_json())
     job.run.save()
     job.say(f"[link] {nodes[0].name} -> {nodes[1].name}: one stream {first.alone_Bps / 1e6:.1f} MB/s, both ways "
             f"{first.bidir_Bps / 1e6:.1f} + {second.bidir_Bps / 1e6:.1f} MB/s ({matrix.tool}); ring pattern, mean "

@@ -35,11 +35,16 @@ def capture_ability(fingerprint: dict[str, Any]) -> tuple[bool, str]:
 
 @dataclass
 class NodeWork:
-    """``directory``: RUN/nodes/<name>, in the shared run directory or this node's own copy of it."""
+    """``directory``: RUN/nodes/<name>, in the shared run directory or this node's own copy of it;
+    ``capture_iface``: where tcpdump listens (the job's interface unless the command names another);
+    ``wants_capture``: the plan captures at all (a node that cannot says so only then)."""
 
     node: Node
     directory: Path
     iface: str | None
+    capture_iface: str | None = None
+    snaplen: int = CAPTURE_SNAPLEN
+    wants_capture: bool = True
     notes: list[str] = field(default_factory=list)
     can_capture: bool = False
     fingerprint: dict[str, Any] = field(default_factory=dict)
@@ -60,10 +65,11 @@ class NodeWork:
         # share, the lab's cpu fault): the report holds their CPU against it.
         allowance = cpu_allowance(os.getpid())
         self.fingerprint["cpu"]["cpu_quota_cores"] = allowance.quota_cores if allowance else None
+        self.capture_iface = self.capture_iface or self.iface
         self.can_capture, why = capture_ability(self.fingerprint)
-        if self.can_capture and not self.iface:
+        if self.can_capture and not self.capture_iface:
             self.can_capture, why = False, "no interface known for the job's traffic (pass --iface)"
-        if not self.can_capture:
+        if not self.can_capture and self.wants_capture:
             self.note(f"{why}: sampled TCP_INFO with ss instead of capturing packets")
 
     def note(self, text: str) -> None:
@@ -75,8 +81,9 @@ class NodeWork:
         safefs.write_file(self.directory / "fingerprint.json", json.dumps(document, indent=1, default=str))
         return document
 
-    def start_step(self, tag: str, capture: bool) -> None:
-        """Capture (where asked and allowed) and observe this node's ranks until stop_step."""
+    def start_step(self, tag: str, capture: bool, observe: bool = True) -> None:
+        """Capture (where asked and allowed) and observe this node's ranks (where asked) until stop_step. A
+        node that may not capture observes anyway: ss's TCP_INFO stands in for its capture."""
         from diag.observe import start_observers
 
         self._tag = tag
@@ -84,12 +91,14 @@ class NodeWork:
             from diag.capture import start_capture
 
             try:
-                self._capture = start_capture(self.directory / "captures" / f"{tag}.pcap", self.iface or "lo",
-                                              bpf_filter=CAPTURE_FILTER, snaplen=CAPTURE_SNAPLEN, tool="tcpdump",
-                                              immediate=False)
+                self._capture = start_capture(self.directory / "captures" / f"{tag}.pcap",
+                                              self.capture_iface or "lo", bpf_filter=CAPTURE_FILTER,
+                                              snaplen=self.snaplen, tool="tcpdump", immediate=False)
             except DiagError as exc:
                 self.can_capture = False
                 self.note(f"could not capture ({exc}); sampled TCP_INFO with ss instead")
+        if not observe and not (capture and not self.can_capture):
+            return
         try:
             self._observers = start_observers(list(self.node.pids), self.directory / "observe" / f"{tag}.jsonl",
                                               interval_s=OBSERVE_INTERVAL_S, iface=self.iface)

@@ -75,8 +75,8 @@ class Topology:
     def members(self, world_size: int) -> tuple[int, ...]:
         """The ranks of the subgroup of N: the first N of the spread order (rank 0 first), so N ranks sit on
         N different nodes whenever the job has N nodes."""
-        if not 2 <= world_size <= self.world_size:
-            raise DiagError(f"N={world_size} needs 2..{self.world_size} ranks; the job has {self.world_size}")
+        if not 1 <= world_size <= self.world_size:
+            raise DiagError(f"N={world_size} needs 1..{self.world_size} ranks; the job has {self.world_size}")
         return self.spread[:world_size]
 
     def nodes_of(self, ranks: tuple[int, ...]) -> list[Node]:
@@ -90,7 +90,7 @@ class Topology:
         return len(self.nodes_of(self.members(world_size))) < world_size
 
     def to_json(self, world_sizes: tuple[int, ...] = ()) -> dict[str, Any]:
-        sizes = [n for n in world_sizes if 2 <= n <= self.world_size]
+        sizes = [n for n in world_sizes if 1 <= n <= self.world_size]
         return {"world_size": self.world_size, "iface": self.iface,
                 "nodes": [node.to_json() for node in self.nodes],
                 "subgroups": {str(n): list(self.members(n)) for n in sizes},

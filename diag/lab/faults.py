@@ -147,10 +147,22 @@ class ScenarioLabel:
 
 @dataclass(frozen=True)
 class Scenario:
-    """A named fault set: `{"name": ..., "imitates": ..., "faults": {"h1": {"rate": "100mbit"}}}`."""
+    """A named fault set: `{"name": ..., "imitates": ..., "faults": {"h1": {"rate": "100mbit"}}}`, and, where
+    the file says so, what diag should call it: ``expect`` maps a host to the diagnose rules whose findings
+    must name it (`"expect": {"h1": ["slow_host_link"]}`; what the fault bench and the live fault tests hold
+    a run against)."""
 
     label: ScenarioLabel
     faults: tuple[HostFault, ...]
+    expect: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def expected_rules(self) -> dict[str, set[str]]:
+        """rule -> the hosts its findings must name."""
+        out: dict[str, set[str]] = {}
+        for host, rules in self.expect:
+            for rule in rules:
+                out.setdefault(rule, set()).add(host)
+        return out
 
 
 def format_value(name: str, value: Any) -> str:
@@ -394,9 +406,10 @@ def _json_object(text: str, where: str) -> dict[str, Any]:
 def scenario_from_mapping(data: Mapping[str, Any], source: str, flag: str = "--scenario") -> Scenario:
     """{"name", "imitates", "faults": {HOST: {KEY: VALUE}}} -> Scenario; one-line errors name the file."""
     where = f"{flag} {source}"
-    unknown = sorted(set(data) - {"name", "imitates", "faults"})
+    unknown = sorted(set(data) - {"name", "imitates", "faults", "expect"})
     if unknown:
-        raise DiagError(f"{where}: unknown key {unknown[0]!r}; a scenario has name, imitates and faults")
+        raise DiagError(f"{where}: unknown key {unknown[0]!r}; a scenario has name, imitates, faults and "
+                        "(optionally) expect")
     name, imitates, faults = data.get("name"), data.get("imitates"), data.get("faults")
     if not isinstance(name, str) or not name.strip():
         raise DiagError(f"{where}: give the scenario a name (name = \"slow-nic\")")
@@ -417,4 +430,16 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str, flag: str = "--s
             values[field_name] = parse_value(field_name, value, f"{where} ({host})")
         parsed.append(HostFault(host=host, **values))
     return Scenario(label=ScenarioLabel(name=name.strip(), imitates=imitates.strip(), source=source),
-                    faults=merge_faults(parsed, where))
+                    faults=merge_faults(parsed, where), expect=_expectations(data.get("expect"), where))
+
+
+def _expectations(expect: Any, where: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``expect``: {HOST: [RULE, ...]}, the diagnose rules whose findings must name each host."""
+    if expect is None:
+        return ()
+    if not isinstance(expect, Mapping) or not all(
+            isinstance(rules, list) and rules and all(isinstance(r, str) and r for r in rules)
+            for rules in expect.values()):
+        raise DiagError(f"{where}: expect must map hosts to the rules that name them, e.g. "
+                        "expect.h1 = [\"slow_host_link\"]")
+    return tuple((parse_host(str(host), where), tuple(rules)) for host, rules in expect.items())

@@ -253,26 +253,40 @@ def write_report(run: RunData, out_dir: Path) -> ReportResult:
     return ReportResult(out_dir, files, plots, findings, model, verdict)
 
 
-WORKAROUND_HEADER = ("workaround", "N", "per-rank size", "gloo busbw", "workaround busbw", "speed-up", "Welch p",
-                     "#wrong")
+WORKAROUND_HEADER = ("workaround", "N", "per-rank size", "gloo busbw", "workaround busbw", "speed-up [95% CI]",
+                     "verdict", "rounds", "#wrong")
 
 
 def workaround_blocks(advise: dict[str, Any] | None) -> list[Block]:
-    """The measured workarounds (advise/advise.json): a table of speed-ups against plain gloo on the same hosts
-    in the same run, then the code a user puts in their script."""
+    """The measured workarounds (advise/advise.json): a table of speed-ups against plain gloo in the same
+    interleaved rounds, each with the trial's verdict, then the code a user puts in their script."""
     if not advise or not advise.get("workarounds"):
         return []
-    n = advise.get("world_size", 2)
-    rows = [[w["title"], str(n), human_bytes(r["size_bytes"]), human_rate(r["baseline_busbw_Bps"]),
-             human_rate(r["busbw_Bps"]), f"{r['speedup']:.2f}x",
-             f"{r['p_value']:.2g}" if r.get("p_value") is not None else "untested", str(r["nwrong"])]
+    n = advise.get("world_size") or 2
+
+    def rate(value: float | None) -> str:
+        return human_rate(value) if value is not None else "?"
+
+    def speed(r: dict[str, Any]) -> str:
+        interval = (f" [{r['speedup_low']:.2f}, {r['speedup_high']:.2f}]"
+                    if r.get("speedup_low") is not None and r.get("speedup_high") is not None else "")
+        return f"{r['speedup']:.2f}x{interval}"
+
+    rows = [[w["title"], str(n), human_bytes(r["size_bytes"]), rate(r.get("baseline_busbw_Bps")),
+             rate(r.get("busbw_Bps")), speed(r), r.get("verdict", "undecided"), str(r.get("rounds") or "-"),
+             str(r["nwrong"])]
             for w in advise["workarounds"] for r in w.get("rows", []) if r.get("speedup") is not None]
     where = f"lab {advise['lab']}" if advise.get("lab") else "loopback"
+    how = ("in one interleaved trial: every arm once a round in a fresh random order, so background load falls "
+           "on all alike; speed-up = gloo's mean time / the workaround's, with the 95% bootstrap interval over "
+           f"rounds; faster only where the whole interval clears {advise.get('effect', 0.1):.0%} (finding "
+           "`workarounds`)")
+    if advise.get("read_from_schema") == 1:
+        how = ("one after the other (an earlier release's advise.json: its arms ran minutes apart, so no verdict "
+               "is drawn from it; speed-up = gloo's median time / the workaround's)")
     blocks: list[Block] = [
         Heading(2, "Workarounds (measured)"),
-        Text(f"Each workaround ran beside plain gloo all_gather on the same hosts ({where}) in this run, through "
-             "the same harness; speed-up = gloo's median time / the workaround's, Welch's t-test on the "
-             "per-iteration times (finding `workarounds`)."),
+        Text(f"Each workaround ran beside plain gloo all_gather on the same hosts ({where}), {how}."),
         Table(WORKAROUND_HEADER, rows)]
     for failure in advise.get("failures", []):
         blocks.append(Text(f"failed: {failure.get('workaround')}: {failure.get('error')}", muted=True))

@@ -1,18 +1,20 @@
 """Read a run directory (or plain record files) into one object: everything report/diagnose need, from files.
 
-Every part of a run directory is optional except records: a run that never captured, or a plain records
-file from ``diag sweep``, still loads, and ``RunData.missing`` says in plain sentences what is absent so the
-report and the rules can say what they could not check.
+A run directory has one layout, whatever command wrote it (diag.runinfo): records/, run.json, nodes/<node>/.
+Directories of earlier releases (one capture point at the top, or a sweep's <out>.d with its records beside
+it) are read by diag.report.legacy into the same RunData. Every part of a run directory is optional except
+records: a run that never captured, or a plain records file from ``diag sweep``, still loads, and
+``RunData.missing`` says in plain sentences what is absent so the report and the rules can say what they
+could not check.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,52 +23,20 @@ from diag.errors import DiagError
 from diag.goodput import RING_PATTERN_CPU_LIMIT
 from diag.records import Record, RecordFile, load_records, transport_label
 from diag.report.topology import LinkMatrix, NodeLookup, Topology
+from diag.runinfo import LabInfo, LinkInfo, RunInfo, read_run_json, step_tag
 from diag.typedjson import from_json
 
 T = TypeVar("T")
-# A capture's tag, when its analysis carries no phases, may still name the world size (".._n2_..").
-_TAG_WORLD_RE = re.compile(r"(?:^|[_\-.])n(\d+)(?:[_\-.]|$)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class CaptureMeta:
-    """captures/<tag>.capture.json as the capture tool writes it (the fields the report reads)."""
+    """captures/<tag>.capture.json as the capture tool writes it (the fields the report reads); a reader of an
+    earlier layout fills ``world_size`` and ``transport`` from the records' start events."""
 
     kernel_dropped: int | None = None
     world_size: int | None = None
     transport: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class LinkInfo:
-    single_stream_Bps: float | None = None
-    bidir_Bps: list[float] = field(default_factory=list)
-    tool: str | None = None
-    matrix: LinkMatrix | None = None      # every ordered pair of nodes (docs/inplace.md)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class LabInfo:
-    name: str | None = None
-    rate_bps: float | None = None
-    hosts: int | None = None
-    addresses: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """run.json as diag reproduce writes it (the fields the report reads; the rest stays in ``extra``)."""
-
-    mode: str | None = None               # "in-place" | "lab" | "loopback" (absent before the in-place job)
-    topology: Topology | None = None
-    link: LinkInfo | None = None
-    lab: LabInfo | None = None
-    cpu_count: int | None = None
-    notes: list[str] = field(default_factory=list)
-    failures: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -88,6 +58,7 @@ class CaptureSet:
 
     @property
     def world_size(self) -> int | None:
+        """N of the capture: its metadata's, its analysis's, else the phases (records) it covers."""
         if self.meta is not None and isinstance(self.meta.world_size, int):
             return self.meta.world_size
         if self.analysis is not None and isinstance(self.analysis.world_size, int):
@@ -97,16 +68,13 @@ class CaptureSet:
         busy.pop(None, None)
         if busy:
             return busy.most_common(1)[0][0]
-        match = _TAG_WORLD_RE.search(self.tag)
-        if match:
-            return int(match.group(1))
         phase_sizes = Counter(p.phase.world_size for p in self.phases)
         phase_sizes.pop(None, None)
         return phase_sizes.most_common(1)[0][0] if phase_sizes else None
 
     @property
     def transport(self) -> str | None:
-        """torch:gloo / raw:ring, from the phases the capture covers (most common one)."""
+        """torch:gloo / raw:ring: its metadata's, its analysis's, else the phases it covers (most common one)."""
         if self.meta is not None and isinstance(self.meta.transport, str):
             return self.meta.transport
         if self.analysis is not None and isinstance(self.analysis.transport, str):
@@ -115,15 +83,7 @@ class CaptureSet:
         for p in self.phases:
             if p.connections and p.phase.backend:
                 kinds[transport_label(p.phase.backend, p.phase.algo or "default")] += 1
-        if kinds:
-            return kinds.most_common(1)[0][0]
-        low = self.tag.lower()
-        for name in ("gloo", "nccl"):
-            if name in low:
-                return transport_label(name)
-        if "raw" in low:
-            return "raw"
-        return None
+        return kinds.most_common(1)[0][0] if kinds else None
 
     @property
     def phases(self) -> list[Phase]:
@@ -176,9 +136,9 @@ class RunData:
     missing: list[str]
     # advise.json of the run's measured workarounds (diag advise, RUN_DIR/advise), None where none ran
     advise: dict[str, Any] | None = None
-    # nodes/<node>/ of a run directory of the in-place layout, in the job's order; empty for the earlier layout
-    # (one capture point: captures/, analysis/, observe/ at the top). ``captures`` and ``tcpinfo`` are then
-    # rank 0's node's, what every rule of the one-capture-point lab reads.
+    # nodes/<node>/ of the run directory, in the job's order; empty for an earlier release's layout (one
+    # capture point: captures/, analysis/, observe/ at the top, diag.report.legacy). ``captures`` and
+    # ``tcpinfo`` are rank 0's node's (or that one capture point's), what every one-capture-point rule reads.
     nodes: dict[str, NodeData] = field(default_factory=dict)
     # Answers of the evidence queries (diag.report.queries), computed once per run for rules and plots.
     memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -194,14 +154,14 @@ class RunData:
         are not rows of a series (a trial holds many short blocks per arm): ``trials`` reads those. The model's
         profile (``profile_records``) is not part of the survey either."""
         profile = self._profile_runs
-        return [r for f in self.record_files for r in f.records if not r.block and r.run_id not in profile]
+        return [r for f in self.record_files for r in f.records if not r.block and (f.path, r.run_id) not in profile]
 
     @property
     def profile_records(self) -> list[Record]:
         """The rows of the model's profile (diag reproduce --profile): sizes a simulator asks about, sampled under
         a time budget, for the model (``model_records``), not for the diagnosis's rules."""
         profile = self._profile_runs
-        return [r for f in self.record_files for r in f.records if not r.block and r.run_id in profile]
+        return [r for f in self.record_files for r in f.records if not r.block and (f.path, r.run_id) in profile]
 
     @property
     def model_records(self) -> list[Record]:
@@ -209,9 +169,12 @@ class RunData:
         return self.records + self.profile_records
 
     @property
-    def _profile_runs(self) -> frozenset[str]:
+    def _profile_runs(self) -> frozenset[tuple[Path, str]]:
+        """(records file, run id) of every profile run: a run id names one N of the job, every step at that N
+        shares it, so the file (one per step) is part of the key."""
         return self.remember("profile_runs", lambda: frozenset(
-            s.get("run_id") for f in self.record_files for s in f.starts if (s.get("meta") or {}).get("profile")))
+            (f.path, s.get("run_id")) for f in self.record_files for s in f.starts
+            if (s.get("meta") or {}).get("profile")))
 
     @property
     def all_records(self) -> list[Record]:
@@ -222,7 +185,7 @@ class RunData:
     def trials(self) -> list[tuple[Any, list[Record], dict[str, Any]]]:
         """(TrialSpec, its block records, its end event's summary or {}) for every trial launch in the run."""
         def collect() -> list[tuple[Any, list[Record], dict[str, Any]]]:
-            from diag.trial import TrialSpec
+            from diag.trialspec import TrialSpec
 
             out = []
             for f in self.record_files:
@@ -255,7 +218,7 @@ class RunData:
         profile = self._profile_runs   # the profile may measure a survey row's size again, for the model
         for f in self.record_files:
             for r in f.records:
-                if r.run_id in profile or r.block:   # the model's profile; a trial's blocks (its rounds)
+                if (f.path, r.run_id) in profile or r.block:   # the model's profile; a trial's blocks
                     continue
                 seen.setdefault((series_label(r), r.op, r.world_size, r.size_bytes), []).append(self.relative(f.path))
         from diag.units import human_bytes
@@ -290,7 +253,7 @@ class RunData:
     @property
     def info(self) -> RunInfo:
         """run.json, typed (an empty RunInfo where there is none)."""
-        return self.remember("run_info", lambda: from_json(RunInfo, self.meta))
+        return self.remember("run_info", lambda: RunInfo.from_json(self.meta))
 
     @property
     def link_Bps(self) -> float | None:
@@ -307,7 +270,7 @@ class RunData:
     def ring_pattern_Bps(self) -> dict[int, float]:
         """Per N: the mean edge goodput of N iperf3 flows h(i) -> h((i+1) % N) at once (run.json
         link.ring_pattern): what this machine itself carries in a ring of N, CPU included."""
-        pattern = (self.meta.get("link") or {}).get("ring_pattern") or {}
+        pattern = self.info.link.ring_pattern if self.info.link else {}
         out: dict[int, float] = {}
         if isinstance(pattern, dict):
             for n, measured in pattern.items():
@@ -340,11 +303,15 @@ class RunData:
 
     @property
     def topology(self) -> Topology | None:
-        return self.info.topology
+        """run.json ``topology``, typed by its own schema (diag.report.topology)."""
+        document = self.info.topology
+        return self.remember("topology", lambda: from_json(Topology, document)) if document else None
 
     @property
     def link_matrix(self) -> LinkMatrix | None:
-        return self.info.link.matrix if self.info.link else None
+        """run.json ``link.matrix``, typed by its own schema (diag.report.topology)."""
+        document = self.info.link.matrix if self.info.link else None
+        return self.remember("link_matrix", lambda: from_json(LinkMatrix, document)) if document else None
 
     @property
     def lookup(self) -> NodeLookup:
@@ -410,24 +377,46 @@ def _tag_of(path: Path, suffixes: Sequence[str]) -> str:
 
 
 def load_run_dir(root: Path) -> RunData:
-    missing: list[str] = []
+    """A run directory (diag.runinfo's layout); one of an earlier release through diag.report.legacy."""
+    from diag.report import legacy
+
+    if legacy.is_legacy(root):
+        return _load_legacy_dir(root)
     record_dir = root / "records"
     record_paths = sorted(record_dir.glob("*.jsonl")) if record_dir.is_dir() else []
     if not record_paths:
         record_paths = sorted(root.glob("*.jsonl"))  # a folder of plain sweep outputs
     if not record_paths:
         raise DiagError(f"{root} has no records (records/*.jsonl): run `diag reproduce --out {root}` first")
-    record_files = [load_records(p) for p in record_paths]
+    # The last release kept its advise steps' records apart (advise/records.jsonl): they name those steps' files.
+    earlier_advise = root / "advise" / "records.jsonl"
+    named_by = [load_records(earlier_advise)] if earlier_advise.is_file() else []
+    return assemble(root, [load_records(p) for p in record_paths], read_run_json(root), {}, [], _load_nodes(root),
+                    named_by)
 
-    meta = _read_json(root / "run.json")
+
+def _load_legacy_dir(root: Path) -> RunData:
+    """An earlier release's directory (diag.report.legacy): its one capture point at the top, each capture's N
+    and transport from the records' start events."""
+    from diag.report import legacy
+
+    record_files = legacy.legacy_records(root)
+    captures, tcpinfo = load_capture_point(root, "", None)
+    return assemble(root, record_files, read_run_json(root), captures, tcpinfo, {})
+
+
+def assemble(root: Path, record_files: list[RecordFile], meta: dict[str, Any] | None,
+             captures: dict[str, CaptureSet], tcpinfo: list[dict[str, Any]], nodes: dict[str, NodeData],
+             named_by: Sequence[RecordFile] = ()) -> RunData:
+    """One RunData from what a layout's reader found: the nodes in the job's order (rank 0's node is the one
+    capture point the one-capture-point rules read), what is missing in plain sentences, every capture's N and
+    transport from the records, advise.json."""
+    missing: list[str] = []
     if meta is None:
         missing.append("run.json (no measured link rate: no ideal line, no lab description)")
         meta = {}
-
-    captures, tcpinfo = _load_capture_point(root, "", None)
-    nodes = _in_job_order(_load_nodes(root), meta)
+    nodes = _in_job_order(nodes, meta)
     if nodes:
-        # rank 0's node: the one capture point every rule of the earlier layout reads
         first = next(iter(nodes.values()))
         captures = {**captures, **first.captures}
         tcpinfo = tcpinfo + first.tcpinfo
@@ -449,6 +438,13 @@ def load_run_dir(root: Path) -> RunData:
     if without:
         missing.append(f"nodes/<node>/fingerprint.json of {', '.join(without)} (their configuration is not "
                        "compared with the other nodes')")
+    steps = steps_by_tag([*record_files, *named_by])
+    for capture in everywhere:
+        if capture.tag in steps:
+            world_size, transport = steps[capture.tag]
+            known = capture.meta or CaptureMeta()
+            capture.meta = replace(known, world_size=known.world_size or world_size,
+                                   transport=known.transport or transport)
     # advise.json's own reader (its schema check), below diag.advise: the report never imports a command.
     from diag.advisefile import ADVISE_NAME, load_advise
 
@@ -456,9 +452,31 @@ def load_run_dir(root: Path) -> RunData:
     return RunData(root, record_files, meta, captures, tcpinfo, missing, advise=advise, nodes=nodes)
 
 
-def _load_capture_point(folder: Path, where: str, node: str | None) -> tuple[dict[str, CaptureSet], list[dict[str, Any]]]:
+def steps_by_tag(record_files: Sequence[RecordFile]) -> dict[str, tuple[int, str]]:
+    """tag -> (N, transport): every (step, N) launch's start event names the tag of its files on every node
+    (meta ``tag``; an earlier release's sweep: ``capture_tag``; its run directories: the layout's own rule,
+    diag.runinfo.step_tag, applied to the start event and its records file <step>.jsonl). A capture is known
+    by its records, never by reading N out of its file name."""
+    out: dict[str, tuple[int, str]] = {}
+    for records in record_files:
+        for start in records.starts:
+            meta, spec, world_size = start.get("meta") or {}, start.get("spec") or {}, start.get("world_size")
+            if not isinstance(world_size, int) or not isinstance(spec, dict):
+                continue
+            backend, algo = spec.get("backend", "?"), spec.get("algo", "default")
+            tag = meta.get("tag") or meta.get("capture_tag")
+            if not tag and spec.get("ops") and meta.get("run_dir"):
+                # the last release's advise ran each workaround as a step of its own, into advise/records.jsonl
+                step = f"advise-{meta['advise']}" if meta.get("advise") else records.path.stem
+                tag = step_tag(step, backend, algo, spec.get("knobs") or {}, spec["ops"], world_size)
+            if isinstance(tag, str):
+                out[tag] = (world_size, transport_label(backend, algo))
+    return out
+
+
+def load_capture_point(folder: Path, where: str, node: str | None) -> tuple[dict[str, CaptureSet], list[dict[str, Any]]]:
     """The captures (capture.json, analysis, observer samples by tag) and raw TCP_INFO side files of one
-    capture point: the run directory's top (the earlier layout) or one node's folder."""
+    capture point: one node's folder (or an earlier layout's top)."""
     captures: dict[str, CaptureSet] = {}
 
     def capture(tag: str) -> CaptureSet:
@@ -482,22 +500,22 @@ def _load_capture_point(folder: Path, where: str, node: str | None) -> tuple[dic
 
 
 def _load_nodes(root: Path) -> dict[str, NodeData]:
-    """nodes/<node>/ of the in-place layout (docs/inplace.md), by folder name."""
+    """nodes/<node>/ (docs/inplace.md), by folder name."""
     nodes: dict[str, NodeData] = {}
     folder = root / "nodes"
     if not folder.is_dir():
         return nodes
     for path in sorted(p for p in folder.iterdir() if p.is_dir()):
         where = f"nodes/{path.name}/"
-        captures, tcpinfo = _load_capture_point(path, where, path.name)
+        captures, tcpinfo = load_capture_point(path, where, path.name)
         nodes[path.name] = NodeData(path.name, where, _read_json(path / "fingerprint.json"), captures, tcpinfo)
     return nodes
 
 
 def _in_job_order(nodes: dict[str, NodeData], meta: dict[str, Any]) -> dict[str, NodeData]:
     """The nodes with rank 0's first, then by their lowest rank (run.json topology), then by name."""
-    info = from_json(RunInfo, meta)
-    order = NodeLookup.of(info.topology, []).order
+    document = RunInfo.from_json(meta).topology
+    order = NodeLookup.of(from_json(Topology, document) if document else None, []).order
     rank = {name: i for i, name in enumerate(order)}
     return dict(sorted(nodes.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
 
@@ -518,3 +536,7 @@ def load_run(paths: Sequence[str | os.PathLike[str]]) -> RunData:
     missing = ["run.json (plain record files: no run directory)",
                "analysis/*.json, captures/, observe/, tcpinfo/ (plain record files: no wire evidence)"]
     return RunData(None, record_files, {}, {}, [], missing)
+
+
+__all__ = ["CaptureMeta", "CaptureSet", "LabInfo", "LinkInfo", "NodeData", "RunData", "RunInfo", "assemble",
+           "load_capture_point", "load_run", "load_run_dir", "steps_by_tag"]

@@ -10,7 +10,15 @@ from diag.report.compare import ALPHA as _ALPHA
 
 # The experiments' thresholds live with the decisions that use them, below the report (the trials decide with
 # them while they run); the one Threshold type is theirs.
-from diag.verdicts import CONTROL_DIP, CPU_CONFOUNDED, MIN_ROUNDS, RULED_OUT_SHARE, SHOWN_SHARE, Threshold
+from diag.verdicts import (
+    CONTROL_DIP,
+    CPU_CONFOUNDED,
+    MIN_ROUNDS,
+    RULED_OUT_SHARE,
+    SHOWN_SHARE,
+    WORKAROUND_EFFECT,
+    Threshold,
+)
 
 
 def _t(name: str, value: float | int, meaning: str) -> Threshold:
@@ -32,8 +40,6 @@ ORDER_EFFECT = _t("ORDER_EFFECT", 0.15, "the exchange order (send-first vs recv-
                   "this fraction")
 CONN_SPLIT_EFFECT = _t("CONN_SPLIT_EFFECT", 0.15, "one connection per direction is at least this fraction faster "
                        "than both directions on one connection (raw --conn)")
-WORKAROUND_EFFECT = _t("WORKAROUND_EFFECT", 0.1, "a measured workaround (diag advise) is at least this fraction "
-                       "faster than plain gloo, significantly, before it is advised")
 RWND_LIMITED_FRACTION = _t("RWND_LIMITED_FRACTION", 0.2, "share of busy time a connection spent receive-window "
                            "limited (TCP_INFO) before it is called rwnd limited")
 SNDBUF_LIMITED_FRACTION = _t("SNDBUF_LIMITED_FRACTION", 0.2, "same, send-buffer limited")
@@ -100,7 +106,7 @@ TABLE: tuple[Threshold, ...] = (
     RETRANS_MIN_COUNT, IDLE_RESTART_S, IDLE_FRACTION, TURN_GAP_SHARE, CWND_COLLAPSE_SEGMENTS, CPU_PINNED_PCT, CPU_PINNED_SHARE, CPU_MIN_SAMPLES, QUOTA_THROTTLED_SHARE,
     CPU_SATURATED_PCT, CPU_LINK_REACHED, TURN_TAKING_GAP, HALF_DUPLEX_MATCH, SLOW_LINK_RATIO, LOCALIZE_MIN_NODES,
     PACED_TOLERANCE, LOSS_HOST_SHARE, LOSS_PEER_SHARE, LOSS_RATE_CONTRAST, CWND_CUT_FACTOR, CPU_STARVED_LINK_SHARE, ALPHA, CONTROL_DIP, SHOWN_SHARE,
-    RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED,
+    RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED, WORKAROUND_EFFECT,
 )
 
 

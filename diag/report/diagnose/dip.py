@@ -32,7 +32,7 @@ from diag.report.rundir import RunData
 from diag.report.series import PAIRWISE_OPS, by_series, mean_busbw, series_label
 from diag.report.thresholds import N2_DIP_RATIO, N2_DIP_STRONG, used
 from diag.stats import Arm, Interval, Modes, bootstrap_means, interval, modes
-from diag.trial import arms_of
+from diag.trialspec import arms_of
 from diag.units import human_bytes, human_rate
 from diag.verdicts import MIN_ROUNDS, Control, control
 

@@ -139,7 +139,7 @@ class Suspect:
     why_not_isolated: str      # why nothing here isolates it (with no experiment, or an undecided one)
 
 
-# Issue 10's four suspects. Only an experiment that toggles a suspect can show it or rule it out; everything
+# The four suspected mechanisms of gloo's N=2 dip (docs/raw-tcp.md). Only an experiment that toggles a suspect can show it or rule it out; everything
 # else (CPU samples, the wire) may support a reading but never convicts or clears a suspect on its own.
 SUSPECTS: tuple[Suspect, ...] = (
     Suspect("suspect_m1", "M1: the ready-to-receive notice queued behind the rank's own data on the shared pair",

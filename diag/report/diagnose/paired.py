@@ -32,7 +32,7 @@ from diag.report.thresholds import (
     used,
 )
 from diag.stats import Arm, Interval
-from diag.trial import arms_of, cpu_of
+from diag.trialspec import arms_of, cpu_of
 from diag.units import human_bytes
 from diag.verdicts import Decision, control, difference, explained_share, loss_share
 

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """Benchmark of the raw-TCP reference (docs/raw-tcp.md). Not a test: it prints figures, asserts nothing.
 
-  python docs/raw-tcp-bench.py lab                       issue 4's lab comparison, all in one run:
+  python -m bench.raw_tcp lab                       raw TCP against gloo on the lab, all in one run:
         lab up (6 hosts, 200mbit), single-stream goodput h0->h1, then for N = 2..6 at 16 MiB per rank:
         raw ring busbw, gloo all_gather busbw, a ring of N plain TCP flows (iperf3, the machine's
         ceiling for N shaped links at once), ratios; the lab is always torn down
-  python docs/raw-tcp-bench.py loopback [--nproc 2,3,4] [--sizes 8M,16M]   raw ring vs gloo, same run
-  python docs/raw-tcp-bench.py knobs                     what each knob does to N=2 (own lab, as `lab`)
-  python docs/raw-tcp-bench.py model                     the gloo protocol model against gloo (issue 10):
+  python -m bench.raw_tcp loopback [--nproc 2,3,4] [--sizes 8M,16M]   raw ring vs gloo, same run
+  python -m bench.raw_tcp knobs                     what each knob does to N=2 (own lab, as `lab`)
+  python -m bench.raw_tcp model                     the gloo protocol model against gloo:
         lab up (4 hosts, 200mbit), link goodput, then at equal D = (N-1) x per-rank size: gloo and
         `--emulate gloo` for N = 2, 3, 4, and at N=2 each knob that switches one piece of the model
-  python docs/raw-tcp-bench.py ring [--nproc 2,...,8]    issue 13: raw ring busbw against the machine's own
+  python -m bench.raw_tcp ring [--nproc 2,...,8]    raw ring busbw against the machine's own
         limit, the ring pattern driven by iperf3 (h_i -> h_(i+1 mod N), every edge at once), per N on one
         lab of max(N) hosts at 200mbit: pattern, raw sweep, pattern again; raw / pattern per N
 
@@ -136,7 +136,7 @@ def lab_comparison(options: argparse.Namespace, work: Path) -> None:
 
 
 def ring_against_limit(options: argparse.Namespace, work: Path) -> None:
-    """Issue 13: raw ring busbw / the iperf3 ring pattern's mean edge goodput, per N, on one lab."""
+    """Raw ring busbw / the iperf3 ring pattern's mean edge goodput, per N, on one lab."""
     from diag.lab import measure_link, measure_ring_pattern
 
     sizes = options.sizes or "16M"

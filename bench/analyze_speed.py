@@ -1,6 +1,6 @@
 """Benchmark: `diag analyze` vs `tshark -T fields` on a real loopback capture of >= 2M TCP packets.
 
-    python -m diag.bench.analyze_speed [--packets 2000000] [--dir /tmp/diag-bench] [--keep] [--pcap FILE]
+    python -m bench.analyze_speed [--packets 2000000] [--dir /tmp/diag-bench] [--keep] [--pcap FILE]
                                  [--repeat 5] [--baseline TREE] [--no-tshark]
 
 Generates the capture with tcpdump (snaplen 128) from a loopback transfer whose MSS is clamped small so
@@ -133,7 +133,7 @@ def summary(runs: list[Timed], packets: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diag.bench.analyze_speed", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.analyze_speed", description=__doc__.splitlines()[0])
     parser.add_argument("--packets", type=int, default=2_000_000)
     parser.add_argument("--dir", type=Path)
     parser.add_argument("--pcap", type=Path, help="reuse this capture instead of generating one")

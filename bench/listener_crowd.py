@@ -1,6 +1,6 @@
 """A crowd at the raw transport's door: silent, garbage and partial-HELLO strays during rendezvous change nothing.
 
-    python -m diag.bench.listener_crowd --silent 500 --garbage 500 --partial 500 [--world-size 3] [--size 1M]
+    python -m bench.listener_crowd --silent 500 --garbage 500 --partial 500 [--world-size 3] [--size 1M]
 
 Runs the raw transport twice on loopback, N ranks each (spawned processes, env:// rendezvous): once alone
 and once with a crowd. For the crowded run the last rank waits before it connects while the crowd opens
@@ -30,7 +30,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from diag.bench.ranks import collect_by_rank
+from bench.ranks import collect_by_rank
 
 READY_KEY = "bench/crowd_ready"
 STORE_PREFIX = "diag_raw/1"   # the first raw transport generation on a fresh store (transport.py)
@@ -196,7 +196,7 @@ def run_once(world_size: int, silent: int, garbage: int, size: int, iters: int, 
 def main(argv: list[str] | None = None) -> int:
     from diag.units import parse_size
 
-    parser = argparse.ArgumentParser(prog="python -m diag.bench.listener_crowd", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.listener_crowd", description=__doc__.splitlines()[0])
     parser.add_argument("--silent", type=int, default=500)
     parser.add_argument("--garbage", type=int, default=500)
     parser.add_argument("--partial", type=int, default=500, help="clients that send 28 of a HELLO's 29 bytes")

@@ -6,7 +6,7 @@ The lab's namespaces stand in for the nodes; diag itself launches nothing: every
 tests/test_inplace.py starts its jobs through ``start_nodes``; the command below also holds the in-place run
 against ``diag reproduce`` on an equal lab (diag's own launch), in one run:
 
-    python -m diag.bench.inplace_lab [--hosts 4] [--rate 200mbit] [--out DIR] [--skip-lab]
+    python -m bench.inplace_lab [--hosts 4] [--rate 200mbit] [--out DIR] [--skip-lab]
 
 It prints both wall times and their ratio, the verdicts of both runs side by side (dip, mechanism,
 workarounds) and every edge of the in-place link matrix against the lab's goodput.

@@ -1,11 +1,13 @@
 """Every lab fault scenario through the real main job: what each should be named, and what diag named.
 
-    python -m diag.bench.fault_scenarios [--scenarios none,slow-nic,...] [--backend diag_tcp] [--hosts 4]
+    python -m bench.fault_scenarios [--scenarios none,slow-nic,...] [--backend diag_tcp] [--hosts 4]
                                          [--rate 200mbit] [--out DIR] [--seed-anomaly]
 
 For each scenario, ``diag reproduce --quick --lab-scenario NAME`` runs on a fresh lab (its faults on h1), and
 the findings are read back: which host rules fired and which hosts they named, whether the N=2 mechanism
-verdict fired, and the negative control's status. With ``--backend diag_tcp`` (the default) the backend
+verdict fired, and the negative control's status. What each scenario should be called is the scenario's own
+``expect`` (diag/lab/scenarios/NAME.json: the rules whose findings must name each faulty host); ``none``, no
+fault at all, is the negative control: nothing named, N=2 not slower. With ``--backend diag_tcp`` (the default) the backend
 under test takes no turns on a connection, so a fault is the only slowdown in the run: the seed anomaly's
 mechanism must not fire, and ``none`` is the negative control (nothing slow, no host named). One line per
 scenario, then whether every scenario was named right. ``--seed-anomaly`` also runs the gloo backend beside
@@ -24,19 +26,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from diag.lab.faults import builtin_scenarios, load_scenario
 from diag.lifeline import CHILD_CWD, child_env, python_command
 
-# What each built-in scenario (diag/lab/scenarios) should be called, by rule, and the host its faults are on.
-EXPECTED: dict[str, tuple[str, ...]] = {
-    "none": (),
-    "slow-nic": ("slow_host_link",),
-    "shallow-buffer": ("loss_at_host",),
-    "small-windows": ("window_at_host", "node_fingerprints"),
-    "slow-cpu": ("cpu_bound",),
-    "jumbo-host": ("node_fingerprints",),
-}
-FAULTY_HOST = "h1"
+NONE = "none"   # no fault: the negative control
 HOST_RULES = ("slow_host_link", "loss_at_host", "window_at_host", "cpu_bound", "node_fingerprints")
+
+
+def expected(scenario: str) -> dict[str, set[str]]:
+    """rule -> the hosts its findings must name, from the scenario file's ``expect`` (none: nothing)."""
+    return {} if scenario == NONE else load_scenario(scenario).expected_rules()
+
+
+def scenarios() -> list[str]:
+    return [NONE, *builtin_scenarios()]
 
 
 @dataclass
@@ -51,16 +54,17 @@ class Outcome:
     dip: str
 
     def right(self) -> bool:
-        """Every expected rule names the faulty host and only it; other host rules may corroborate (name it
-        too: a slow NIC's link also overflows its switch port, and its shaper shows in its fingerprint) but
-        never name another host; without gloo no mechanism fires, and with no fault (the negative control)
+        """Every expected rule names its faulty hosts and only them; other host rules may corroborate (name
+        them too: a slow NIC's link also overflows its switch port, and its shaper shows in its fingerprint)
+        but never name another host; without gloo no mechanism fires, and with no fault (the negative control)
         N=2 is not slower. Under a fault the control may dip: a fault that slows N=2 slows every transport,
         and the control is what keeps the mechanism from being named then."""
-        expected = EXPECTED[self.scenario]
-        hosts_ok = all(self.named.get(rule) == {FAULTY_HOST} for rule in expected)
+        wanted = expected(self.scenario)
+        faulty = set().union(*wanted.values()) if wanted else set()
+        hosts_ok = all(self.named.get(rule) == hosts for rule, hosts in wanted.items())
         # a finding that names no host (a machine the lab's nodes share, busy) blames no host wrongly
-        stray = [rule for rule, hosts in self.named.items() if rule not in expected and hosts - {FAULTY_HOST}]
-        control_ok = self.scenario != "none" or (self.control != "fired" and self.dip != "fired")
+        stray = [rule for rule, hosts in self.named.items() if rule not in wanted and hosts - faulty]
+        control_ok = self.scenario != NONE or (self.control != "fired" and self.dip != "fired")
         mechanism_ok = self.backend == "gloo" or self.mechanism != "fired"   # gloo's own N=2 mechanism may fire
         return hosts_ok and not stray and control_ok and mechanism_ok
 
@@ -100,7 +104,7 @@ def run_scenario(scenario: str, backend: str, out: Path, hosts: int, rate: str, 
     run_dir = out / f"{scenario}-{backend}"
     argv = [*python_command("-m", "diag"), "reproduce", "--quick", "--max-n", str(hosts), "--rate", rate,
             "--backend", backend, "--out", str(run_dir)]
-    if scenario != "none":
+    if scenario != NONE:
         argv += ["--lab-scenario", scenario]
     started = time.monotonic()
     with (out / f"{scenario}-{backend}.log").open("w") as log:
@@ -110,16 +114,17 @@ def run_scenario(scenario: str, backend: str, out: Path, hosts: int, rate: str, 
 
 
 def line(outcome: Outcome) -> str:
-    expected = ", ".join(f"{rule} {FAULTY_HOST}" for rule in EXPECTED[outcome.scenario]) or "nothing"
+    wanted = ", ".join(f"{rule} {'/'.join(sorted(hosts))}" for rule, hosts in expected(outcome.scenario).items())
+    expected_text = wanted or "nothing"
     named = ", ".join(f"{rule} {'/'.join(sorted(hosts)) or '?'}" for rule, hosts in sorted(outcome.named.items()))
-    return (f"{outcome.scenario:15s} {outcome.backend:8s} {outcome.seconds / 60:4.1f} min  expected: {expected:45s} "
+    return (f"{outcome.scenario:15s} {outcome.backend:8s} {outcome.seconds / 60:4.1f} min  expected: {expected_text:45s} "
             f"named: {named or 'nothing':45s} mechanism {outcome.mechanism:9s} control {outcome.control:9s} "
             f"dip {outcome.dip:9s} {'RIGHT' if outcome.right() else 'WRONG'}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenarios", default=",".join(EXPECTED))
+    parser.add_argument("--scenarios", default=",".join(scenarios()))
     parser.add_argument("--backend", default="diag_tcp", choices=["diag_tcp", "gloo"])
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--rate", default="200mbit")
@@ -127,12 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed-anomaly", action="store_true", help="also run gloo beside the slow-nic fault")
     parser.add_argument("--timeout", type=float, default=1800.0)
     args = parser.parse_args(argv)
-    scenarios = [s for s in args.scenarios.split(",") if s]
-    unknown = [s for s in scenarios if s not in EXPECTED]
+    chosen = [s for s in args.scenarios.split(",") if s]
+    unknown = [s for s in chosen if s not in scenarios()]
     if unknown:
-        parser.error(f"unknown scenario(s) {', '.join(unknown)}: choose from {', '.join(EXPECTED)}")
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}: choose from {', '.join(scenarios())}")
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = [(s, args.backend) for s in scenarios] + ([("slow-nic", "gloo")] if args.seed_anomaly else [])
+    runs = [(s, args.backend) for s in chosen] + ([("slow-nic", "gloo")] if args.seed_anomaly else [])
     outcomes = []
     for scenario, backend in runs:
         outcome = run_scenario(scenario, backend, args.out, args.hosts, args.rate, args.timeout)

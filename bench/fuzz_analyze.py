@@ -1,6 +1,6 @@
 """Fuzz the capture analyzer: mutated pcap/pcapng/gzip files through ``diag analyze``'s library entry point.
 
-    python -m diag.bench.fuzz_analyze --cases 100000 --seed 1 [--start 0] [--out DIR]
+    python -m bench.fuzz_analyze --cases 100000 --seed 1 [--start 0] [--out DIR]
 
 The seed corpus is built by code (scapy builds the packets; the file formats are written here so every
 length and timestamp field's offset is known): a TCP conversation (handshake with options, data both ways,
@@ -371,7 +371,7 @@ def _error_kind(message: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diag.bench.fuzz_analyze", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.fuzz_analyze", description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=100_000, help="how many cases (default 100000)")
     parser.add_argument("--seed", type=int, default=1, help="fuzz seed (default 1)")
     parser.add_argument("--start", type=int, default=0, help="first case index (to run in parts)")

@@ -1,6 +1,6 @@
 """Measurement overhead of diag's harness against a bare ``dist.all_gather`` loop, in one run.
 
-    python -m torch.distributed.run --nproc-per-node 2 -m diag.bench.overhead [--size 1K] [--iters 2000]
+    python -m torch.distributed.run --nproc-per-node 2 -m bench.overhead [--size 1K] [--iters 2000]
 
 Both loops run on the same process group, interleaved in blocks so machine noise hits both alike. The
 bare loop is what a careful user writes (barrier, time, all_gather); diag's is the harness (fill, barrier,

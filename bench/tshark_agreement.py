@@ -1,7 +1,7 @@
 """diag against tshark on a directory of captures: per file, the TCP packets and payload bytes of every
 direction (source ip:port -> destination ip:port), as `diag analyze --json` and `tshark -Y tcp` count them.
 
-    python -m diag.bench.tshark_agreement DIR [--jobs 2] [--match PATTERN] [--show N]
+    python -m bench.tshark_agreement DIR [--jobs 2] [--match PATTERN] [--show N]
 
 Made for the tcpdump project's own test captures (its tests/ directory: hundreds of pcap/pcapng files of
 every protocol, tunnels, super-segments, truncated and corrupt records), but any directory works. For each
@@ -130,7 +130,7 @@ def compare(path: Path) -> Outcome:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diag.bench.tshark_agreement",
+    parser = argparse.ArgumentParser(prog="python -m bench.tshark_agreement",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=Path, help="a directory of captures (searched recursively)")
     parser.add_argument("--match", default="*", help="only file names matching this glob (default *)")

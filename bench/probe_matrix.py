@@ -1,7 +1,7 @@
 """The in-place probe on the lab, started as an operator starts a job: one rank per lab host, each started by
 hand inside its namespace (`ip netns exec`), gloo by env://, ``python -m diag.probe.driver`` (needs root).
 
-    python -m diag.bench.probe_matrix [--name NAME] [--hosts 4] [--rate 100mbit] [--burst 50000]
+    python -m bench.probe_matrix [--name NAME] [--hosts 4] [--rate 100mbit] [--burst 50000]
                                       [--seconds 1] [--tools iperf3,socket] [--slow h2:50mbit]
 
 Brings up a lab (always torn down), measures the link matrix with each tool in one launch and prints every
@@ -122,7 +122,7 @@ def edge_shares(matrix: Mapping[str, Any], config_of: Mapping[str, LabConfig]) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diag.bench.probe_matrix", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.probe_matrix", description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", default="pbench")
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--rate", default="100mbit")

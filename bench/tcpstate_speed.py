@@ -1,6 +1,6 @@
 """Benchmark: the TCP state kernel (diag.capture._ctcp) fed a capture at once and in chunks, in one run.
 
-    python -m diag.bench.tcpstate_speed FILE [FILE ...] [--repeat 5]
+    python -m bench.tcpstate_speed FILE [FILE ...] [--repeat 5]
 
 Reads the capture once (one chunk: connections and handshakes), then runs the TCP state pass with all
 packets in one feed and in 1 M-row chunks with 1 M segment ends a direction in memory (as `diag analyze`
@@ -56,7 +56,7 @@ def _line(label: str, rows: list[tuple[float, float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diag.bench.tcpstate_speed",
+    parser = argparse.ArgumentParser(prog="python -m bench.tcpstate_speed",
                                      description=(__doc__ or "").splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--repeat", type=int, default=5)

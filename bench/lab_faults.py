@@ -1,6 +1,6 @@
 """Faults on the lab, end to end through the real command line (needs root, ip, tc).
 
-    python -m diag.bench.lab_faults --name NAME [--hosts 3] [--rate 200mbit] [--timeout 10]
+    python -m bench.lab_faults --name NAME [--hosts 3] [--rate 200mbit] [--timeout 10]
                                     [--backends gloo,raw] [--big 200M] [--skip big]
 
 Three checks, each printed as one JSON line, on a lab brought up under NAME and always torn down:
@@ -171,7 +171,7 @@ def big_row(name: str, size: str, iters: int, work: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diag.bench.lab_faults", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.lab_faults", description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True, help="a lab name of your own (it is brought up and torn down)")
     parser.add_argument("--hosts", type=int, default=3)
     parser.add_argument("--rate", default="200mbit")

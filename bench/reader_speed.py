@@ -1,6 +1,6 @@
 """The capture reader's speed: the whole file into columns against the same file in chunks, in one process.
 
-    python -m diag.bench.reader_speed FILE [--repeat 5]
+    python -m bench.reader_speed FILE [--repeat 5]
 
 Times ``reader.read_capture(FILE)`` (file -> columns: one chunk in memory) and ``reader.stream_capture``
 (the chunks `diag analyze` reads a file in, each handed on and dropped), alternately, after the memory
@@ -21,7 +21,7 @@ from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diag.bench.reader_speed", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.reader_speed", description=__doc__.split("\n\n")[0])
     parser.add_argument("file", help="a capture (pcap, pcapng, optionally .gz)")
     parser.add_argument("--repeat", type=int, default=5, help="timed reads per engine (default 5)")
     args = parser.parse_args(argv)

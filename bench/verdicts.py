@@ -1,6 +1,6 @@
 """How often would the main job's verdicts flip? Resample saved runs and decide again.
 
-    python -m diag.bench.verdicts runs/reproduce-* --resamples 1000
+    python -m bench.verdicts runs/reproduce-* --resamples 1000
 
 The per-iteration samples of every saved `diag reproduce` run are pooled by what they measure (records
 file, arm or series, world size, size): quiet and busy runs together, as users' machines are. Each
@@ -135,7 +135,7 @@ def table(paths: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diag.bench.verdicts", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m bench.verdicts", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="saved diag reproduce run directories")
     parser.add_argument("--resamples", type=int, default=1000)
@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         runs = [load_run([path]) for path in args.runs]
     except DiagError as exc:
-        print(f"diag.bench.verdicts: {exc}", file=sys.stderr)
+        print(f"bench.verdicts: {exc}", file=sys.stderr)
         return 2
     started = time.monotonic()
     as_run = [decide(run) for run in runs]
