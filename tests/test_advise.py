@@ -32,10 +32,22 @@ def test_advise_measures_each_workaround_beside_gloo_in_one_trial_and_prints_the
             assert row["rounds"] >= 3
             assert row["speedup"] == pytest.approx(row["baseline_time_s"] / row["time_s"])
             assert row["speedup_low"] <= row["speedup"] <= row["speedup_high"]
-            # the trial's own bootstrap decision decides; no Welch test anywhere
-            assert row["verdict"] in ("faster", "slower", "same", "undecided")
+            # the trial's own bootstrap decision over its rounds decides (the statistic of compare and the
+            # mechanism trials); no Welch test anywhere. Each verdict agrees with the interval it rests on.
             assert row["decision"]["design"] == "difference" and row["decision"]["interleaved"]
+            assert row["decision"]["rounds"] == row["rounds"]
             assert "p_value" not in row and "welch_p" not in row
+            low, high, effect = row["speedup_low"], row["speedup_high"], result["effect"]
+            if row["verdict"] == "faster":
+                assert low > 1 and abs(1 / row["speedup"] - 1) >= effect, row
+            elif row["verdict"] == "slower":
+                assert high < 1 and abs(1 / row["speedup"] - 1) >= effect, row
+            elif row["verdict"] == "same":
+                assert 1 - effect <= 1 / high and 1 / low <= 1 + effect, row
+            else:
+                # undecided only with a reason, and only where the trial ran out of budget or rounds at that size
+                assert row["verdict"] == "undecided", row
+                assert row["reason"] and result["stopped"][str(row["size_bytes"])] in ("budget", "max_rounds"), row
     # the records behind it: every arm once a round, in the round's recorded order, in ONE launch: gloo's and
     # diag_tcp's arms on their own process groups of the same two ranks
     rows = [json.loads(line) for line in (out / "records" / "advise.jsonl").read_text().splitlines()]

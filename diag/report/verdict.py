@@ -68,7 +68,8 @@ def plain(text: str) -> str:
 class Fix:
     title: str
     speedup: float | None            # the smallest speed-up over the sizes it ran (gloo time / its time)
-    p_value: float | None            # the largest p-value over those sizes (Welch)
+    speedup_low: float | None        # the smallest lower end of its speed-up's interval over those sizes (the
+                                     # advise trial's block bootstrap, the statistic that advised it)
     code: str = ""
 
 
@@ -353,7 +354,7 @@ def _fixes(rules: dict[str, list[Finding]], advise: dict[str, Any] | None) -> tu
     for e in found.evidence:
         name = e.values.get("workaround")
         entry = codes.get(name, {})
-        fixes.append(Fix(str(entry.get("title") or name), e.values.get("speedup_min"), e.values.get("p_value_max"),
+        fixes.append(Fix(str(entry.get("title") or name), e.values.get("speedup_min"), e.values.get("speedup_low_min"),
                          str(entry.get("code") or "")))
     fixes.sort(key=lambda f: -(f.speedup or 0))
     best = fixes[0]
