@@ -227,9 +227,23 @@ def test_model_json_round_trip_and_old_files(tmp_path, gloo_model) -> None:
     assert (a.time_s, a.low_s, a.high_s) == pytest.approx((b.time_s, b.low_s, b.high_s))
     with pytest.raises(DiagError, match="no model for send_recv"):
         back.predict("send_recv", 2, 1024)
-    path.write_text(json.dumps({"schema": 1, "kind": "diag-model", "models": []}))
-    with pytest.raises(DiagError, match="fit it again"):
-        load(path)
+    for schema in (1, 2):       # an earlier release's line per N
+        path.write_text(json.dumps({"schema": schema, "kind": "diag-model", "models": []}))
+        with pytest.raises(DiagError, match=f"schema {schema}: an earlier release's line per N.*fit it again"):
+            load(path)
+
+
+@pytest.mark.parametrize("text", ['{"bad', '[1, 2]', '{"kind": "something else"}', '{"kind": "diag-model", '
+                                  '"schema": 3, "series": [{"series": "torch:gloo"}]}', "\udcff"])
+def test_a_bad_model_file_is_one_line_naming_it(tmp_path, capsys, text) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text(text, errors="surrogateescape")
+    assert main(["model", "predict", "--model", str(path), "--world-size", "5", "--size", "16M"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err and "Traceback" not in err
+    assert main(["model", "predict", "--model", str(tmp_path / "missing.json"), "--world-size", "5",
+                 "--size", "16M"]) == 2
+    assert "missing.json" in capsys.readouterr().err
 
 
 def test_cli_fit_predict_check(tmp_path, capsys) -> None:
@@ -242,7 +256,7 @@ def test_cli_fit_predict_check(tmp_path, capsys) -> None:
     assert "leave-one-N-out: N=2" in out and "leave-one-size-out (D, 17 sizes)" in out
     assert re.search(r"N=2 turn-taking share 3[234]\.\d%", out) and "extrapolates at N below 2 or above 4" in out
     document = json.loads(model_path.read_text())
-    assert document["schema"] == 2 and {s["series"] for s in document["series"]} == {"torch:gloo", "raw:ring"}
+    assert document["schema"] == 3 and {s["series"] for s in document["series"]} == {"torch:gloo", "raw:ring"}
 
     assert main(["model", "predict", "--model", str(model_path), "--world-size", "8", "--size", "2M",
                  "--series", "gloo", "--json"]) == 0

@@ -33,21 +33,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fit.add_argument("--json", action="store_true", help="print model.json instead of the summary (also with -o)")
     predict = sub.add_parser("predict", help="how long will OP of SIZE per rank take on N ranks")
     predict.add_argument("--model", type=Path, required=True, help="model JSON from `diag model fit`")
-    predict.add_argument("--op", default="all_gather")
-    predict.add_argument("--world-size", type=int, required=True)
-    predict.add_argument("--size", required=True, help="per-rank input size, e.g. 16M, 12589824")
+    predict.add_argument("--op", default="all_gather", help="all_gather (default), all_reduce or send_recv: an op the "
+                                                             "model file has")
+    predict.add_argument("--world-size", type=int, required=True, metavar="N",
+                         help="ranks taking part (2 or more); an N the fit did not see is predicted and said to "
+                              "extrapolate")
+    predict.add_argument("--size", required=True, help="per-rank input size, e.g. 16M, 12589824 (1 byte or more)")
     predict.add_argument("--series", "--backend", dest="series", default=None,
                          help="a series label as the model file names it (e.g. \"raw:ring [emulate=gloo]\"), or a "
                               "transport: gloo, torch:gloo, raw, raw:ring (its reference series; default: every series)")
     predict.add_argument("--algo", default=None, help="raw algorithm (ring, pairwise): with --series raw or none, "
                                                       "the series raw:ALGO")
-    predict.add_argument("--json", action="store_true")
+    predict.add_argument("--json", action="store_true", help="print the predictions as JSON (time_s, median_s, "
+                                                             "low_s, high_s, modes, extrapolated, where)")
     check = sub.add_parser("check", help="predict every row of measured records and print the errors")
     check.add_argument("paths", nargs="+", metavar="RUN_DIR|RECORDS")
     check.add_argument("--model", type=Path, required=True, help="model JSON from `diag model fit`")
     check.add_argument("--large", default="1M", help="the summary's 'large' rows: at least this many bytes "
                                                      "through each link (D for all_gather; default 1M)")
-    check.add_argument("--json", action="store_true")
+    check.add_argument("--json", action="store_true", help="print the rows, summaries and N=2 losses as JSON")
     export = sub.add_parser("export", help="write Vidur's collective profiles or an ASTRA-sim network config")
     export.add_argument("--model", type=Path, required=True, help="model JSON from `diag model fit`")
     export.add_argument("--vidur", type=Path, default=None, metavar="DIR",

@@ -46,11 +46,15 @@ from diag.model.structure import Structure, structure_of
 # Schema history (bump MODEL_SCHEMA for any change a reader must know about):
 #   1 - T = alpha + beta*S per (transport, op, N), plus a two-segment fit where the data bent; covariances.
 #       Strict JSON: non-finite numbers null, listed in "nonfinite".
-#   2 - one model per series (transport + mechanism knobs) and op across N and size: per-step latency, per-byte
-#       cost, TCP's ramp and the N=2 turn-taking share (with the size it sets in from) as named terms (all bounded, never a non-positive
-#       time); per cell the quantiles of its samples over the model (prediction intervals from the
-#       samples); bootstrap refits; leave-one-N-out and leave-one-size-out errors; where it extrapolates.
-MODEL_SCHEMA = 2
+#   2 - schema 1's line fits per (series, op, N) rather than per transport ("series" beside "transport").
+#   3 - one model per series (transport + mechanism knobs) and op across N and size ("series", not "models"):
+#       per-step latency, per-byte cost, TCP's ramp and the N=2 turn-taking share (with the size it sets in
+#       from) as named terms (all bounded, never a non-positive time); per cell the quantiles of its samples
+#       over the model (prediction intervals from the samples); bootstrap refits; leave-one-N-out and
+#       leave-one-size-out errors; where it extrapolates.
+MODEL_SCHEMA = 3
+# Schemas of the per-N line fits of earlier releases: read as "fit again", never as a model of this kind.
+LINE_FIT_SCHEMAS = (1, 2)
 # The interval a prediction reports (two-sided).
 CONFIDENCE = 0.95
 # Quantile levels of each cell's sample/model ratios kept in model.json: 41 evenly spaced, so the pooled
@@ -475,6 +479,10 @@ class Model:
     def from_json(cls, data: dict[str, Any]) -> Model:
         if data.get("kind") != "diag-model":
             raise DiagError("not a diag model file: make one with `diag model fit RUN_DIR -o model.json`")
+        if data.get("schema") in LINE_FIT_SCHEMAS:
+            raise DiagError(f"model file schema {data['schema']}: an earlier release's line per N; this diag reads "
+                            f"schema {MODEL_SCHEMA} (one model across N): fit it again with `diag model fit RUN_DIR -o "
+                            "model.json`")
         if data.get("schema") != MODEL_SCHEMA:
             raise DiagError(f"model file schema {data.get('schema')!r}: this diag reads schema {MODEL_SCHEMA}; "
                             "fit it again with `diag model fit RUN_DIR -o model.json`")
@@ -499,8 +507,14 @@ def load(path: str | Path) -> Model:
     p = Path(path)
     try:
         data = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DiagError(f"cannot read model {p}: {exc}") from None
     if not isinstance(data, dict):
-        raise DiagError(f"{p}: not a diag model file")
-    return Model.from_json(data)
+        raise DiagError(f"{p}: not a diag model file: make one with `diag model fit RUN_DIR -o model.json`")
+    try:
+        return Model.from_json(data)
+    except DiagError as exc:
+        raise DiagError(f"{p}: {exc}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise DiagError(f"{p}: a damaged model file ({type(exc).__name__}: {exc}): fit it again with `diag model "
+                        "fit RUN_DIR -o model.json`") from None
