@@ -74,7 +74,7 @@ def test_report_renders_a_sweep_run_directory_of_the_last_release(tmp_path: Path
     assert proc.returncode == 0, proc.stderr[-2000:]
     findings = {f["rule"]: f for f in json.loads((report / "findings.json").read_text())["findings"]}
     drops = findings["capture_drops"]
-    assert drops["status"] == "fired" and "N=2" in drops["evidence"][0]["text"]
+    assert drops["status"] == "observed" and "N=2" in drops["evidence"][0]["text"]
     assert drops["evidence"][0]["source"] == "captures/gloo-all_gather-n2.capture.json"
     assert findings["n2_busbw_dip"]["status"] == "fired"
     markdown = (report / "report.md").read_text()
