@@ -29,11 +29,6 @@ from diag.lifeline import CHILD_CWD, child_env, python_command
 
 READY_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 15.0
-# Without --immediate-mode libpcap reads the kernel's ring in blocks (TPACKET_V3) that are handed over when
-# full or when tcpdump's read timeout (1000 ms, fixed in tcpdump) retires them; tcpdump stopped by SIGINT
-# before that never writes the packets of the block still open. A batched capture therefore waits this long
-# after its last packet of interest before it is stopped (a short step would otherwise capture nothing).
-BLOCK_RETIRE_S = 1.1
 SCAPY_DROP_WARNING = ("tcpdump was not found: capturing with scapy's sniffer, which drops packets at high "
                       "rates and cannot count the drops; install tcpdump for trustworthy captures")
 
@@ -103,7 +98,6 @@ class TcpdumpCapture:
                  buffer_kib: int | None = None, immediate: bool = True) -> None:
         self.path = path
         self.iface, self.bpf_filter, self.snaplen, self.netns = iface, bpf_filter, snaplen, netns
-        self.immediate = immediate
         # tcpdump never opens the pcap itself: it writes to its stdout (-w -), a file diag created (O_EXCL,
         # O_NOFOLLOW, diag.safefs), so a symlink planted at the path is never followed. Holding no path to
         # write, it can drop root right after opening the interface (-Z), as tcpdump means to.
@@ -149,9 +143,8 @@ class TcpdumpCapture:
                 self._ready.set()
 
     def stop(self) -> CaptureInfo:
-        # Give in-flight packets a moment to pass the BPF before we stop; a batched capture waits for its last
-        # block to be handed over (BLOCK_RETIRE_S).
-        time.sleep(0.05 if self.immediate else BLOCK_RETIRE_S)
+        # Give in-flight packets a moment to pass the BPF before we stop.
+        time.sleep(0.05)
         stop_ns = time.time_ns()
         if self._proc.poll() is None:
             self._proc.send_signal(signal.SIGINT)

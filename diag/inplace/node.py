@@ -19,6 +19,11 @@ from diag.inplace.topology import Node
 
 CAPTURE_SNAPLEN = 128        # headers and the TCP options; payload is never needed
 CAPTURE_FILTER = "tcp"
+# The node's captures are batched (no --immediate-mode: less CPU at high packet rates), so libpcap reads the
+# kernel's ring in blocks handed over when full or when tcpdump's read timeout (1000 ms, fixed in tcpdump)
+# retires them; tcpdump stopped by SIGINT before that never writes the packets of the block still open. A
+# step's capture therefore runs this long past the step before it is stopped (a short step captured nothing).
+BLOCK_RETIRE_S = 1.1
 OBSERVE_INTERVAL_S = 0.2
 
 
@@ -107,6 +112,7 @@ class NodeWork:
 
     def stop_step(self) -> None:
         if self._capture is not None:
+            time.sleep(BLOCK_RETIRE_S)
             info = self._capture.stop()
             self._capture = None
             if info.kernel_dropped:
