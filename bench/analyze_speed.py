@@ -6,10 +6,10 @@
 Generates the capture with tcpdump (snaplen 128) from a loopback transfer whose MSS is clamped small so
 there are many packets, then times, in the same run, `diag analyze --json` end to end (a fresh process,
 so imports and JSON output count; --repeat runs, median and best) and tshark extracting the columns diag
-reads (once: it takes minutes). --baseline TREE alternates the main runs with `diag analyze` from another
-source tree, so that machine noise hits both alike
+reads (once: it takes minutes). --baseline TREE interleaves the main runs with `diag analyze` from another
+source tree (repeat it for more trees), so that machine noise hits all alike
 (PYTHONPATH=TREE: e.g. `git archive` of the commit before a change, its kernels built in place): an A/B of
-two versions in one run, and whether they print the same JSON.
+several versions in one run, and whether they print the same JSON.
 Peak memory is each child's max RSS, CPU its user + system time. Needs root, tcpdump and tshark.
 """
 
@@ -126,7 +126,7 @@ def summary(runs: list[Timed], packets: int) -> dict[str, float]:
     return {
         "runs": len(runs),
         "wall_median_s": round(median_wall, 3), "wall_best_s": round(walls[0], 3),
-        "cpu_median_s": round(statistics.median(cpus), 3),
+        "cpu_median_s": round(statistics.median(cpus), 3), "cpu_best_s": round(cpus[0], 3),
         "packets_per_s_median": round(packets / median_wall), "packets_per_s_best": round(packets / walls[0]),
         "peak_rss_max_MB": round(max(r.peak_rss_kib for r in runs) / 1024, 1),
     }
@@ -139,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pcap", type=Path, help="reuse this capture instead of generating one")
     parser.add_argument("--keep", action="store_true", help="keep the capture")
     parser.add_argument("--repeat", type=int, default=5, help="diag runs (median and best; default %(default)s)")
-    parser.add_argument("--baseline", type=Path, metavar="TREE",
-                        help="also time `diag analyze` of this source tree (PYTHONPATH=TREE), alternating runs")
+    parser.add_argument("--baseline", type=Path, metavar="TREE", action="append", default=[],
+                        help="also time `diag analyze` of this source tree (PYTHONPATH=TREE), interleaved with the "
+                             "main runs (give it again for more trees: e.g. the tree before a change and an older "
+                             "release, all in one run)")
     parser.add_argument("--no-tshark", action="store_true", help="skip tshark (it takes minutes)")
     parser.add_argument("--rate", type=float, default=DEFAULT_RATE_BPS / 1e6, metavar="MB/s",
                         help="pace the generating transfer at this payload rate (default %(default)s MB/s)")
@@ -168,21 +170,20 @@ def main(argv: list[str] | None = None) -> int:
         # would compile every module from source on every run, ~50 ms here). One untimed run writes the
         # bytecode and brings the capture into the page cache.
         native_env = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
-        baseline_env = {**native_env, "PYTHONPATH": str(args.baseline)}
-        timed(command, work / "diag-warmup.json", native_env)
-        if args.baseline:
-            timed(command, work / "diag-warmup.json", baseline_env)
-        load_before_diag = os.getloadavg()[0]
-        runs: dict[str, list[Timed]] = {"native": [], "baseline": []}
-        outputs: set[bytes] = set()
         engines = [("native", native_env)]
-        engines += [("baseline", baseline_env)] if args.baseline else []
+        engines += [(f"baseline{'' if k == 0 else k + 1}", {**native_env, "PYTHONPATH": str(tree)})
+                    for k, tree in enumerate(args.baseline)]
+        for _name, env in engines:
+            timed(command, work / "diag-warmup.json", env)
+        load_before_diag = os.getloadavg()[0]
+        runs: dict[str, list[Timed]] = {name: [] for name, _env in engines}
+        outputs: dict[str, set[bytes]] = {name: set() for name, _env in engines}
         for turn in range(args.repeat):
-            # Alternate which engine goes first, so a drift of the machine's load hits them alike.
+            # Alternate the engines' order (ABC, CBA, ...), so a drift of the machine's load hits them alike.
             for name, env in engines if turn % 2 == 0 else engines[::-1]:
                 out_path = work / f"diag-{name}.json"
                 runs[name].append(timed(command, out_path, env))
-                outputs.add(out_path.read_bytes())
+                outputs[name].add(out_path.read_bytes())
         native_runs = runs["native"]
         result = json.loads((work / "diag-native.json").read_text())
         n = result["capture"]["packets"]
@@ -193,14 +194,18 @@ def main(argv: list[str] | None = None) -> int:
             # Other work on the machine slows both tools; the ratio is fair only if these are alike.
             "load_1m_before_diag": round(load_before_diag, 2),
             "diag": summary(native_runs, n),
-            "json_identical_across_runs": len(outputs) == 1,
+            "json_identical_across_runs": len(outputs["native"]) == 1,
         }
-        if args.baseline:
-            report["diag_baseline"] = summary(runs["baseline"], n)
-            report["baseline_vs_main_wall"] = round(statistics.median(r.wall_s for r in runs["baseline"])
-                                                    / statistics.median(r.wall_s for r in native_runs), 2)
-            report["baseline_vs_main_peak_rss"] = round(
-                max(r.peak_rss_kib for r in runs["baseline"]) / max(r.peak_rss_kib for r in native_runs), 2)
+        for (name, _env), tree in zip(engines[1:], args.baseline, strict=True):
+            report[f"diag_{name}"] = {"tree": str(tree), **summary(runs[name], n),
+                                      # an older tree may write fewer keys: a difference is not an error
+                                      "json_identical_to_main": outputs[name] == outputs["native"]}
+            report[f"{name}_vs_main_wall"] = round(statistics.median(r.wall_s for r in runs[name])
+                                                   / statistics.median(r.wall_s for r in native_runs), 2)
+            report[f"{name}_vs_main_cpu"] = round(statistics.median(r.cpu_s for r in runs[name])
+                                                  / statistics.median(r.cpu_s for r in native_runs), 2)
+            report[f"{name}_vs_main_peak_rss"] = round(
+                max(r.peak_rss_kib for r in runs[name]) / max(r.peak_rss_kib for r in native_runs), 2)
         if not args.no_tshark:
             fields = [x for f in TSHARK_FIELDS for x in ("-e", f)]
             report["load_1m_before_tshark"] = round(os.getloadavg()[0], 2)
@@ -215,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep and not args.pcap:
             for name in ("bench.pcap", "bench.pcap.capture.json", "diag-native.json",
-                         "diag-baseline.json", "diag-warmup.json", "tshark.txt"):
+                         *(f"diag-baseline{'' if k == 0 else k + 1}.json" for k in range(len(args.baseline))),
+                         "diag-warmup.json", "tshark.txt"):
                 with_path = work / name
                 if with_path.exists():
                     os.unlink(with_path)

@@ -280,12 +280,11 @@ def peak_rss_mb() -> float:
 def analyze_once(path: Path) -> None:
     """What `diag analyze FILE` and `diag analyze --json FILE` do, short of printing."""
     from diag.capture.analysis import analyze
-    from diag.capture.schema import Analysis
     from diag.capture.table import format_table
 
     result, _packets = analyze([path])
-    json.dumps(result)
-    format_table(Analysis.from_json(result))
+    json.dumps(result.to_json())
+    format_table(result)
 
 
 @dataclass

@@ -104,7 +104,8 @@ def verdicts(run_dir: Path) -> dict[str, Any]:
         finding = by_rule.get(rule)
         return f"{finding['status']}/{finding.get('strength') or '-'}" if finding else "absent"
 
-    advise = json.loads((run_dir / "advise" / "advise.json").read_text())
+    advise_file = run_dir / "advise" / "advise.json"   # absent where the plan skipped advise
+    advise = json.loads(advise_file.read_text()) if advise_file.exists() else {"workarounds": []}
     speedups = {w["name"]: max((r.get("speedup") or 0.0 for r in w["rows"]), default=None)
                 for w in advise["workarounds"]}
     mechanism = by_rule.get("mechanism", {})

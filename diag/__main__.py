@@ -77,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._module.run(args) or 0)
     except DiagError as exc:
-        print(f"diag {args.command}: error: {exc}", file=sys.stderr)
+        from diag.textsafe import visible
+
+        print(f"diag {args.command}: error: {visible(str(exc))}", file=sys.stderr)   # it may quote what a node said
         return exc.exit_code
     except ModuleNotFoundError as exc:
         if exc.name != "torch" and not str(exc.name).startswith("torch."):

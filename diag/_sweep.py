@@ -44,7 +44,7 @@ def run_sweep(spec: SweepSpec, out: Path, *, run_dir: str | os.PathLike[str] | N
     from diag.runplan import fresh_run_dir, in_place, run_plan
 
     world_sizes = tuple(spec.world_sizes)
-    if not world_sizes and in_place():
+    if not world_sizes and in_place(iface):
         world_sizes = (int(os.environ.get("WORLD_SIZE", "1")),)
     if not world_sizes and lab is not None:
         world_sizes = (len(lab.hosts),)
@@ -53,13 +53,22 @@ def run_sweep(spec: SweepSpec, out: Path, *, run_dir: str | os.PathLike[str] | N
                         "under torchrun (diag.sweep(): SweepSpec(world_sizes=(2,)))")
     if min(world_sizes) < 2 and any(op in PAIRWISE_OPS for op in spec.ops):
         raise DiagError("point-to-point ops need at least 2 ranks")
-    if spec.backend == "nccl" and not in_place():
+    if spec.backend == "nccl" and not in_place(iface):
         import torch
 
         from diag.errors import EXIT_NO_DEVICE
 
         if not torch.cuda.is_available():   # before any rank starts (in place, each rank says it itself)
             raise DiagError("backend nccl needs CUDA, and no CUDA device is visible; use --backend gloo",
+                            exit_code=EXIT_NO_DEVICE)
+        gpus = torch.cuda.device_count()
+        if lab is not None:
+            raise DiagError("--backend nccl on the lab: every lab host is this machine and NCCL takes one GPU per "
+                            "rank; run nccl on this machine (--nproc N, N at most its GPUs) or in place under torchrun",
+                            exit_code=EXIT_NO_DEVICE)
+        if max(world_sizes) > gpus:
+            raise DiagError(f"--backend nccl runs one rank per GPU and N={max(world_sizes)} needs {max(world_sizes)}; "
+                            f"this machine has {gpus} (--nproc at most {gpus}, or in place across machines)",
                             exit_code=EXIT_NO_DEVICE)
     run_id = uuid.uuid4().hex[:12]
     if run_dir is not None:
@@ -69,7 +78,7 @@ def run_sweep(spec: SweepSpec, out: Path, *, run_dir: str | os.PathLike[str] | N
                             "each sweep then gets one beside --out)")
     else:
         root = fresh_run_dir(out.with_name(out.name.removesuffix(".jsonl") + ".d"), run_id)
-    if not in_place():   # in place rank 0 makes it (every rank would race to)
+    if not in_place(iface):   # in place rank 0 makes it (every rank would race to)
         validate.output_dir(root, "--run-dir")
     plan = sweep_plan(spec, world_sizes, capture=capture is not None, observe=observe)
     options = JobOptions(plan=plan.to_json(), command="sweep", out=str(root.resolve()),
@@ -101,7 +110,7 @@ def sweep(spec: SweepSpec, out: str | os.PathLike[str] | None = None, *, run_dir
     root = run_sweep(spec, path, run_dir=run_dir, lab=lab, iface=iface, master_addr=master_addr,
                      master_port=master_port, capture=capture, observe=observe, quiet=quiet, argv=("diag.sweep()",))
     mine = root / "records" / f"{SWEEP}.jsonl"
-    if (in_place() and int(os.environ["RANK"]) != 0) or not mine.exists():
+    if (in_place(iface) and int(os.environ["RANK"]) != 0) or not mine.exists():
         return RecordFile(path, [], [], [])   # only rank 0 writes the records
     run = load_records(mine)
     return RecordFile(path, run.starts, run.records, run.ends, run.torn_lines)

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from diag.lifeline import CHILD_CWD, child_env
+
 SYSCTLS = (
     "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem", "net.ipv4.tcp_congestion_control",
     "net.ipv4.tcp_slow_start_after_idle", "net.core.rmem_max", "net.core.wmem_max",
@@ -38,20 +40,46 @@ def _run(argv: list[str], timeout: float = 3.0) -> str | None:
     if shutil.which(argv[0]) is None:
         return None
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, env=child_env(),
+                             cwd=CHILD_CWD)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None
 
 
 def interface_for(address: str | None) -> str | None:
-    """The interface the kernel routes ``address`` through (``ip route get``)."""
+    """The interface the kernel routes ``address`` through (``ip route get``; a name is resolved first). An
+    address of this host's own (rank 0's node and MASTER_ADDR) is routed through lo: the interface that holds
+    it is the one meant."""
     if not address:
         return None
-    out = _run(["ip", "-o", "route", "get", address])
-    if out and " dev " in out:
-        return out.split(" dev ", 1)[1].split()[0]
-    return None
+    numeric = _numeric_address(address)
+    if numeric is None:
+        return None
+    out = _run(["ip", "-o", "route", "get", numeric])
+    if not out or " dev " not in out:
+        return None
+    if out.startswith("local "):
+        holder = _run(["ip", "-o", "addr", "show", "to", numeric])
+        fields = holder.split() if holder else []
+        if len(fields) > 1:
+            return fields[1].split("@")[0]   # "2: eth0    inet 10.77.0.1/24 ..."
+    return out.split(" dev ", 1)[1].split()[0]
+
+
+def _numeric_address(address: str) -> str | None:
+    """``address`` as a numeric address: itself, or what a name resolves to (a non-loopback one first)."""
+    try:
+        socket.inet_pton(socket.AF_INET6 if ":" in address else socket.AF_INET, address)
+        return address
+    except OSError:
+        pass
+    try:
+        infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    found = [str(info[4][0]) for info in infos]
+    return min(found, key=lambda a: (a.startswith("127.") or a == "::1", ":" in a)) if found else None
 
 
 def interface_info(name: str) -> dict[str, Any]:

@@ -7,6 +7,12 @@ bytes over diag's raw sockets. Works under torchrun::
     DIST_BACKEND=diag_tcp python -m torch.distributed.run --nproc-per-node 2 -m diag.exec train.py --lr 1e-3
 
 ``-m MODULE`` runs a module instead of a file. Knobs: DIAG_TCP_ALGO, DIAG_TCP_ORDER, DIAG_TCP_KNOBS (JSON).
+
+sys.path as Python would set it for the script: its directory first (what ``python SCRIPT`` does, so the
+script's own modules import), except under a safe path (``python -P``, PYTHONSAFEPATH=1, as every Python
+child diag starts has), where Python adds nothing and neither does diag exec. A script run as root from a
+directory other users can write imports what they plant next to it, as with ``python SCRIPT``: run it with
+``-P`` or from a directory only you can write.
 """
 
 from __future__ import annotations
@@ -41,7 +47,10 @@ def run_script(argv: Sequence[str]) -> None:
     if not script.is_file():
         raise DiagError(f"script {args[0]!r} not found; {USAGE}")
     sys.argv = [str(script), *args[1:]]
-    sys.path.insert(0, str(script.resolve().parent))
+    if not sys.flags.safe_path:
+        # As `python SCRIPT` does, so the script's own imports work; with a safe path (-P, PYTHONSAFEPATH=1,
+        # which every Python child of diag's has) Python adds nothing, and neither does this.
+        sys.path.insert(0, str(script.resolve().parent))
     runpy.run_path(str(script), run_name="__main__")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import socket
 import struct
@@ -29,11 +30,6 @@ from dataclasses import dataclass
 
 from diag.errors import DiagError
 
-# The ring pattern at N below this share of the single-stream link: N flows at once are more than the
-# machine's CPU drives at the link rate, so the pattern, not the link, is the reference at that N (the job's
-# note, the report's link-reference table). The same share as diagnose's CPU_LINK_REACHED, so the table and
-# cpu_bound name the same N; above it the pattern is within iperf3's run-to-run noise of the single stream.
-RING_PATTERN_CPU_LIMIT = 0.85
 CHUNK_BYTES = 256 * 1024
 WARMUP_FRACTION = 0.2           # of the run: slow start and queue build-up, excluded from the rate
 MAX_WARMUP_S = 0.5
@@ -52,6 +48,7 @@ TCPI_TOTAL_RETRANS_OFFSET = 100   # struct tcp_info's tcpi_total_retrans (u32): 
 TCP_INFO_LEN = 232
 SAMPLE_WINDOW_S = 0.5e-3
 SAMPLE_INTERVAL_S = 0.02
+FIRST_BYTES_INTERVAL_S = 0.002   # until every flow's first bytes arrived: when each flow began
 MEDIAN_SLOPE_SAMPLES = 500
 # Socket buffers of a few hundred ms of data: the measurement then survives the measuring threads being
 # descheduled on a busy machine (autotuned buffers held ~20 ms here, and bidirectional runs dipped to 78%).
@@ -110,6 +107,12 @@ class RingPatternMeasurement:
 # ---- iperf3 ---------------------------------------------------------------------------------------------
 
 def iperf3_available() -> bool:
+    """iperf3 is installed where its servers can run as an unprivileged user (diag.lifeline, as root), or
+    on PATH (otherwise)."""
+    if os.geteuid() == 0:
+        from diag.lifeline import runnable_by_others
+
+        return runnable_by_others("iperf3") is not None
     return shutil.which("iperf3") is not None
 
 
@@ -292,8 +295,8 @@ def run_streams(outgoing: Sequence[socket.socket], incoming: Sequence[socket.soc
     if at_warmup is not None:
         time.sleep(max(0.0, began + warmup_s - time.monotonic()))
         at_warmup()
-    rates = kernel_rates(list(incoming), began + warmup_s, began + seconds * (1 - WARMUP_FRACTION / 4)) \
-        if incoming else []
+    rates = kernel_rates(list(incoming), began, warmup_s, seconds * (1 - WARMUP_FRACTION / 4),
+                         began + seconds + GRACE_S) if incoming else []
     hard_deadline = time.monotonic() + seconds + 2 * GRACE_S
     for thread in threads:
         thread.join(max(0.0, hard_deadline - time.monotonic()))
@@ -307,8 +310,13 @@ def run_streams(outgoing: Sequence[socket.socket], incoming: Sequence[socket.soc
     return [receiver.rate_Bps() for receiver in receivers]
 
 
-def kernel_rates(sockets: list[socket.socket], t_from: float, t_to: float) -> list[float] | None:
-    """Goodput from the kernel's per-socket byte counters (tcpi_bytes_received) between two instants.
+def kernel_rates(sockets: list[socket.socket], began: float, warmup_s: float, window_end_s: float,
+                 limit: float) -> list[float] | None:
+    """Goodput from the kernel's per-socket byte counters (tcpi_bytes_received), each socket's from
+    ``warmup_s`` to ``window_end_s`` after its flow's first bytes arrived (or after ``began``, where bytes had
+    arrived already): a sender that starts late (its process left the probe's previous exchange later than
+    this one) is measured over its own steady window, as the fallback _Receiver and iperf3 measure from the
+    flow's start, not over a window holding its late start. Sampling ends at ``limit`` in any case.
 
     Counted as segments arrive, not when a (possibly descheduled) reader gets them, so CPU contention on
     the measuring process does not blur the link rate. None where TCP_INFO lacks the counter.
@@ -335,18 +343,32 @@ def kernel_rates(sockets: list[socket.socket], t_from: float, t_to: float) -> li
     # bytes released at once) tilts a least-squares line. Measured here on 18 flows of 1 s into a host
     # slowed to 50mbit (alone and with the other direction busy, load average ~7), as shares of the
     # one-way bound: least squares 0.92-1.03, end points 0.94-1.14, Theil-Sen 0.92-1.00.
-    time.sleep(max(0.0, t_from - time.monotonic()))
-    samples = []
-    while time.monotonic() < t_to:
+    first = sample()
+    if first is None:
+        return None
+    samples = [first]
+    started: list[float | None] = [began if count > 0 else None for count in first[1]]
+    while True:
+        time.sleep(FIRST_BYTES_INTERVAL_S if None in started else SAMPLE_INTERVAL_S)
         taken = sample()
         if taken is None:
             return None
         samples.append(taken)
-        time.sleep(SAMPLE_INTERVAL_S)
-    if len(samples) < 3:
-        return None
-    times = [t for t, _ in samples]
-    return [median_slope(times, [counts[index] for _, counts in samples]) for index in range(len(sockets))]
+        at, counts = taken
+        started = [s if s is not None else (at if count > 0 else None) for s, count in zip(started, counts, strict=True)]
+        if at >= limit or (None not in started and at >= max(s for s in started if s is not None) + window_end_s):
+            break
+    rates = []
+    for index, flow_start in enumerate(started):
+        if flow_start is None:   # nothing arrived at all
+            rates.append(0.0)
+            continue
+        window = [(t, counts[index]) for t, counts in samples
+                  if flow_start + warmup_s <= t <= flow_start + window_end_s]
+        if len(window) < 3:
+            return None
+        rates.append(median_slope([t for t, _ in window], [count for _, count in window]))
+    return rates
 
 
 def median_slope(xs: Sequence[float], ys: Sequence[float]) -> float:

@@ -244,7 +244,10 @@ def run_world(job: Launchable, hosts: list[HostLaunch], work_dir: Path, master_p
 
     # The launcher re-imports diag in a fresh interpreter (child_env: the same package, never one planted in
     # the working directory; the launcher and its workers run in CHILD_CWD).
-    env_base = child_env({k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
+    # Its ranks are diag's, not a launcher's: no RANK of this process, no Slurm step they would read as theirs.
+    from diag.launchenv import OWN_RANK_VARIABLES
+
+    env_base = child_env({k: v for k, v in os.environ.items() if k not in OWN_RANK_VARIABLES})
     env_base.setdefault("PYTHONUNBUFFERED", "1")
 
     procs: list[subprocess.Popen[bytes]] = []

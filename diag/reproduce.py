@@ -3,8 +3,8 @@
 The full plan (diag.plan: --quick or the default) runs on the one job (diag.inplace) in one launch of K ranks
 (diag.runplan). Where it runs:
 
-- **in place**: under torchrun / srun / any env:// launcher (RANK set), this process is one rank of the job,
-  on the user's own hosts;
+- **in place**: under torchrun, srun (with or without torchrun) or any env:// launcher (diag.launchenv),
+  this process is one rank of the job, on the user's own hosts;
 - **the lab** (root, iproute2): a cluster in a box, K namespace hosts with shaped full-duplex links, and one
   ``torch.distributed.run`` per host started inside its namespace, exactly as an operator starts one per
   node; the lab is always torn down;
@@ -37,7 +37,7 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
     "only", the model's profile steps (diag.plan.with_profile)."""
     from diag.runplan import in_place, run_plan
 
-    if in_place():
+    if in_place(iface):
         if lab_faults or lab_scenario:
             raise DiagError("--lab-fault and --lab-scenario shape diag's own lab; in place the hosts are yours")
         # in place, every N up to the job's ranks (or --max-n)

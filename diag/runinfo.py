@@ -79,6 +79,7 @@ class RunInfo:
     step_seconds: dict[str, float] = field(default_factory=dict)
     elapsed_s: float | None = None
     records_out: str | None = None        # diag sweep's --out (appended to), beside the run directory
+    launch: dict[str, Any] | None = None  # how rank 0 was started (diag.launchenv.LaunchEnv: torchrun, srun, ...)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

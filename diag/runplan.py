@@ -24,9 +24,13 @@ from diag.plan import Plan
 from diag.records import Record
 
 
-def in_place() -> bool:
-    """A launcher started this process as one rank of a job (it set RANK)."""
-    return os.environ.get("RANK") is not None
+def in_place(iface: str | None = None) -> bool:
+    """A launcher started this process as one rank of a job: torchrun or any env:// launcher (RANK set), or
+    srun alone (diag.launchenv adopts the Slurm step's variables and exports RANK and the rest, once per
+    process; ``iface``: --iface, where given). A launch whose parts disagree raises one line."""
+    from diag import launchenv
+
+    return launchenv.adopt(iface) is not None
 
 
 def run_plan(options: JobOptions, *, lab: Any = None, master_addr: str = "127.0.0.1",
@@ -35,13 +39,16 @@ def run_plan(options: JobOptions, *, lab: Any = None, master_addr: str = "127.0.
     process is one rank; else diag starts K ranks on ``lab`` (a lab that is up, ``diag.lab.load_lab``) or on
     loopback. Returns the exit status (1: steps failed, see run.json); a launch that fails raises DiagError
     with one line, the records it finished kept."""
-    if in_place():
+    if in_place(options.iface):
         if lab is not None:
             raise DiagError("--lab starts diag's own ranks in the lab's namespaces: run it without torchrun/srun")
         from diag.inplace.job import run_in_place
 
         return run_in_place(options)
+    from diag import launchenv
     from diag.transports.raw.wire import TOKEN_BYTES
+
+    launchenv.refuse_batch_script(f"diag {options.command}")
 
     plan = Plan.from_json(options.plan)
     ranks = max(plan.world_sizes)

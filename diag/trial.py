@@ -18,6 +18,7 @@ data types and the reading of its blocks are diag.trialspec, which the report im
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -67,6 +68,16 @@ class _CpuMeter:
                 "busiest_thread": busiest / wall if busiest is not None else None}
 
 
+def _cpu_shares(said: Any) -> dict[str, float | None]:
+    """One rank's CPU reading as another rank received it: a share (a finite number) or None per key."""
+    def share(value: Any) -> float | None:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return float(value) if ok else None
+
+    said = said if isinstance(said, dict) else {}
+    return {key: share(said.get(key)) for key in ("machine_busy", "busiest_thread")}
+
+
 def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any], base: Any,
               emit: Callable[[Any], None], run_id: str, heartbeat: Callable[[], None] | None = None,
               say: Callable[[str], None] | None = None, token: bytes | None = None, group: Any = None) -> dict[str, Any]:
@@ -80,6 +91,7 @@ def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any]
     import torch.distributed as dist
 
     from diag.harness import measure_row, plan_rows
+    from diag.transports import messages
     from diag.transports.raw import create_transport
 
     spec = TrialSpec.from_json(trial_json)
@@ -116,8 +128,8 @@ def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any]
                     meter.read()
                     record = measure_row(transports[name], block_spec, plan, run_id, heartbeat)
                     cpu = meter.read()
-                    gathered: list[Any] = [None] * world if rank == 0 else []
-                    dist.gather_object(cpu, gathered if rank == 0 else None, dst=leader, group=pg)
+                    # data, never a pickle (diag.transports.messages); a rank's CPU shares checked as numbers
+                    gathered = [_cpu_shares(g) for g in messages.all_gather(cpu, group=pg)]
                     if record is not None:
                         # a block is short by design: the sample-count warning speaks of rows, not blocks
                         record = replace(record, warnings=[w for w in record.warnings if "samples" not in w],

@@ -1,11 +1,14 @@
 """Dataclasses <-> JSON objects, for the versioned documents diag writes (analysis, findings).
 
 A document class is a dataclass whose fields carry type hints; ``from_json`` builds it from a decoded JSON
-object and ``to_json`` turns it back. Reading is lenient the way a loader of older files has to be: a key
-that is absent, or null where the field is not optional, takes the field's default; a key the class does
-not know is kept in ``extra`` (when the class has that field) and written back unchanged, so a file from a
-newer writer survives a read-modify-write. Nested dataclasses, ``list[X]``, ``dict[str, X]`` and
-``X | None`` are followed; anything else is taken as it is.
+object and ``to_json`` turns it back, the fields in their order: the class is the one definition of its
+document, for the code that writes it and the code that reads it. Reading is lenient the way a loader of
+older files has to be: a key that is absent, or null where the field is not optional, takes the field's
+default; a key the class does not know is kept in ``extra`` (when the class has that field) and written back
+unchanged, so a file from a newer writer survives a read-modify-write. Nested dataclasses, ``list[X]``,
+``tuple[X, ...]``, ``dict[str, X]`` and ``X | None`` are followed; anything else is taken as it is. Field
+metadata: ``key`` (the JSON name, where it is not the field's: ``from``), ``omit_none`` (the key is left out
+while the value is None, as for keys only some documents carry).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 EXTRA = "extra"
+# Field metadata of a key a document carries only while it is set: field(default=None, metadata=OMIT_NONE).
+OMIT_NONE = {"omit_none": True}
 
 
 Decoder = Callable[[Any], Any]
@@ -58,18 +63,52 @@ def _decoder(hint: Any) -> Decoder:
     return _identity
 
 
+_SCALARS = (int, float, str, bool, type(None))
+
+
+def _encoder(hint: Any) -> Decoder:
+    """A function that encodes one field value of this type hint as JSON (None passes through): scalars and
+    lists or dicts of scalars as they are (a copy), dataclasses by to_json, anything else walked."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(options) != 1:
+            return _encode
+        inner = _encoder(options[0])
+        return lambda v: None if v is None else inner(v)
+    if hint in _SCALARS:
+        return _identity
+    if dataclasses.is_dataclass(hint):
+        return _encode
+    if origin in (list, tuple):
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis] or [Any]
+        item = _encoder(args[0])
+        if item is _identity:
+            return lambda v: list(v) if isinstance(v, (list, tuple)) else _encode(v)
+        return lambda v: [item(x) for x in v] if isinstance(v, (list, tuple)) else _encode(v)
+    if origin is dict:
+        args = typing.get_args(hint)
+        item = _encoder(args[1]) if len(args) == 2 else _encode
+        if item is _identity:
+            return lambda v: dict(v) if isinstance(v, dict) else _encode(v)
+        return lambda v: {k: item(x) for k, x in v.items()} if isinstance(v, dict) else _encode(v)
+    return _encode
+
+
 @dataclasses.dataclass(frozen=True)
 class _Slot:
     name: str
     key: str
     decode: Decoder
+    encode: Decoder
     optional: bool
+    omit_none: bool
     field: dataclasses.Field[Any]
 
 
 @cache
 def _plan(cls: type) -> tuple[tuple[_Slot, ...], bool]:
-    """How to read each field of cls, computed once per class; and whether cls keeps ``extra``."""
+    """How to read and write each field of cls, computed once per class; and whether cls keeps ``extra``."""
     hints = typing.get_type_hints(cls)
     slots = []
     has_extra = False
@@ -78,7 +117,7 @@ def _plan(cls: type) -> tuple[tuple[_Slot, ...], bool]:
             has_extra = True
             continue
         slots.append(_Slot(f.name, str(f.metadata.get("key", f.name)), _decoder(hints[f.name]),
-                           _optional(hints[f.name]), f))
+                           _encoder(hints[f.name]), _optional(hints[f.name]), bool(f.metadata.get("omit_none")), f))
     return tuple(slots), has_extra
 
 
@@ -117,9 +156,17 @@ def _encode(value: Any) -> Any:
 
 
 def to_json(obj: Any) -> dict[str, Any]:
-    """The JSON object of a document dataclass: its fields by key, then whatever ``extra`` kept."""
+    """The JSON object of a document dataclass: its fields by key (in field order; an ``omit_none`` field only
+    where it is set), then whatever ``extra`` kept."""
     slots, has_extra = _plan(type(obj))
-    out = {slot.key: _encode(getattr(obj, slot.name)) for slot in slots}
+    out = {}
+    for slot in slots:
+        value = getattr(obj, slot.name)
+        if value is None:
+            if not slot.omit_none:
+                out[slot.key] = None
+        else:
+            out[slot.key] = slot.encode(value)
     if has_extra:
         out.update(getattr(obj, EXTRA) or {})
     return out

@@ -23,6 +23,10 @@ _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
 
 
+# TCP payload of a full-size segment on a 1500-byte Ethernet MTU with TCP timestamps (1500 - 20 IP - 20 TCP
+# - 12 options): the segment size diag assumes wherever it does not know one (the analyzer without a SYN, the
+# link matrix turning goodput into segments).
+ETHERNET_MSS = 1448
 # No per-rank buffer is larger (and a 400-digit size must be an error, not an overflow in float()).
 MAX_SIZE_BYTES = 1 << 40
 # A size sweep longer than this is a typo (e.g. --factor 1.0000001), not a plan.

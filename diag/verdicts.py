@@ -51,6 +51,11 @@ CPU_CONFOUNDED = Threshold("CPU_CONFOUNDED", 0.9, "an arm whose machine was at l
 WORKAROUND_EFFECT = Threshold("WORKAROUND_EFFECT", 0.1, "a workaround (diag advise) runs beside plain gloo in the "
                               "same rounds; its time ratio must differ by at least this fraction, with the whole "
                               "interval of the ratio below 1, before it is advised")
+CPU_LINK_REACHED = Threshold("CPU_LINK_REACHED", 0.85, "what a measured rate must reach of the link's to show the "
+                             "link, not the CPU, sets the pace: below it a busy machine limits that N (raw TCP at N "
+                             "against the measured link rate), the lab's one stream (against its shaped bound) and "
+                             "the ring pattern of N flows at once (against the single stream: the pattern, not the "
+                             "link, is then the reference at that N)")
 
 DESIGNS = ("knock-out", "knock-in", "difference")
 VERDICTS = ("shown", "ruled_out", "undecided")

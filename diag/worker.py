@@ -45,13 +45,14 @@ class Job:
 
 
 def env_rank() -> tuple[int, int]:
-    try:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    except (KeyError, ValueError):
-        raise DiagError(
-            "not launched by an env:// launcher (RANK/WORLD_SIZE unset): pass --nproc N to start ranks "
-            "on this machine, or run under torchrun/srun"
-        ) from None
+    """This rank and the world size, as the launcher gave them (torchrun, srun: diag.launchenv)."""
+    from diag import launchenv
+
+    launch = launchenv.current()
+    if launch is None:
+        raise DiagError("not launched by torchrun, srun or another env:// launcher (RANK/WORLD_SIZE unset): pass "
+                        "--nproc N to start ranks on this machine, or run under torchrun/srun")
+    return launch.rank, launch.world_size
 
 
 def make_transport(spec: SweepSpec, rank: int, world_size: int, token: str | None = None,

@@ -22,5 +22,5 @@ for i in $(seq 1 "$runs"); do
   echo "run$i $condition exit=$? load_before=$load" | tee -a "$out/conditions.txt"
   stop_busy
 done
-python3 -m diag.bench.verdicts --table "$out"/run*/
-python3 -m diag.bench.verdicts "$out"/run*/ --resamples 1000
+python3 -m bench.verdicts --table "$out"/run*/
+python3 -m bench.verdicts "$out"/run*/ --resamples 1000

@@ -35,14 +35,14 @@ def _twins_under_check(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
 
     import numpy as np
 
-    from diag.capture import source
+    from diag.capture import reader, source
     from tests import decode_twin, native_helpers, tcpstate_twin
 
-    read, state = source.read_capture, source.analyze_packets
+    read, state = reader.read_capture, source.analyze_packets
 
-    def checked_read(path: Any, first_frame: int = 1) -> Any:
-        result = read(path, first_frame)
-        if os.environ.get("DIAG_NATIVE") == "check" and os.path.isfile(path):
+    def checked_read(path: Any, first_frame: int = 1, decoder: Any = None) -> Any:
+        result = read(path, first_frame, decoder=decoder)
+        if decoder is None and os.environ.get("DIAG_NATIVE") == "check" and os.path.isfile(path):
             twin = decode_twin.read_capture(path, first_frame)
             assert native_helpers.comparable(result) == native_helpers.comparable(twin), f"twins differ on {path}"
         return result
@@ -56,5 +56,5 @@ def _twins_under_check(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
             assert not differ, f"_ctcp and its numpy twin differ in {', '.join(differ)}"
         return out
 
-    monkeypatch.setattr(source, "read_capture", checked_read)
+    monkeypatch.setattr(reader, "read_capture", checked_read)  # read_files' look-up
     monkeypatch.setattr(source, "analyze_packets", checked_state)

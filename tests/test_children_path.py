@@ -7,6 +7,7 @@ writes a marker file when imported; the control shows it is imported by a child 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -77,3 +78,23 @@ def test_a_sweep_started_in_a_planted_directory_imports_none_of_it(tmp_path: Pat
     assert len(load_records(out).records) == 1
     if capture:
         assert list((tmp_path / "runs" / "sweep.d" / "nodes").glob("*/captures/*.pcap"))
+
+
+def test_diag_exec_adds_the_scripts_directory_only_where_python_would(tmp_path: Path) -> None:
+    """``python -P -m diag.exec SCRIPT`` (a safe path, as every Python child of diag's runs) puts nothing on
+    sys.path, as ``python -P SCRIPT`` would not; without -P the script's directory comes first, as with
+    ``python SCRIPT`` (documented in diag exec's help)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    script = shared / "train.py"
+    script.write_text("import json, sys\nprint(json.dumps(sys.path))\n")
+    env = child_env()
+    for flags, expected in ((("-P",), False), ((), True)):
+        if flags and sys.version_info < (3, 11):
+            continue
+        env_here = env if flags else {k: v for k, v in env.items() if k != "PYTHONSAFEPATH"}
+        proc = subprocess.run([sys.executable, *flags, "-m", "diag.exec", str(script)], cwd=CHILD_CWD, env=env_here,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        paths = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert (str(shared) in paths) is expected, (flags, paths)

@@ -318,14 +318,15 @@ def streamed(path: Path, records: Sequence[Path] | None, bin_s: float, idle_gap_
         if not kept:
             patch.setattr(source, "CACHE_BYTES", 0)  # every pass reads the file again, as a big file's passes do
         patch.setattr(source, "stream_capture", counting)
-        result = analysis.Analysis(source.FileChunks(path), records, bin_s, idle_gap_s, with_series, SPILL).run()
+        result = analysis.Analysis(source.FileChunks(path), records, bin_s, idle_gap_s, with_series,
+                                   SPILL).run().to_json()
     return Streamed(result, counts[0] if counts else 0)
 
 
 def in_memory(path: Path, records: Sequence[Path] | None, bin_s: float, idle_gap_s: float, with_series: bool,
               monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     del monkeypatch
-    return analysis.Analysis(source.OneChunk([path]), records, bin_s, idle_gap_s, with_series).run()
+    return analysis.Analysis(source.OneChunk([path]), records, bin_s, idle_gap_s, with_series).run().to_json()
 
 
 def assert_same(path: Path, monkeypatch: pytest.MonkeyPatch, records: Sequence[Path] | None = None,
@@ -799,7 +800,7 @@ def test_which_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert sources == ["FileChunks"] and packets is None
     one_out, packets = analysis.analyze([pcap], keep_sequence=True)
     assert sources == ["FileChunks", "OneChunk"] and packets is not None
-    assert json.dumps(chunked_out) == json.dumps(one_out)
+    assert json.dumps(chunked_out.to_json()) == json.dumps(one_out.to_json())
 
 
 def test_unwritable_tmpdir_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -821,10 +822,10 @@ def test_small_files_are_decoded_once(tmp_path: Path, monkeypatch: pytest.Monkey
     real = source.stream_capture
     monkeypatch.setattr(source, "stream_capture", lambda *a, **k: reads.append(1) or real(*a, **k))
     monkeypatch.setattr(pcapfile, "CHUNK_BYTES", CHUNK)
-    kept = analysis.Analysis(source.FileChunks(pcap), None, DEFAULT_BIN_S, IDLE_GAP_S, True).run()
+    kept = analysis.Analysis(source.FileChunks(pcap), None, DEFAULT_BIN_S, IDLE_GAP_S, True).run().to_json()
     assert len(reads) == 1 and pcap.stat().st_size > 8 * CHUNK
     reads.clear()
     monkeypatch.setattr(source, "CACHE_BYTES", 3 * CHUNK)  # the file's rows would not fit: read every pass
-    reread = analysis.Analysis(source.FileChunks(pcap), None, DEFAULT_BIN_S, IDLE_GAP_S, True).run()
+    reread = analysis.Analysis(source.FileChunks(pcap), None, DEFAULT_BIN_S, IDLE_GAP_S, True).run().to_json()
     assert len(reads) == 5
     assert json.dumps(kept) == json.dumps(reread)

@@ -46,9 +46,7 @@ from diag.report.diagnose import (
     retransmissions,
     window_limited,
 )
-from diag.report.rundir import RING_PATTERN_CPU_LIMIT
 from diag.report.thresholds import (
-    CPU_LINK_REACHED,
     CPU_PINNED_PCT,
     CPU_SATURATED_PCT,
     DUPLEX_OVERLAP_LOW,
@@ -252,9 +250,8 @@ def test_cpu_rule_holds_raw_tcp_against_the_iperf3_ring_pattern(tmp_path) -> Non
     run = load_run([write_run_dir(tmp_path / "p", records, meta=meta, observe=observe)])
     assert run.ring_pattern_Bps == {n: pytest.approx(share * LINK_BPS) for n, share in ((2, 0.99), (3, 0.97),
                                                                                          (4, 0.62))}
-    # the pattern is the reference only where the CPU held it below the single stream, by the share at which
-    # cpu_bound calls an N CPU-limited (the report's table and the rule must name the same N)
-    assert CPU_LINK_REACHED.value == RING_PATTERN_CPU_LIMIT
+    # the pattern is the reference only where the CPU held it below CPU_LINK_REACHED of the single stream, the
+    # share at which cpu_bound calls an N CPU-limited (one threshold: the table and the rule name the same N)
     assert run.link_reference_Bps(4) == pytest.approx(0.62 * LINK_BPS)
     assert run.link_reference_Bps(3) == pytest.approx(LINK_BPS)
     (cpu,) = cpu_bound(run)

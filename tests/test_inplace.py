@@ -112,6 +112,9 @@ def test_in_place_by_hand_on_three_nodes(lab3, tmp_path):
     assert analysis["connections"] and analysis["phases"]
     assert (shipped / "captures" / "gloo-all_gather--gloo-all_gather-n2.pcap.capture.json").exists()
     assert not list(shipped.rglob("*.pcap"))    # pcaps stay on their node without --keep-pcaps
+    left = meta["left_on_nodes"][names[1]]      # and run.json says where, and why
+    assert left["directory"] == str(run_dir / "nodes" / names[1])
+    assert left["files"] and all(f["path"].endswith(".pcap") and "--keep-pcaps" in f["why"] for f in left["files"])
     assert list((shipped / "observe").glob("*.jsonl")) and list((shipped / "tcpinfo").glob("*.jsonl"))
     # the two others sampled TCP_INFO of their own ranks instead
     for name in (names[0], names[2]):

@@ -332,7 +332,7 @@ def test_status_ring_pattern_one_iperf3_flow_per_edge(lab_names: list[str]) -> N
     lab_names.append(name)
     bring_up(LabConfig(name=name, hosts=3, rate=MEASURE_RATE))
     started = time.monotonic()
-    result = run_diag("lab", "status", "--name", name, "--ring", "3,2", "--seconds", "1.5", "--json")
+    result = run_diag("lab", "status", "--name", name, "--ring", "3,2", "--seconds", "1", "--json")
     assert result.returncode == 0, result.stderr
     assert time.monotonic() - started < 30
     ring3, ring2 = json.loads(result.stdout)["ring_pattern"]
@@ -340,7 +340,7 @@ def test_status_ring_pattern_one_iperf3_flow_per_edge(lab_names: list[str]) -> N
     assert [(f["sender"], f["receiver"]) for f in ring2["flows"]] == [("h0", "h1"), ("h1", "h0")]
     shaped_Bps = 100e6 / 8
     for pattern in (ring3, ring2):
-        assert pattern["tool"] == "iperf3" and pattern["seconds"] == 1.5
+        assert pattern["tool"] == "iperf3" and pattern["seconds"] == 1
         rates = [f["goodput_Bps"] for f in pattern["flows"]]
         # every edge went through its shaped link at once: above nothing, never above what tbf lets through
         assert all(0 < rate <= shaped_Bps for rate in rates), rates
@@ -350,6 +350,9 @@ def test_status_ring_pattern_one_iperf3_flow_per_edge(lab_names: list[str]) -> N
     bad = run_diag("lab", "status", "--name", name, "--ring", "4")
     assert bad.returncode != 0
     assert "2..3" in bad.stderr and "Traceback" not in bad.stderr
+    # the probe's flows run whole seconds (iperf3 -t takes no fractions): a fraction is one line too
+    bad = run_diag("lab", "status", "--name", name, "--ring", "2", "--seconds", "1.5")
+    assert bad.returncode != 0 and "whole seconds" in bad.stderr and "Traceback" not in bad.stderr
 
 
 # --- per-host faults ------------------------------------------------------------------------------------------
@@ -565,7 +568,7 @@ def test_a_slowed_host_link_carries_its_own_rate(lab_names: list[str]) -> None:
     for _ in range(3):   # best of three, as the link test above: other suites load the 2 cores meanwhile
         shares = {}
         for pairs in ([("h0", "h2"), ("h1", "h0")], [("h2", "h0"), ("h0", "h1")]):
-            for (sender, receiver), rate in zip(pairs, measure_flows(lab, pairs, seconds=1.5), strict=True):
+            for (sender, receiver), rate in zip(pairs, measure_flows(lab, pairs, seconds=2), strict=True):
                 faulty = receiver if receiver != "h0" else sender
                 shares[f"{sender}->{receiver}"] = rate / own_rate_Bps[faulty]
         attempts.append(shares)

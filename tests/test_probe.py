@@ -83,7 +83,8 @@ def test_link_matrix_is_run_json_link_matrix() -> None:
     assert LinkMatrix.from_json(data) == matrix
     # with three nodes, each node's incast (every other node into it at once)
     three = LinkMatrix(tool="iperf3", seconds=1.0, nodes=("h0", "h1", "h2"), rounds=(), edges=(),
-                       incast=(Incast("h0", 2.0, 1.5, (IncastFlow("h1", 1.1e7, 40, 12), IncastFlow("h2", 1.2e7))),))
+                       incast=(Incast("h0", seconds=2.0, steady_s=1.5,
+                                      flows=(IncastFlow("h1", 1.1e7, 40, 12), IncastFlow("h2", 1.2e7))),))
     round_trip = json.loads(json.dumps(three.to_json()))
     assert round_trip["incast"] == [{"dst": "h0", "round": 1, "seconds": 2.0, "steady_s": 1.5, "flows": [
         {"src": "h1", "goodput_Bps": 1.1e7, "retransmits": 40, "steady_retransmits": 12},

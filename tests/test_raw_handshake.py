@@ -7,6 +7,7 @@ played by hand with wire's helpers, so each test sends exactly the bytes an atta
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -71,7 +72,7 @@ def hand_handshake(address: tuple[str, int], token: bytes) -> tuple[socket.socke
     hello = wire.pack_hello(1, wire.ROLE_SHARED, 0)
     sock.sendall(hello)
     ack = read_exactly(sock, wire.ACK.size)
-    proof = wire.pack_proof(token, hello, ack)
+    proof = wire.pack_proof(token, hello, ack, wire.connector_view(sock))
     sock.sendall(proof)
     return sock, hello, ack, proof, read_exactly(sock, wire.READY.size)
 
@@ -102,7 +103,8 @@ def test_a_peer_with_the_wrong_token_is_rejected_both_ways(raw_log: list[str]) -
     assert read_exactly(accepted[0].sock, 4) == b"ping"
     for sock in (conn.sock, accepted[0].sock):
         sock.close()
-    assert any("wrong run token (claimed rank 1)" in m for m in raw_log)
+    assert any("wrong run token, or a connection relayed by something between the ranks (claimed rank 1)" in m
+               for m in raw_log)
 
 
 def test_a_replayed_proof_is_refused(raw_log: list[str]) -> None:
@@ -130,7 +132,8 @@ def test_a_replayed_proof_is_refused(raw_log: list[str]) -> None:
 
 
 def fake_acceptor(answer) -> tuple[tuple[str, int], dict[str, Any], threading.Thread]:
-    """A listener that is not rank 0: it reads the HELLO and replies ``answer(hello)``; records what came next."""
+    """A listener that is not rank 0: it reads the HELLO and replies ``answer(hello, conn)`` (``conn``: the
+    connection as an acceptor sees it); records what came next."""
     listener = socket.create_server(("127.0.0.1", 0))
     seen: dict[str, Any] = {}
 
@@ -138,7 +141,7 @@ def fake_acceptor(answer) -> tuple[tuple[str, int], dict[str, Any], threading.Th
         sock, _ = listener.accept()
         sock.settimeout(WAIT_S)
         hello = read_exactly(sock, wire.HELLO.size)
-        sock.sendall(answer(hello))
+        sock.sendall(answer(hello, wire.acceptor_view(sock)))
         seen["after"] = sock.recv(1024)   # a connector that refused the ACK sends no PROOF: b""
         sock.close()
         listener.close()
@@ -157,10 +160,11 @@ def test_a_forged_or_replayed_ack_fails() -> None:
         conn.sock.close()
     sock.close()
     answers = {
-        "replayed": lambda hello: recorded_ack,
-        "forged": lambda hello: wire.pack_ack(WRONG, hello, 0),
-        "other rank": lambda hello: wire.pack_ack(TOKEN, hello, 3),
-        "old protocol": lambda hello: b"DGOK" + bytes(4) + bytes(wire.ACK.size - 8),
+        "replayed": lambda hello, conn: recorded_ack,
+        "forged": lambda hello, conn: wire.pack_ack(WRONG, hello, 0, conn),
+        "other rank": lambda hello, conn: wire.pack_ack(TOKEN, hello, 3, conn),
+        "old protocol": lambda hello, conn: b"DGOK" + bytes(4) + bytes(wire.ACK.size - 8),
+        "another connection": lambda hello, conn: wire.pack_ack(TOKEN, hello, 0, b"10.0.0.2:4000>10.0.0.1:5000"),
     }
     for name, answer in answers.items():
         address, seen, thread = fake_acceptor(answer)
@@ -168,6 +172,79 @@ def test_a_forged_or_replayed_ack_fails() -> None:
             mesh.connect_to(1, 0, address, TOKEN, wire.ROLE_SHARED, 0, KNOBS, time.monotonic() + WAIT_S)
         thread.join(WAIT_S)
         assert seen["after"] == b"", name   # it never got a PROOF to learn from
+
+
+def start_relay(upstream: tuple[str, int]) -> tuple[tuple[str, int], dict[str, Any], threading.Thread]:
+    """A relay without the token, where a rewritten ``addr/0`` in the store points rank 1: it accepts one
+    client, connects to rank 0 and passes every byte on both ways, recording what it saw."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: dict[str, Any] = {"down": b"", "up": b""}
+
+    def pump(src: socket.socket, dst: socket.socket, key: str) -> None:
+        try:
+            while chunk := src.recv(65536):
+                seen[key] += chunk
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def run() -> None:
+        client, _ = listener.accept()
+        listener.close()
+        server = socket.create_connection(upstream, timeout=WAIT_S)
+        back = threading.Thread(target=pump, args=(server, client, "down"), daemon=True)
+        back.start()
+        pump(client, server, "up")
+        back.join(WAIT_S)
+        client.close()
+        server.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return listener.getsockname(), seen, thread
+
+
+def test_a_relay_without_the_token_cannot_join_two_ranks(raw_log: list[str]) -> None:
+    """Rank 1 connects to a relay that passes everything on to rank 0 and back. Without the connection in the
+    handshake's MACs both ranks took it for their peer (the relay then read and could alter every byte):
+    now rank 1 refuses rank 0's reply, sends no PROOF, and rank 0 admits nothing; the real rank, connecting
+    directly, still gets in."""
+    address, result, thread = start_acceptor()
+    relay, seen, relay_thread = start_relay(address)
+    with pytest.raises(DiagError, match=r"is not rank 0 of this run: .*not prove this run's token on this connection"):
+        mesh.connect_to(1, 0, relay, TOKEN, wire.ROLE_SHARED, 0, KNOBS, time.monotonic() + WAIT_S)
+    relay_thread.join(WAIT_S)
+    assert len(seen["up"]) == wire.HELLO.size, "rank 1 sent more than its HELLO through the relay"
+    assert result == {}, "rank 0 finished its mesh with the relayed connection"
+    conn = mesh.connect_to(1, 0, address, TOKEN, wire.ROLE_SHARED, 0, KNOBS, time.monotonic() + WAIT_S)
+    accepted = finish(result, thread)
+    assert [c.peer for c in accepted] == [1]
+    assert accepted[0].sock.getpeername() == conn.sock.getsockname()
+    for sock in (conn.sock, accepted[0].sock):
+        sock.close()
+
+
+def test_a_relay_that_plays_rank_1_with_its_recorded_proof_is_refused(raw_log: list[str]) -> None:
+    """The acceptor's side alone: a PROOF made with the token, but over another connection (what a relay
+    would pass on from rank 1), is refused and logged; rank 0 admits nothing."""
+    address, result, thread = start_acceptor()
+    sock = socket.create_connection(address, timeout=WAIT_S)
+    hello = wire.pack_hello(1, wire.ROLE_SHARED, 0)
+    sock.sendall(hello)
+    ack = read_exactly(sock, wire.ACK.size)
+    local, remote = sock.getsockname(), sock.getpeername()
+    elsewhere = wire.connection((local[0], local[1] + 1), remote)   # rank 1's own connection, to the relay
+    sock.sendall(wire.pack_proof(TOKEN, hello, ack, elsewhere))
+    assert read_exactly(sock, wire.READY.size) == b""
+    sock.close()
+    conn = mesh.connect_to(1, 0, address, TOKEN, wire.ROLE_SHARED, 0, KNOBS, time.monotonic() + WAIT_S)
+    for accepted in finish(result, thread):
+        accepted.sock.close()
+    conn.sock.close()
+    assert any("a connection relayed by something between the ranks (claimed rank 1)" in m for m in raw_log)
 
 
 def test_a_late_rank_survives_a_crowd_of_partial_hellos(raw_log: list[str]) -> None:
@@ -193,8 +270,8 @@ def test_a_late_rank_survives_a_crowd_of_partial_hellos(raw_log: list[str]) -> N
     rank.sendall(hello)
     ack = read_exactly(rank, wire.ACK.size)
     assert len(ack) == wire.ACK.size, "the real rank was closed before its handshake reply"
-    wire.check_ack(TOKEN, hello, ack, 0)
-    rank.sendall(wire.pack_proof(TOKEN, hello, ack))
+    wire.check_ack(TOKEN, hello, ack, 0, wire.connector_view(rank))
+    rank.sendall(wire.pack_proof(TOKEN, hello, ack, wire.connector_view(rank)))
     assert read_exactly(rank, wire.READY.size) == wire.READY_MAGIC
     accepted = finish(result, thread)
     assert [c.peer for c in accepted] == [1]

@@ -12,19 +12,20 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from report_helpers import make_record, write_records
 
-from diag import validate
+from diag import safefs, validate
 from diag.errors import DiagError
 from diag.inplace.job import JobOptions
 from diag.plan import sweep_plan
 from diag.records import RecordWriter, export_csv
 from diag.spec import SweepSpec
 from diag.worker import StateFile
-from tests.common import run_diag
+from tests.common import REPO, need_root, run_diag
 
 NOBODY = 65534
 VICTIM_TEXT = "precious\n"
@@ -203,3 +204,121 @@ def test_the_cli_refuses_a_records_file_of_someone_else_before_any_rank(tmp_path
                         f"uid {NOBODY}")
     assert_untouched(target)
     assert not (tmp_path / "link.d").exists() and not (tmp_path / "foreign.d").exists()
+
+
+# ---- the way to the output: no parent another user can swap (diag.safefs.open_dir) ----------------------
+
+def as_user(uid: int, directory: Path, action: Callable[[int], None]) -> None:
+    """Run ``action(fd)`` in a child process that has become ``uid`` (what that user could do, for real), with
+    ``fd`` a handle of ``directory`` opened before (pytest's private temporary directory is closed to them)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            action(fd)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the other user's step failed"
+
+
+def foreign_dir(tmp_path: Path, mode: int = 0o755) -> Path:
+    """A directory another user made (in a shared temporary directory, say)."""
+    need_root()
+    directory = tmp_path / "theirs"
+    directory.mkdir()
+    os.chown(directory, NOBODY, NOBODY)
+    os.chmod(directory, mode)
+    return directory
+
+
+def test_a_parent_another_user_owns_is_refused_so_a_swapped_run_dir_lands_nowhere(tmp_path: Path) -> None:
+    """--out THEIRS/run, THEIRS owned by another user: the run directory itself was diag's (0700, root's), so
+    it was accepted; that user then renamed it and put a symlink to a directory of their choice in its place,
+    and root's next run.json and nodes/h1/ landed there. Now the output is refused in one line at the check,
+    and every later write walks the path again and refuses too."""
+    theirs = foreign_dir(tmp_path)
+    chosen = tmp_path / "chosen"
+    chosen.mkdir()
+    out = theirs / "run"
+    with pytest.raises(DiagError) as caught:
+        validate.output_dir(out, "--out")
+    message = str(caught.value)
+    assert len(message.splitlines()) == 1 and "--out" in message and f"uid {NOBODY}" in message, message
+    out.mkdir(mode=0o700, exist_ok=True)   # as the check made it before
+
+    def swap(fd: int) -> None:
+        os.rename("run", "moved", src_dir_fd=fd, dst_dir_fd=fd)
+        os.symlink(chosen, "run", dir_fd=fd)
+
+    as_user(NOBODY, theirs, swap)
+    assert out.is_symlink()
+    for write in (lambda: safefs.write_file(out / "run.json", "{}"), lambda: safefs.private_dir(out / "nodes" / "h1"),
+                  lambda: os.close(safefs.open_append(out / "records.jsonl"))):
+        with pytest.raises(DiagError):
+            write()
+    assert list(chosen.iterdir()) == []
+
+
+def test_a_sticky_shared_directory_takes_a_run_dir_of_yours_but_not_anothers(tmp_path: Path) -> None:
+    """/tmp-like (1777, root's): a child of the caller's is fine (nobody else can rename it, as the other user
+    finds); a sticky directory of another user's is not (its owner can rename anything in it)."""
+    need_root()
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    out = validate.output_dir(shared / "run", "--out")
+    safefs.write_file(out / "run.json", "{}")
+
+    def rename(fd: int) -> None:
+        try:
+            os.rename("run", "moved", src_dir_fd=fd, dst_dir_fd=fd)
+        except PermissionError:
+            return
+        raise AssertionError("another user renamed root's run directory in a sticky directory")
+
+    as_user(NOBODY, shared, rename)
+    theirs = foreign_dir(tmp_path, 0o1777)
+    with pytest.raises(DiagError, match=f"uid {NOBODY}"):
+        validate.output_dir(theirs / "run", "--out")
+
+
+def test_a_held_directory_is_written_where_it_was_opened(tmp_path: Path) -> None:
+    """What diag holds open (a Dir) it writes into, whatever becomes of the path afterwards: a run directory
+    renamed and replaced by a symlink receives the next file, never the symlink's target."""
+    run, chosen = tmp_path / "run", tmp_path / "chosen"
+    chosen.mkdir()
+    with safefs.private_handle(run) as held:
+        os.rename(run, tmp_path / "moved")
+        os.symlink(chosen, run)
+        held.write_file("run.json", "{}")
+        with held.private_dir("nodes/h1") as node:
+            node.write_file("fingerprint.json", "{}")
+    assert (tmp_path / "moved" / "run.json").read_text() == "{}"
+    assert (tmp_path / "moved" / "nodes" / "h1" / "fingerprint.json").exists()
+    assert list(chosen.iterdir()) == []
+
+
+def test_diag_report_refuses_to_write_below_another_users_directory(tmp_path: Path) -> None:
+    """`diag report RUN` writes RUN/report/: with RUN inside a directory another user owns, one line (pass
+    --out), and no report/ appears."""
+    theirs = foreign_dir(tmp_path)
+    staging, run = tmp_path / "staging", theirs / "run"
+    write_records(staging / "records" / "sweep.jsonl", [make_record("gloo", "all_gather", 2, 1 << 20, [0.01] * 3)])
+    shutil.move(staging, run)
+    proc = run_diag("report", str(run))
+    assert_one_line(proc, "--out", f"uid {NOBODY}")
+    assert not (run / "report").exists()
+
+
+def test_the_default_runs_directory_in_another_users_working_directory_is_refused(tmp_path: Path) -> None:
+    theirs = foreign_dir(tmp_path)
+    proc = subprocess.run([sys.executable, "-P", "-m", "diag", "sweep", "--nproc", "2", "--sizes", "1K", "--iters",
+                           "1", "--warmup", "0", "--quiet"], cwd=theirs, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert_one_line(proc, f"uid {NOBODY}")
+    assert list(theirs.iterdir()) == []

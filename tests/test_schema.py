@@ -16,8 +16,8 @@ from report_helpers import (
     write_run_dir,
 )
 
+from diag.analysisdoc import ANALYSIS_SCHEMA, Analysis, load_analysis
 from diag.capture import analyze_files
-from diag.capture.schema import ANALYSIS_SCHEMA, Analysis, load_analysis
 from diag.report import diagnose, load_run
 from diag.report.diagnose import FINDINGS_SCHEMA, FindingsDocument, findings_to_json, load_findings
 

@@ -8,30 +8,28 @@ next (quantile.OrderStats). Sums of bytes are whole numbers, so they are exact i
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from diag.capture.busy import BusyRuns, DataStream, duplex, flight_events, p95_s, round_trip_s, stall_limit_s
-from diag.capture.document import (
+from diag.capture.busy import (
     DEFAULT_MSS,
-    MAX_BINS,
-    SEGMENT_SIZE_EDGES,
-    connection_json,
-    direction_json,
-    endpoint_text,
-    host_json,
-    median_s,
-    size_histogram,
+    BusyRuns,
+    DataStream,
+    Host,
+    flight_events,
+    host_stream,
+    p95_s,
+    round_trip_s,
+    stall_limit_s,
 )
+from diag.capture.document import MAX_BINS, SEGMENT_SIZE_EDGES, size_histogram
 from diag.capture.pcapfile import ACK, FIN, RST, SYN
 from diag.capture.quantile import OrderStats, median_ranks, percentile_ranks
 from diag.capture.source import VERDICTS, Chunk, Pass
-from diag.capture.turns import DIRECTIONS, Turns
+from diag.capture.turns import Turns
 
 if TYPE_CHECKING:
     from diag.capture.analysis import Analysis
@@ -85,24 +83,37 @@ class Connection:
 
 @dataclass
 class Side:
-    """One direction of one connection in one feed: its rows, and its data packets' rows, times (s), sizes."""
+    """One direction of one connection in one feed: its rows (or, in a chunk of one connection's rows, a mask
+    over the chunk instead), and its data packets' rows, times (s), sizes."""
 
-    rows: np.ndarray
+    rows: np.ndarray | None
     data: np.ndarray
     ts: np.ndarray
     sizes: np.ndarray
-    mask: np.ndarray | None = None  # rows as a mask over the chunk (a capture of one connection)
+    mask: np.ndarray | None = None  # its rows as a mask over the chunk (a chunk of one connection's rows)
 
     @classmethod
     def of(cls, chunk: Chunk, rows: np.ndarray) -> Side:
         data = rows[chunk.plen[rows] > 0] if rows.size else rows
         return cls(rows, data, chunk.ts_ns[data] / 1e9, chunk.plen[data].astype(np.int64))
 
+    @property
+    def count(self) -> int:
+        """Its rows."""
+        return int(self.rows.size) if self.rows is not None else int(np.count_nonzero(self.mask))
+
+    def first_last(self) -> tuple[int, int]:
+        """Its first and last row (it has at least one)."""
+        if self.rows is not None:
+            return int(self.rows[0]), int(self.rows[-1])
+        assert self.mask is not None
+        return int(np.argmax(self.mask)), self.mask.size - 1 - int(np.argmax(self.mask[::-1]))
+
 
 _EMPTY = np.zeros(0, np.int64)
-# Work items (a chunk's hosts, one connection's data packets or order statistics' values) that may wait for
-# the helper thread.
-MAX_BESIDE = 16
+# A side of a chunk of one connection with at most this share of its rows is read by its rows, not a mask
+# (a gather of a few rows is cheaper than an AND over all of them: an ACK-only direction).
+ONE_SIDE_ROWS = 0.125
 Values = tuple[OrderStats, np.ndarray]
 
 
@@ -113,18 +124,16 @@ def _order_values(values: list[Values], add: bool) -> None:
             (stats.add if add else stats.collect)(array)
 
 
-def _samples(column: np.ndarray, side: Side) -> np.ndarray:
-    """A column's values of at least 0 on the side's rows (file order): the RTT samples it holds."""
-    if side.mask is not None:  # mostly -1: one compress of the few samples instead of a gather of every row
-        return column[side.mask & (column >= 0)]
-    values = column[side.rows]
-    return values[values >= 0]
-
-
-class Host:
-    def __init__(self, idle_gap_s: float) -> None:
-        self.tx = DataStream(idle_gap_s)
-        self.rx = DataStream(idle_gap_s)
+def _on_side(sparse: tuple[np.ndarray, np.ndarray], side: Side) -> tuple[np.ndarray, np.ndarray]:
+    """The rows and values of a sparse state column (Chunk.sparse) that are the side's, in file order."""
+    rows, values = sparse
+    if side.mask is not None:
+        keep = side.mask[rows]
+    elif side.rows is None or not side.rows.size or not rows.size:
+        return rows[:0], values[:0]
+    else:
+        keep = side.rows[np.minimum(np.searchsorted(side.rows, rows), side.rows.size - 1)] == rows
+    return rows[keep], values[keep]
 
 
 class Aggregation:
@@ -140,7 +149,6 @@ class Aggregation:
         # the capture point (the whole capture's aggregation only)
         self._point: dict[int, bool] | None = {} if capture_point else None
         self._point_started = False
-        self._pending: deque[Future[None]] = deque()  # work on the helper thread (_beside)
 
     # -- routing -----------------------------------------------------------------------------------------
 
@@ -153,6 +161,9 @@ class Aggregation:
             self.rows += count
             if self._point is not None:
                 self._capture_point(chunk, rows)
+        if rows is None and self.top.streamer.nconn == 1:
+            self._feed_one(step, chunk)
+            return
         # The data packets, found once for the hosts and the connections.
         data = np.flatnonzero(chunk.plen > 0) if rows is None else rows[chunk.plen[rows] > 0]
         data_ts = chunk.ts_ns[data] / 1e9
@@ -162,7 +173,7 @@ class Aggregation:
         if step in (Pass.COUNTS, Pass.CADENCE) and data.size and int(data_bytes.max()) > DEFAULT_MSS:
             data_mss = self.top.streamer.mss[chunk.conn[data], chunk.direction[data]].astype(np.int64)
             data_mss[data_mss <= 0] = DEFAULT_MSS
-        self._beside(self._hosts, step, chunk, data, data_ts, data_bytes, data_mss)
+        self._hosts(step, chunk, data, data_ts, data_bytes, data_mss)
         for c, sides in self._sides(step, chunk, rows, data, data_ts, data_bytes):
             connection = self.connections.get(c)
             if connection is None:
@@ -173,24 +184,39 @@ class Aggregation:
                 connection = self.connections[c] = Connection(c, self.top.idle_gap_s, mss)
             self._connection(step, connection, chunk, sides)
 
+    def _feed_one(self, step: Pass, chunk: Chunk) -> None:
+        """Every row of a chunk of a capture of one connection: each side's rows as a mask over the chunk (an
+        AND is cheaper than a gather; a side of a few rows, ONE_SIDE_ROWS or less of them, by its rows), its
+        data packets' rows, times and sizes found once a chunk (Chunk.one_data: a kept chunk keeps them for
+        every pass), the hosts' streams those of the sides."""
+        if chunk.one_data is None:
+            data = chunk.plen > 0
+            found = [np.flatnonzero(data & (chunk.direction == d)) for d in (0, 1)]
+            chunk.one_data = tuple((rows.astype(np.int32), chunk.ts_ns[rows] / 1e9, chunk.plen[rows].astype(np.int32))
+                                   for rows in found)
+        sides = [Side(None, rows, ts, sizes) for rows, ts, sizes in chunk.one_data]   # int32 sizes: sums widen
+        if step is not Pass.OVERLAP:   # the last pass reads the data packets only
+            for d, side in enumerate(sides):
+                side.mask = chunk.direction == d
+                if np.count_nonzero(side.mask) <= ONE_SIDE_ROWS * side.mask.size:
+                    side.rows, side.mask = np.flatnonzero(side.mask), None
+        both = None   # one address (loopback), data both ways: its one stream is every data packet, in file order
+        if len(self.top.streamer.addresses) == 1 and all(side.sizes.size for side in sides):
+            data = np.flatnonzero(chunk.plen > 0)
+            both = (chunk.ts_ns[data] / 1e9, chunk.plen[data].astype(np.int64), chunk.direction[data])
+        self._one_hosts(step, sides, both)
+        connection = self.connections.get(0)
+        if connection is None:
+            if step is not Pass.COUNTS:
+                raise AssertionError("a connection appeared after Pass.COUNTS")
+            streamer = self.top.streamer
+            connection = self.connections[0] = Connection(0, self.top.idle_gap_s, (
+                streamer.mss_of(0, 0) or DEFAULT_MSS, streamer.mss_of(0, 1) or DEFAULT_MSS))
+        self._connection(step, connection, chunk, sides, whole=True)
+
     def _sides(self, step: Pass, chunk: Chunk, rows: np.ndarray | None, data: np.ndarray, data_ts: np.ndarray,
                data_bytes: np.ndarray) -> Iterator[tuple[int, list[Side]]]:
         """Each listed connection with packets among these rows, and its two directions' packets."""
-        if self.top.streamer.nconn == 1:  # one connection: its data split by direction; every row where read
-            of_data = chunk.direction[data]
-            sides = []
-            for d in (0, 1):
-                pick = of_data == d
-                every, mask = _EMPTY, None
-                if step is not Pass.OVERLAP:  # the last pass reads the data packets only
-                    if rows is None:
-                        mask = chunk.direction == d
-                        every = np.flatnonzero(mask)
-                    else:
-                        every = rows[chunk.direction[rows] == d]
-                sides.append(Side(every, data[pick], data_ts[pick], data_bytes[pick], mask))
-            yield 0, sides
-            return
         conn = chunk.conn if rows is None else chunk.conn[rows]
         direction = chunk.direction if rows is None else chunk.direction[rows]
         listed = self.top.streamer.listed
@@ -219,6 +245,7 @@ class Aggregation:
         its traffic with that one (a ring neighbour at N>=3) may send and receive much more elsewhere."""
         point = self._point
         assert point is not None
+        assert chunk.src_addr is not None and chunk.dst_addr is not None   # Pass.COUNTS: every chunk has them
         src = chunk.src_addr if rows is None else chunk.src_addr[rows]
         dst = chunk.dst_addr if rows is None else chunk.dst_addr[rows]
         if not self._point_started:
@@ -235,14 +262,15 @@ class Aggregation:
 
     # -- connections -------------------------------------------------------------------------------------
 
-    def _connection(self, step: Pass, conn: Connection, chunk: Chunk, sides: list[Side]) -> None:
+    def _connection(self, step: Pass, conn: Connection, chunk: Chunk, sides: list[Side], whole: bool = False
+                    ) -> None:
+        """whole: every row of the chunk is this connection's (_feed_one)."""
         ts_all = chunk.ts_ns
-        rows = [side.rows for side in sides]
         data_ts = [side.ts for side in sides]
         data_size = [side.sizes for side in sides]
         if step is Pass.COUNTS:
-            # the connection's first and last packet times (with the sides' masks: every row is its)
-            every = [ts_all] if sides[0].mask is not None else [ts_all[idx] for idx in rows if idx.size]
+            # the connection's first and last packet times
+            every = [ts_all] if whole else [ts_all[s.rows] for s in sides if s.rows is not None and s.rows.size]
             for times in every:
                 lo_ns, hi_ns = int(times.min()), int(times.max())
                 conn.t0_ns = lo_ns if conn.t0_ns is None else min(conn.t0_ns, lo_ns)
@@ -250,15 +278,17 @@ class Aggregation:
             for d in (0, 1):
                 self._count_direction(conn.dirs[d], chunk, sides[d])
         if step is Pass.CADENCE:
+            self._state_counts(conn, chunk, sides, whole)
             for d in (0, 1):
-                self._state_direction(conn, d, chunk, sides[d])
+                self._order_stats(conn, d, chunk, sides[d], add=True)
         elif step is Pass.RUNS:
             for d in (0, 1):
                 self._order_stats(conn, d, chunk, sides[d], add=False)
                 # the events of its flight read the chunk's TCP state: here, before the next chunk
                 assert chunk.state is not None
-                conn.dirs[d].stream.add_runs(*flight_events(ts_all, chunk.state, sides[d].data, sides[1 - d].rows))
-        self._beside(self._data_packets, step, conn, data_ts, data_size)
+                acks = _on_side(chunk.sparse("peer_in_flight"), sides[1 - d])
+                conn.dirs[d].stream.add_runs(*flight_events(ts_all, chunk.state["in_flight"], sides[d].data, *acks))
+        self._data_packets(step, conn, data_ts, data_size)
 
     def _data_packets(self, step: Pass, conn: Connection, data_ts: list[np.ndarray], sizes: list[np.ndarray]
                       ) -> None:
@@ -277,13 +307,14 @@ class Aggregation:
             conn.turns.feed(step, data_ts, sizes)
 
     def _count_direction(self, out: Direction, chunk: Chunk, side: Side) -> None:
-        idx, data_ts, sizes = side.rows, side.ts, side.sizes
-        if not idx.size:
+        idx, data_ts, sizes, count = side.rows, side.ts, side.sizes, side.count
+        if not count:
             return
-        out.packets += int(idx.size)
+        out.packets += count
+        first, last = side.first_last()
         if out.first_ns is None:
-            out.first_ns = int(chunk.ts_ns[idx[0]])
-        out.last_ns = int(chunk.ts_ns[idx[-1]])
+            out.first_ns = int(chunk.ts_ns[first])
+        out.last_ns = int(chunk.ts_ns[last])
         out.data_packets += int(sizes.size)
         out.payload_bytes += int(sizes.sum())  # the other rows carry no payload
         if sizes.size:
@@ -296,6 +327,7 @@ class Aggregation:
         if side.mask is not None:  # the chunk's columns under the side's mask: no gather
             flags, win, mine = chunk.flags, chunk.win, side.mask
         else:
+            assert idx is not None
             flags, win, mine = chunk.flags[idx], chunk.win[idx], np.ones(idx.size, dtype=bool)
         data = (chunk.plen if side.mask is not None else chunk.plen[idx]) > 0
         has_ack = ((flags & ACK) != 0) & mine
@@ -307,17 +339,27 @@ class Aggregation:
             out.raw_max = raw if out.raw_max is None else max(out.raw_max, raw)
         out.raw_positive_max = max(out.raw_positive_max, int(win[mine].max() if side.mask is not None else win.max()))
 
-    def _state_direction(self, conn: Connection, d: int, chunk: Chunk, side: Side) -> None:
-        out = conn.dirs[d]
+    def _state_counts(self, conn: Connection, chunk: Chunk, sides: list[Side], whole: bool) -> None:
+        """Each direction's unique bytes and verdict counts; whole (every row is one side's or the other's):
+        the side of more rows counts the chunk's less the other side's."""
         st = chunk.state
         assert st is not None
-        idx = side.rows
-        if idx.size:
-            out.unique += int(st["new_bytes"][idx].sum())
-            for k, name in enumerate(VERDICTS):  # a flag AND a mask counts faster than a gather
-                out.verdicts[k] += int(np.count_nonzero(st[name] & side.mask if side.mask is not None
-                                                        else st[name][idx]))
-        self._order_stats(conn, d, chunk, side, add=True)
+        derived = (0 if sides[0].count > sides[1].count else 1) if whole else None
+        counts: list[list[int] | None] = [None, None]
+        for d, side in enumerate(sides):
+            if d != derived and side.count:
+                mine = side.rows if side.rows is not None else side.mask
+                counts[d] = [int(st["new_bytes"][mine].sum())] + [  # a flag AND a mask counts faster than a gather
+                    int(np.count_nonzero(st[name] & side.mask if side.mask is not None else st[name][mine]))
+                    for name in VERDICTS]
+        if derived is not None and sides[derived].count:
+            other = counts[1 - derived] or [0] * (len(VERDICTS) + 1)
+            counts[derived] = [int(st["new_bytes"].sum()) - other[0]] + [
+                int(np.count_nonzero(st[name])) - other[k + 1] for k, name in enumerate(VERDICTS)]
+        for d, got in enumerate(counts):
+            if got is not None:
+                conn.dirs[d].unique += got[0]
+                conn.dirs[d].verdicts = [a + b for a, b in zip(conn.dirs[d].verdicts, got[1:], strict=True)]
 
     def _cadence_direction(self, conn: Connection, d: int, data_ts: np.ndarray, sizes: np.ndarray) -> None:
         out = conn.dirs[d]
@@ -326,7 +368,7 @@ class Aggregation:
             out.super_segments += int(np.count_nonzero(sizes > mss))
             if self.top.with_series:
                 assert out.series is not None
-                t0, _t1, bin_s, bins = self._bins(conn)
+                t0, _t1, bin_s, bins = self.bins(conn)
                 scaled = np.subtract(data_ts, t0)
                 np.divide(scaled, bin_s, out=scaled)
                 index = scaled.astype(np.int64)
@@ -334,25 +376,25 @@ class Aggregation:
                 out.series += np.bincount(index, weights=sizes.astype(np.float64), minlength=bins)
         out.stream.collect_gaps(data_ts, sizes)
 
-    def _rtts(self, conn: Connection, d: int, st: dict[str, np.ndarray], side: Side) -> list[Values]:
+    def _rtts(self, conn: Connection, d: int, chunk: Chunk, side: Side) -> list[Values]:
         """ACK and timestamp RTTs on d's packets measure the other direction's data."""
         target = conn.dirs[1 - d]
         values = []
         # over the whole capture a direction that never sent data has no ACK RTTs
         if not (self.all_rows and target.data_packets == 0):
-            values.append((target.rtt, _samples(st["ack_rtt_ns"], side)))
-        values.append((target.ts_rtt, _samples(st["ts_rtt_ns"], side)))
+            values.append((target.rtt, _on_side(chunk.sparse("ack_rtt_ns"), side)[1]))
+        values.append((target.ts_rtt, _on_side(chunk.sparse("ts_rtt_ns"), side)[1]))
         return values
 
     def _order_stats(self, conn: Connection, d: int, chunk: Chunk, side: Side, add: bool) -> None:
         """The values of the window, in-flight and RTT order statistics, picked here and counted (Pass.CADENCE,
-        with their minimum and maximum) or collected (Pass.RUNS) on the helper thread."""
+        with their minimum and maximum) or collected (Pass.RUNS)."""
         out = conn.dirs[d]
         st = chunk.state
         assert st is not None
         idx, data_rows = side.rows, side.data
         values: list[Values] = []
-        if idx.size:
+        if side.count:
             if side.mask is not None:
                 win = st["window_bytes"][side.mask & ((chunk.flags & SYN) == 0)]
             else:
@@ -362,7 +404,7 @@ class Aggregation:
                 out.window_min = low if out.window_min is None else min(out.window_min, low)
                 out.window_max = high if out.window_max is None else max(out.window_max, high)
             values.append((out.window, win.astype(np.int64)))
-            values += self._rtts(conn, d, st, side)
+            values += self._rtts(conn, d, chunk, side)
         if data_rows.size:
             flight = st["in_flight"][data_rows]
             flight = flight[flight >= 0]
@@ -370,9 +412,9 @@ class Aggregation:
                 high = int(flight.max())
                 out.in_flight_max = high if out.in_flight_max is None else max(out.in_flight_max, high)
             values.append((out.in_flight, flight))
-        self._beside(_order_values, values, add)
+        _order_values(values, add)
 
-    def _bins(self, conn: Connection) -> tuple[float, float, float, int]:
+    def bins(self, conn: Connection) -> tuple[float, float, float, int]:
         t0, t1 = self._span_s(conn)
         bin_s = self.top.bin_s
         bins = max(1, int(np.ceil((t1 - t0) / bin_s + 1e-9)))
@@ -388,23 +430,6 @@ class Aggregation:
 
     # -- hosts -------------------------------------------------------------------------------------------
 
-    def _beside(self, work: Callable[..., None], *args: Any) -> None:
-        """work(*args) on the analysis' helper thread, in order, beside this thread's work on the same rows
-        (numpy releases the GIL in its loops): the hosts, and each connection's work on its data packets.
-        Such work reads only arrays of its own (the chunk's address ids and data packets are fresh arrays,
-        never views of the reader's buffers) and streamer state that only grows. At most MAX_BESIDE wait;
-        settle waits for all."""
-        if getattr(self.top.helping, "on", False):  # this is the helper thread: at once
-            work(*args)
-            return
-        while len(self._pending) >= MAX_BESIDE:
-            self._pending.popleft().result()
-        self._pending.append(self.top.helper.submit(work, *args))
-
-    def _beside_done(self) -> None:
-        while self._pending:
-            self._pending.popleft().result()
-
     def _hosts(self, step: Pass, chunk: Chunk, data: np.ndarray, ts: np.ndarray, nbytes: np.ndarray,
                mss: np.ndarray | None) -> None:
         """Each host's transmit and receive streams: data: these rows' data packets, ts their times (s),
@@ -412,7 +437,7 @@ class Aggregation:
         if not data.size:
             return
         streamer = self.top.streamer
-        src, dst = chunk.src_addr[data], chunk.dst_addr[data]
+        src, dst = streamer.addresses_of(chunk, data)
         if streamer.nconn == 1:  # one connection: its two ends' addresses, every packet between them
             present = np.unique(streamer.address_of_endpoint[[streamer.connections.conn_a[0],
                                                               streamer.connections.conn_b[0]]])
@@ -426,31 +451,59 @@ class Aggregation:
             if host is None:
                 if step is not Pass.COUNTS:
                     raise AssertionError("a host appeared after Pass.COUNTS")
-                host = self.hosts[index] = Host(self.top.idle_gap_s)
+                host = self.hosts[index] = Host(self.top.idle_gap_s, len(streamer.addresses) == 1)
+            if step is Pass.COUNTS:
+                host.split(len(streamer.addresses))
             pairs = [(host.tx, src == index)]
             if host.rx is not host.tx:  # one address (loopback): one stream both ways
                 pairs.append((host.rx, dst == index))
             for stream, mask in pairs:
                 every = mask.all()
                 t, b = (ts, nbytes) if every else (ts[mask], nbytes[mask])
-                m = mss if mss is None or every else mss[mask]
-                if step is Pass.COUNTS:
-                    stream.count(t, b, m)
-                elif step is Pass.CADENCE:
-                    stream.collect_gaps(t, b, m)
-                elif step is Pass.RUNS:
-                    stream.add_runs(t)
-                elif step is Pass.OVERLAP:
-                    stream.add_overlap(t, b, host.rx if stream is host.tx else host.tx)
+                host_stream(step, host, stream, t, b, mss if mss is None or every else mss[mask])
+
+    def _one_hosts(self, step: Pass, sides: list[Side],
+                   both: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
+        """_hosts of a chunk of one connection's rows: each host's transmit and receive are the sides' data
+        (the connection's two ends; at one address, loopback, one stream of every data packet: both, its
+        times, sizes and directions, where each side has data)."""
+        if not any(side.sizes.size for side in sides):   # as _hosts: a host appears with data packets
+            return
+        streamer = self.top.streamer
+        ends = [int(streamer.address_of_endpoint[end[0]]) for end in (streamer.connections.conn_a,
+                                                                      streamer.connections.conn_b)]
+        mss = None   # as _hosts: each packet's connection's MSS where one is larger than DEFAULT_MSS
+        if step in (Pass.COUNTS, Pass.CADENCE) and max((int(s.sizes.max()) for s in sides if s.sizes.size),
+                                                       default=0) > DEFAULT_MSS:
+            mss = [np.full(s.sizes.size, streamer.mss_of(0, d) or DEFAULT_MSS, dtype=np.int64)
+                   for d, s in enumerate(sides)]
+        for index in sorted(set(ends)):
+            host = self.hosts.get(index)
+            if host is None:
+                if step is not Pass.COUNTS:
+                    raise AssertionError("a host appeared after Pass.COUNTS")
+                host = self.hosts[index] = Host(self.top.idle_gap_s, len(streamer.addresses) == 1)
+            if step is Pass.COUNTS:
+                host.split(len(streamer.addresses))
+            if ends[0] != ends[1]:   # sends what its side sends, receives what the other sends
+                sent = ends.index(index)
+                streams = [(host.tx, sent), (host.rx, 1 - sent)]
+                for stream, d in streams:
+                    host_stream(step, host, stream, sides[d].ts, sides[d].sizes, mss[d] if mss else None)
+                continue
+            if both is None:   # loopback, data one way (or none): that side's
+                d = 0 if sides[0].sizes.size else 1
+                t, b, m = sides[d].ts, sides[d].sizes, mss[d] if mss else None
+            else:
+                t, b, direction = both
+                m = np.where(direction == 0, *(int(part[0]) for part in mss)) if mss else None
+            for stream in (host.tx,) if host.rx is host.tx else (host.tx, host.rx):
+                host_stream(step, host, stream, t, b, m)
 
     # -- between passes ----------------------------------------------------------------------------------
 
     def settle(self, step: Pass) -> None:
         """What one pass's end decides for the next."""
-        self._beside_done()
-        if step is Pass.COUNTS and len(self.top.streamer.addresses) == 1:
-            for host in self.hosts.values():
-                host.rx = host.tx  # every data packet is the one host's, sent and received: computed once
         streams = [s for conn in self.connections.values() for s in (conn.dirs[0].stream, conn.dirs[1].stream)]
         streams += [s for host in self.hosts.values() for s in ((host.tx,) if host.rx is host.tx else (host.tx, host.rx))]
         if step is Pass.COUNTS:
@@ -459,7 +512,7 @@ class Aggregation:
                 stream.plan()
             for conn in self.connections.values():
                 if self.top.with_series:
-                    bins = self._bins(conn)[3]
+                    bins = self.bins(conn)[3]
                     for direction in conn.dirs:
                         direction.series = np.zeros(bins)
                 conn.turns = Turns(self, conn)
@@ -511,46 +564,3 @@ class Aggregation:
             else:
                 host.tx.join(joined.get((index, True), []))
                 host.rx.join(joined.get((index, False), []))
-
-    # -- the JSON ----------------------------------------------------------------------------------------
-
-    def result(self, observed: set[str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The connections and hosts; observed: the addresses whose NIC the capture sees (None: this
-        aggregation's own capture point, for the whole capture)."""
-        if self.rows == 0:
-            return [], []
-        connections = [self._connection_json(self.connections[c]) for c in sorted(self.connections)]
-        return connections, self._hosts_json(self.observed_addresses() if observed is None else observed)
-
-    def _direction_json(self, conn: Connection, d: int, t0: float) -> dict[str, Any]:
-        streamer, c = self.top.streamer, conn.c
-        throughput = None
-        if self.top.with_series:
-            assert conn.dirs[d].series is not None
-            bin_s = self._bins(conn)[2]
-            throughput = {"bin_s": bin_s, "t0": t0, "Bps": [round(float(v) / bin_s, 1) for v in conn.dirs[d].series]}
-        return direction_json(conn.dirs[d], conn.dirs[1 - d], int(streamer.wscale[c, d]), streamer.mss_of(c, d),
-                              bool(streamer.syn_seen[c, d]), self.top.idle_gap_s, throughput)
-
-    def _connection_json(self, conn: Connection) -> dict[str, Any]:
-        streamer = self.top.streamer
-        t0 = self._span_s(conn)[0]
-        dirs = {name: self._direction_json(conn, d, t0) for d, name in enumerate(DIRECTIONS)}
-        dup = duplex(conn.dirs[0].stream, conn.dirs[1].stream)
-        rtts = tuple(median_s(dirs[name]["rtt_ms"]) for name in DIRECTIONS)
-        assert conn.turns is not None
-        turns = conn.turns.json((dup["x_active_s"], dup["y_active_s"]), dup["overlap_s"], dup["active_s"], rtts)
-        return connection_json(conn.c, endpoint_text(streamer.endpoints, streamer.connections.conn_a[conn.c]),
-                               endpoint_text(streamer.endpoints, streamer.connections.conn_b[conn.c]), dirs, dup, turns,
-                               streamer.tunnel_of(conn.c))
-
-    def _hosts_json(self, observed: set[str]) -> list[dict[str, Any]]:
-        names = self.top.streamer.addresses
-        hosts = []
-        for index in sorted(self.hosts, key=lambda i: names[i]):
-            host = self.hosts[index]
-            hosts.append(host_json(names[index], host.tx.bytes, host.rx.bytes, duplex(host.tx, host.rx),
-                                   names[index] in observed))
-        return hosts
-
-

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from diag import analysisdoc as doc
 from diag.capture import native
 from diag.capture import source as sources
 from diag.capture.aggregation import Aggregation
@@ -31,14 +29,12 @@ from diag.capture.document import (
     IDLE_GAP_S,
     NO_PHASE_PACKETS,
     Packets,
+    aggregation_document,
     document,
     phases_from_records,
 )
 from diag.capture.source import SPILL_WINDOW, Chunk, Fallback, FileChunks, OneChunk, Pass, Streamer
 from diag.capture.tcpstate import analyze_packets
-
-# Kept chunks of the first read that may wait for the helper thread to count them.
-MAX_COUNTING = 4
 
 
 class Analysis:
@@ -52,56 +48,29 @@ class Analysis:
         self.idle_gap_s = idle_gap_s
         self.with_series = with_series
         self.streamer = Streamer(source, spill_window)
-        self.helping = threading.local()  # .on: this thread is the helper, running Analysis.on_helper's work
         self.phases = phases_from_records(records) if records else []
         self._aggregations()
 
     def _aggregations(self) -> None:
         self.overall = Aggregation(self, None, capture_point=True)
-        self.phase_aggs = [Aggregation(self, (p["t_start_ns"] / 1e9, p["t_end_ns"] / 1e9)) for p in self.phases]
+        self.phase_aggs = [Aggregation(self, (p.t_start_ns / 1e9, p.t_end_ns / 1e9)) for p in self.phases]
 
-    def run(self) -> dict[str, Any]:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-helper") as self.helper:
-            return self._passes()
-
-    def on_helper(self, work: Callable[..., None], *args: Any) -> None:
-        """work(*args) on the helper thread, where the aggregations do what they hand to it at once."""
-        self.helping.on = True
-        try:
-            work(*args)
-        finally:
-            self.helping.on = False
-
-    def _passes(self) -> dict[str, Any]:
+    def run(self) -> doc.Analysis:
         streamer = self.streamer
         counts = self._feeder(Pass.COUNTS)
         ahead = [True]
-        counting: deque[Future[None]] = deque()  # kept chunks counted on the helper thread
-
-        def counted() -> None:
-            while counting:
-                counting.popleft().result()
 
         def first_read(chunk: Chunk) -> None:
             # Pass.COUNTS rides along the first read while every connection seen so far will be listed (the
-            # usual case: one read less), a kept chunk (a copy that stays as it is) on the helper thread beside
-            # the reading; past MAX_LISTED_CONNECTIONS its aggregations are dropped.
+            # usual case: one read less); past MAX_LISTED_CONNECTIONS its aggregations are dropped.
             if ahead[0] and streamer.nconn > sources.MAX_LISTED_CONNECTIONS:
-                counted()
                 ahead[0] = False
                 self._aggregations()
-            if not ahead[0]:
-                return
-            if streamer.keeping:  # the copy is kept anyway: the lag is bounded only to keep the order cheap
-                while len(counting) >= MAX_COUNTING:
-                    counting.popleft().result()
-                counting.append(self.helper.submit(self.on_helper, counts, chunk))
-            else:
-                counted()
+            if ahead[0]:
                 counts(chunk)
 
         streamer.run(Pass.CONNECTIONS, first_read)
-        counted()  # (after an error the helper's shutdown waits for them, and what they raise is dropped)
+        streamer.one_connection()
         if not ahead[0] or streamer.listed is not None or streamer.listed_hosts is not None:
             self._aggregations()  # count again, the listed connections and hosts only
             streamer.run(Pass.COUNTS, self._feeder(Pass.COUNTS))
@@ -115,8 +84,8 @@ class Analysis:
         return self._document()
 
     def _phases_feeder(self, step: Pass) -> Callable[[Chunk], None]:
-        starts = np.array([p["t_start_ns"] for p in self.phases], dtype=np.int64)
-        ends = np.array([p["t_end_ns"] for p in self.phases], dtype=np.int64)
+        starts = np.array([p.t_start_ns for p in self.phases], dtype=np.int64)
+        ends = np.array([p.t_end_ns for p in self.phases], dtype=np.int64)
 
         def feed(chunk: Chunk) -> None:
             ts = chunk.ts_ns
@@ -146,25 +115,25 @@ class Analysis:
 
         return feed
 
-    def _document(self) -> dict[str, Any]:
+    def _document(self) -> doc.Analysis:
         source = self.source
-        connections, hosts = self.overall.result()
-        observed = {host["address"] for host in hosts if host["nic_observed"]}
+        connections, hosts = aggregation_document(self.overall)
+        observed = {host.address for host in hosts if host.nic_observed}
         phases_out = []
         attributed = 0
         for phase, agg in zip(self.phases, self.phase_aggs, strict=True):
-            conns, hs = agg.result(observed)
+            conns, hs = aggregation_document(agg, observed)
             attributed += agg.rows
-            phases_out.append({"phase": phase, "packets": int(agg.rows), "connections": conns, "hosts": hs})
+            phases_out.append(doc.Phase(phase, int(agg.rows), conns, hs))
         extra = [NO_PHASE_PACKETS] if self.phases and attributed == 0 and self.streamer.rows else []
         tcp_packets = [r.packets for r in source.results] if source.single else [self.streamer.rows]
-        omitted = {}
-        if (connections_omitted := self.streamer.omitted()) is not None:
-            omitted["connections_omitted"] = connections_omitted
+        omitted = self.streamer.omitted()
+        hosts_omitted = None
         if self.streamer.listed_hosts is not None:
-            omitted["hosts_omitted"] = {"count": int(np.count_nonzero(self.streamer.host_bytes)) - len(hosts)}
+            hosts_omitted = doc.Omitted(int(np.count_nonzero(self.streamer.host_bytes)) - len(hosts))
         return document(source.paths, source.results, tcp_packets, connections, hosts, observed, phases_out,
-                        extra, self.bin_s, self.idle_gap_s, omitted)
+                        extra, self.bin_s, self.idle_gap_s,
+                        doc.Omitted(**omitted) if omitted is not None else None, hosts_omitted)
 
     def packets(self) -> Packets:
         """The one chunk's packet table and TCP state (OneChunk sources only)."""
@@ -183,7 +152,7 @@ def analyze_files(paths: Sequence[str | os.PathLike[str]], records: Sequence[str
                   bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S,
                   with_series: bool = True) -> dict[str, Any]:
     """The `diag analyze --json` object for these capture files (and sweep phases from records)."""
-    return analyze(paths, records, bin_s, idle_gap_s, with_series, keep_sequence=False)[0]
+    return analyze(paths, records, bin_s, idle_gap_s, with_series, keep_sequence=False)[0].to_json()
 
 
 def chunked(paths: Sequence[str | os.PathLike[str]]) -> bool:
@@ -195,9 +164,10 @@ def chunked(paths: Sequence[str | os.PathLike[str]]) -> bool:
 
 def analyze(paths: Sequence[str | os.PathLike[str]], records: Sequence[str | os.PathLike[str]] | None = None,
             bin_s: float = DEFAULT_BIN_S, idle_gap_s: float = IDLE_GAP_S, with_series: bool = True,
-            keep_sequence: bool = True, spill_window: int = SPILL_WINDOW) -> tuple[dict[str, Any], Packets | None]:
-    """analyze_files plus the packet table with its TCP state (for --plot: keep_sequence keeps each packet's
-    relative sequence numbers, and the captures are then one chunk in memory); None without keep_sequence."""
+            keep_sequence: bool = True, spill_window: int = SPILL_WINDOW) -> tuple[doc.Analysis, Packets | None]:
+    """The analysis document (typed: analyze_files' JSON is its to_json()) plus the packet table with its TCP
+    state (for --plot: keep_sequence keeps each packet's relative sequence numbers, and the captures are then
+    one chunk in memory); None without keep_sequence."""
     from diag.errors import DiagError
 
     if not paths:

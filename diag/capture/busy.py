@@ -14,22 +14,29 @@ is busy. Fed chunk by chunk by the passes (source.Pass), in file order.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from diag.capture.document import (
-    CADENCE_FACTOR,
-    CADENCE_MIN_GAPS,
-    CADENCE_QUANTILE,
-    DEFAULT_MSS,
-    MAX_RUN_GAP_S,
-    PACING_PACKETS,
-    STALL_RTT_FACTOR,
-)
 from diag.capture.quantile import OrderStats, np_median, np_percentile
+from diag.capture.source import Pass
 from diag.capture.turns import CONTROL_MAX_BYTES
+from diag.units import ETHERNET_MSS
+
+DEFAULT_MSS = ETHERNET_MSS   # a direction whose SYN was not captured
+# Duplex busy runs (run_gap_s): a stream's silence ends a run when longer than CADENCE_FACTOR times the
+# CADENCE_QUANTILE-th percentile gap between its bulk segments and PACING_PACKETS times their median gap,
+# never beyond MAX_RUN_GAP_S, and only when CADENCE_MIN_GAPS bulk gaps give a cadence at all.
+CADENCE_QUANTILE = 95
+CADENCE_FACTOR = 3.0
+PACING_PACKETS = 16
+CADENCE_MIN_GAPS = 20
+MAX_RUN_GAP_S = 0.05
+# A direction with data in flight stays busy through a silence of up to this many times its 95th percentile
+# data -> ACK RTT (busy.stall_limit_s); longer is a stall (a retransmission timeout, an ACK not captured).
+STALL_RTT_FACTOR = 2.0
 
 
 def coverage(lists: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float]:
@@ -84,26 +91,28 @@ def p95_s(stats: OrderStats) -> float | None:
 Flying = Callable[[np.ndarray], np.ndarray]
 
 
-def flight_events(ts_ns: np.ndarray, state: dict[str, np.ndarray], own_data: np.ndarray, peer_rows: np.ndarray
-                  ) -> tuple[np.ndarray, Flying]:
+def flight_events(ts_ns: np.ndarray, in_flight: np.ndarray, own_data: np.ndarray, acks: np.ndarray,
+                  acked_flight: np.ndarray) -> tuple[np.ndarray, Flying]:
     """The events of one direction's flight among a chunk's rows, in file order: its data packets (rows
-    own_data) and the peer's ACKs of new bytes of it (the rows of peer_rows whose peer_in_flight is set).
+    own_data, whose in_flight the chunk's TCP state holds) and the peer's ACKs of new bytes of it (rows acks,
+    with the flight each left: the state's peer_in_flight).
     -> (their times in seconds, flying(indexes): whether data was in flight after those events). Only the
     events before a silence longer than the run gap are asked (a few), so the flight is looked up only for
     them; flying reads this chunk's state, so it is used before the next chunk."""
-    in_flight, peer = state["in_flight"], state["peer_in_flight"]
-    acks = peer_rows[peer[peer_rows] >= 0] if peer_rows.size else peer_rows
     if not acks.size:
         return ts_ns[own_data] / 1e9, lambda at: in_flight[own_data[at]] != 0  # -1 (unknown) counts as flying
     merged = np.concatenate([own_data, acks])
     order = np.argsort(merged, kind="stable")  # two sorted runs: a merge
-    rows = merged[order]
 
     def flying(at: np.ndarray) -> np.ndarray:
-        row = rows[at]
-        return np.where(order[at] >= own_data.size, peer[row], in_flight[row]) != 0
+        which = order[at]
+        ack = which >= own_data.size
+        out = np.empty(which.size, dtype=bool)
+        out[ack] = acked_flight[which[ack] - own_data.size] != 0
+        out[~ack] = in_flight[own_data[which[~ack]]] != 0
+        return out
 
-    return ts_ns[rows] / 1e9, flying
+    return ts_ns[merged[order]] / 1e9, flying
 
 
 def duplex_result(both: float, either: float, active: tuple[float, float], over: tuple[float, float],
@@ -340,3 +349,31 @@ def duplex(x: DataStream, y: DataStream) -> dict[str, Any]:
     return duplex_result(both, either, (active_x, active_y),
                          (float(x.bytes_inside_other), float(y.bytes_inside_other)), (float(x.bytes), float(y.bytes)),
                          (x.run_gap, y.run_gap))
+
+
+class Host:
+    """A host's transmit and receive streams: one stream (rx is tx) while the capture has seen one address
+    only (loopback: every data packet is that host's, sent and received), split at the first other one."""
+
+    def __init__(self, idle_gap_s: float, one_address: bool) -> None:
+        self.tx = DataStream(idle_gap_s)
+        self.rx = self.tx if one_address else DataStream(idle_gap_s)
+
+    def split(self, addresses: int) -> None:
+        """Pass.COUNTS, before a chunk: a second address makes rx a stream of its own, equal to tx so far
+        (every data packet so far was sent and received by this one address)."""
+        if self.rx is self.tx and addresses > 1:
+            self.rx = copy.deepcopy(self.tx)
+
+
+def host_stream(step: Pass, host: Host, stream: DataStream, ts: np.ndarray, nbytes: np.ndarray,
+                 mss: np.ndarray | None) -> None:
+    """A pass's work on one of a host's streams: its data packets' times, sizes and connections' MSS."""
+    if step is Pass.COUNTS:
+        stream.count(ts, nbytes, mss)
+    elif step is Pass.CADENCE:
+        stream.collect_gaps(ts, nbytes, mss)
+    elif step is Pass.RUNS:
+        stream.add_runs(ts)
+    elif step is Pass.OVERLAP:
+        stream.add_overlap(ts, nbytes, host.rx if stream is host.tx else host.tx)

@@ -1,4 +1,5 @@
-"""The `diag analyze --json` document: its parameters, and the objects of a connection, a host and a file.
+"""The `diag analyze --json` document's writer: its parameters, and the objects of a direction, a connection,
+a host and a file, built as the typed document (diag/analysisdoc.py, its one definition).
 
 The JSON shape is a contract with the report (see docs/analyzer.md); keys are only ever added, never renamed.
 The numbers come from the one aggregation (aggregation.py) fed by the passes over a packet source
@@ -16,33 +17,29 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from diag import analysisdoc as doc
+from diag.analysisdoc import ANALYSIS_SCHEMA, DIRECTIONS, Analysis, PhaseKey
+from diag.capture.busy import (
+    CADENCE_FACTOR,
+    CADENCE_QUANTILE,
+    MAX_RUN_GAP_S,
+    PACING_PACKETS,
+    STALL_RTT_FACTOR,
+    duplex,
+)
 from diag.capture.pcapfile import ReadResult
 from diag.capture.quantile import OrderStats, np_median, np_percentile
 from diag.capture.tcpstate import PacketState
 from diag.capture.turns import CONTROL_MAX_BYTES, summarize
 
 if TYPE_CHECKING:
-    from diag.capture.aggregation import Direction
-
-ANALYSIS_SCHEMA = 1
+    from diag.capture.aggregation import Aggregation, Direction
 # A direction is busy between two of its data packets closer than this; a longer silence is an idle gap.
 IDLE_GAP_S = 0.002
 DEFAULT_BIN_S = 0.01
 # Throughput series longer than this are re-binned coarser so a long capture keeps a bounded JSON size.
 MAX_BINS = 20_000
 SEGMENT_SIZE_EDGES = [1, 65, 129, 257, 513, 1025, 1449, 1501, 2897, 4097, 8193, 16385, 32769, 65536, 1 << 20]
-DEFAULT_MSS = 1448
-# Duplex busy runs (run_gap_s): a stream's silence ends a run when longer than CADENCE_FACTOR times the
-# CADENCE_QUANTILE-th percentile gap between its bulk segments and PACING_PACKETS times their median gap,
-# never beyond MAX_RUN_GAP_S, and only when CADENCE_MIN_GAPS bulk gaps give a cadence at all.
-CADENCE_QUANTILE = 95
-CADENCE_FACTOR = 3.0
-PACING_PACKETS = 16
-CADENCE_MIN_GAPS = 20
-MAX_RUN_GAP_S = 0.05
-# A direction with data in flight stays busy through a silence of up to this many times its 95th percentile
-# data -> ACK RTT (busy.stall_limit_s); longer is a stall (a retransmission timeout, an ACK not captured).
-STALL_RTT_FACTOR = 2.0
 
 
 def size_histogram(sizes: np.ndarray, top: int) -> np.ndarray:
@@ -82,23 +79,18 @@ def endpoint_text(endpoints: list[tuple[str, int]], index: int) -> str:
 # --- objects -------------------------------------------------------------------------------------
 
 
-# The JSON's names of the verdict counts (source.VERDICTS), in its key order.
-VERDICT_KEYS = ("retransmissions", "fast_retransmissions", "spurious_retransmissions", "out_of_order",
-                "lost_segments", "dup_acks", "zero_windows", "window_full")
-
-
-def _stats_ms(stats: OrderStats) -> dict[str, Any]:
+def _stats_ms(stats: OrderStats) -> doc.Stats:
     if stats.n == 0:
-        return {"median": None, "p95": None, "n": 0}
+        return doc.Stats(None, None, 0)
 
     def to_ms(v: Any) -> Any:
         return v / 1e6
 
-    return {"median": np_median(stats, to_ms), "p95": np_percentile(stats, 95, to_ms), "n": int(stats.n)}
+    return doc.Stats(np_median(stats, to_ms), np_percentile(stats, 95, to_ms), int(stats.n))
 
 
-def direction_json(out: Direction, peer: Direction, scale: int, mss_known: int, syn_seen: bool, idle_gap_s: float,
-                   throughput: dict[str, Any] | None) -> dict[str, Any]:
+def direction_document(out: Direction, peer: Direction, scale: int, mss_known: int, syn_seen: bool,
+                       idle_gap_s: float, throughput: doc.Throughput | None) -> doc.Direction:
     """One direction's object from its aggregated numbers; scale: its window scale (-1: unknown), mss_known
     (0: unknown), throughput: its series, where asked."""
     first_ts = float(np.int64(out.first_ns) / 1e9) if out.first_ns is not None else None
@@ -114,98 +106,50 @@ def direction_json(out: Direction, peer: Direction, scale: int, mss_known: int, 
         scale_lower_bound = max(0, int(np.ceil(np.log2(ratio)))) if ratio > 1 else 0
     unique = out.unique
     flight = out.in_flight
-    result: dict[str, Any] = {
-        "packets": out.packets,
-        "data_packets": out.data_packets,
-        "payload_bytes": out.payload_bytes,
-        "unique_payload_bytes": unique,
-        **{key: out.verdicts[k] for k, key in enumerate(VERDICT_KEYS)},
-        "first_ts": first_ts,
-        "last_ts": last_ts,
-        "goodput_Bps": unique / span if span > 0 else 0.0,
-        "active_s": active_s,
-        "active_goodput_Bps": unique / active_s if active_s > 0 else 0.0,
-        "rtt_ms": _stats_ms(out.rtt),
-        "ts_rtt_ms": _stats_ms(out.ts_rtt),
-        "idle_gaps": {"threshold_s": idle_gap_s, "count": int(idle.size), "total_s": float(idle.sum()),
-                      "max_s": float(idle.max()) if idle.size else 0.0},
-        "segment_sizes": {
-            "edges": SEGMENT_SIZE_EDGES,
-            "counts": out.segment_counts.tolist(),
-            "max_bytes": out.max_size,
-            "mss": mss_known or None,
-            "super_segments": out.super_segments,
-        },
-        "window": {
-            "scale": scale if scale >= 0 else None,
-            "scale_lower_bound": scale_lower_bound,
-            "min_bytes": out.window_min,
-            "median_bytes": np_median(out.window) if out.window.n else None,
-            "max_bytes": out.window_max,
-            "raw_max": out.raw_max,
-        },
-        "bytes_in_flight": {
-            "median": np_median(flight) if flight.n else None,
-            "p95": np_percentile(flight, 95) if flight.n else None,
-            "max": out.in_flight_max,
-        },
-        "acks": {"pure": out.pure_acks, "piggybacked": out.piggybacked},
-        "syn_seen": syn_seen,
-    }
-    if throughput is not None:
-        result["throughput"] = throughput
-    return result
+    return doc.Direction(   # the verdict counts in source.VERDICTS's order, the document's retransmissions..window_full
+        out.packets, out.data_packets, out.payload_bytes, unique, *out.verdicts,
+        first_ts=first_ts, last_ts=last_ts, goodput_Bps=unique / span if span > 0 else 0.0, active_s=active_s,
+        active_goodput_Bps=unique / active_s if active_s > 0 else 0.0,
+        rtt_ms=_stats_ms(out.rtt), ts_rtt_ms=_stats_ms(out.ts_rtt),
+        idle_gaps=doc.IdleGaps(idle_gap_s, int(idle.size), float(idle.sum()),
+                                  float(idle.max()) if idle.size else 0.0),
+        segment_sizes=doc.SegmentSizes(SEGMENT_SIZE_EDGES, out.segment_counts.tolist(), out.max_size,
+                                          mss_known or None, out.super_segments),
+        window=doc.Window(scale if scale >= 0 else None, scale_lower_bound, out.window_min,
+                             np_median(out.window) if out.window.n else None, out.window_max, out.raw_max),
+        bytes_in_flight=doc.InFlight(np_median(flight) if flight.n else None,
+                                        np_percentile(flight, 95) if flight.n else None, out.in_flight_max),
+        acks=doc.Acks(out.pure_acks, out.piggybacked), syn_seen=syn_seen, throughput=throughput)
 
 
-def connection_json(c: int, a: str, b: str, dirs: dict[str, Any], dup: dict[str, Any], turns: dict[str, Any],
-                    tunnel: list[str] | None = None) -> dict[str, Any]:
+def connection_document(c: int, a: str, b: str, dirs: dict[str, doc.Direction], dup: dict[str, Any],
+                        turns: doc.Turns, tunnel: list[str] | None = None) -> doc.Connection:
     """One connection's object from its directions, its duplex() and its turns; tunnel: the encapsulations its
     packets came through (None: none; a and b are then the inner TCP's endpoints)."""
-    return {
-        "stream": c,
-        "a": a,
-        "b": b,
-        "tunnel": tunnel,
-        "directions": dirs,
-        "duplex_overlap": dup["duplex_overlap"],
-        "active_s": dup["active_s"],
-        "overlap_s": dup["overlap_s"],
-        "overlap_Bps": {"a->b": dup["x_overlap_Bps"], "b->a": dup["y_overlap_Bps"]},
-        "alone_Bps": {"a->b": dup["x_alone_Bps"], "b->a": dup["y_alone_Bps"]},
-        "run_gap_s": {"a->b": dup["x_gap_s"], "b->a": dup["y_gap_s"]},
-        "turns": turns,
-    }
+    return doc.Connection(
+        c, a, b, tunnel, dirs, dup["duplex_overlap"], dup["active_s"], dup["overlap_s"],
+        overlap_Bps={"a->b": dup["x_overlap_Bps"], "b->a": dup["y_overlap_Bps"]},
+        alone_Bps={"a->b": dup["x_alone_Bps"], "b->a": dup["y_alone_Bps"]},
+        run_gap_s={"a->b": dup["x_gap_s"], "b->a": dup["y_gap_s"]}, turns=turns)
 
 
-def median_s(stats_ms: dict[str, Any]) -> float | None:
+def median_s(stats_ms: doc.Stats) -> float | None:
     """An RTT statistic's median in seconds (None when unknown or zero)."""
-    median = stats_ms.get("median")
-    return median / 1e3 if median else None
+    return stats_ms.median / 1e3 if stats_ms.median else None
 
 
-def host_json(address: str, tx_bytes: int, rx_bytes: int, dup: dict[str, Any], seen: bool) -> dict[str, Any]:
-    """One host's object from its transmit-vs-receive duplex()."""
-    return {
-        "address": address,
-        "tx_bytes": tx_bytes,
-        "rx_bytes": rx_bytes,
-        # null where the capture does not see this host's NIC: the traffic seen is only part of it
-        "duplex_overlap": dup["duplex_overlap"] if seen else None,
-        "nic_observed": seen,
-        "seen_traffic_overlap": dup["duplex_overlap"],
-        "tx_Bps_overlap": dup["x_overlap_Bps"],
-        "rx_Bps_overlap": dup["y_overlap_Bps"],
-        "tx_Bps_alone": dup["x_alone_Bps"],
-        "rx_Bps_alone": dup["y_alone_Bps"],
-        "active_s": dup["active_s"],
-        "overlap_s": dup["overlap_s"],
-    }
+def host_document(address: str, tx_bytes: int, rx_bytes: int, dup: dict[str, Any], seen: bool) -> doc.Host:
+    """One host's object from its transmit-vs-receive duplex(); its duplex_overlap null where the capture does
+    not see its NIC (the traffic seen is only part of it)."""
+    return doc.Host(address, tx_bytes, rx_bytes, dup["duplex_overlap"] if seen else None, seen,
+                       dup["duplex_overlap"], dup["x_overlap_Bps"], dup["y_overlap_Bps"], dup["x_alone_Bps"],
+                       dup["y_alone_Bps"], dup["active_s"], dup["overlap_s"])
 
 
 # --- phases ----------------------------------------------------------------------------------------
 
 
-def phases_from_records(paths: Sequence[str | os.PathLike[str]]) -> list[dict[str, Any]]:
+def phases_from_records(paths: Sequence[str | os.PathLike[str]]) -> list[PhaseKey]:
     """One phase per timed iteration of every record (wall-clock windows), sorted by start."""
     from diag.records import load_records
 
@@ -214,13 +158,10 @@ def phases_from_records(paths: Sequence[str | os.PathLike[str]]) -> list[dict[st
         for record in load_records(path).records:
             windows = record.iter_windows_ns or [[record.t_start_ns, record.t_end_ns]]
             for iteration, (start, end) in enumerate(windows):
-                phases.append({
-                    "backend": record.backend, "algo": record.algo, "op": record.op,
-                    "world_size": record.world_size, "size_bytes": record.size_bytes,
-                    "iteration": iteration if record.iter_windows_ns else None,
-                    "t_start_ns": int(start), "t_end_ns": int(end),
-                })
-    phases.sort(key=lambda ph: ph["t_start_ns"])
+                phases.append(PhaseKey(record.backend, record.algo, record.op, record.world_size,
+                                       record.size_bytes, iteration if record.iter_windows_ns else None,
+                                       int(start), int(end)))
+    phases.sort(key=lambda ph: ph.t_start_ns)
     return phases
 
 
@@ -239,14 +180,15 @@ NO_PHASE_PACKETS = ("no packet falls inside any record's iteration window: were 
 
 
 def document(paths: Sequence[str | os.PathLike[str]], results: list[ReadResult], tcp_packets: list[int],
-             connections: list[dict[str, Any]], hosts: list[dict[str, Any]], observed: set[str],
-             phases_out: list[dict[str, Any]], extra_warnings: list[str], bin_s: float,
-             idle_gap_s: float, omitted: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
-    """The `diag analyze --json` object around the aggregations' connections, hosts and phases.
+             connections: list[doc.Connection], hosts: list[doc.Host], observed: set[str],
+             phases: list[doc.Phase], extra_warnings: list[str], bin_s: float, idle_gap_s: float,
+             connections_omitted: doc.Omitted | None = None,
+             hosts_omitted: doc.Omitted | None = None) -> Analysis:
+    """The `diag analyze --json` document around the aggregations' connections, hosts and phases.
 
     tcp_packets: each file's TCP rows (a ReadResult read chunk by chunk holds no columns to count).
-    omitted: "connections_omitted" / "hosts_omitted" where a capture has more than are listed in full
-    (source.MAX_LISTED_CONNECTIONS); each follows its list."""
+    connections_omitted / hosts_omitted: where a capture has more than are listed in full
+    (source.MAX_LISTED_CONNECTIONS)."""
     warnings: list[str] = []
     files = []
     dropped_total: int | None = None
@@ -255,9 +197,8 @@ def document(paths: Sequence[str | os.PathLike[str]], results: list[ReadResult],
         dropped = meta.get("kernel_dropped") if meta else None
         if dropped is not None:
             dropped_total = (dropped_total or 0) + int(dropped)
-        files.append({"path": str(path), "format": result.file_format, "linktypes": result.linktypes,
-                      "snaplen": result.snaplen, "frames": result.frames, "tcp_packets": packets,
-                      "skipped": result.skipped, "capture": meta})
+        files.append(doc.CaptureFile(str(path), result.file_format, result.linktypes, result.snaplen,
+                                        result.frames, packets, result.skipped, meta))
         warnings.extend(result.warnings)
         if result.skipped:
             warnings.append(f"{path}: skipped " + ", ".join(f"{v} {k}" for k, v in sorted(result.skipped.items())))
@@ -266,22 +207,44 @@ def document(paths: Sequence[str | os.PathLike[str]], results: list[ReadResult],
         warnings.append(f"the kernel dropped {dropped_total} packets during capture: counts are lower bounds "
                         "and retransmission/dup-ACK numbers may be wrong")
     warnings.extend(extra_warnings)
-    return {
-        "schema": ANALYSIS_SCHEMA,
-        "files": files,
-        "capture": {"kernel_dropped": dropped_total, "flagged": flagged, "packets": int(sum(tcp_packets)),
-                    "frames": int(sum(r.frames for r in results))},
-        "parameters": {"bin_s": bin_s, "idle_gap_s": idle_gap_s, "cadence_factor": CADENCE_FACTOR,
-                       "cadence_quantile": CADENCE_QUANTILE, "pacing_packets": PACING_PACKETS,
-                       "max_run_gap_s": MAX_RUN_GAP_S, "stall_rtt_factor": STALL_RTT_FACTOR,
-                       "control_max_bytes": CONTROL_MAX_BYTES},
-        "capture_point": sorted(observed),
-        "connections": connections,
-        **({"connections_omitted": omitted["connections_omitted"]}
-           if omitted and "connections_omitted" in omitted else {}),
-        "hosts": hosts,
-        **({"hosts_omitted": omitted["hosts_omitted"]} if omitted and "hosts_omitted" in omitted else {}),
-        "phases": phases_out,
-        "turn_summary": summarize(phases_out),
-        "warnings": warnings,
-    }
+    return Analysis(
+        ANALYSIS_SCHEMA, files,
+        doc.CaptureSummary(dropped_total, flagged, int(sum(tcp_packets)), int(sum(r.frames for r in results))),
+        doc.Parameters(bin_s, idle_gap_s, CADENCE_FACTOR, CADENCE_QUANTILE, PACING_PACKETS, MAX_RUN_GAP_S,
+                          STALL_RTT_FACTOR, CONTROL_MAX_BYTES),
+        sorted(observed), connections, connections_omitted, hosts, hosts_omitted, phases, summarize(phases),
+        warnings)
+
+
+def aggregation_document(agg: Aggregation, observed: set[str] | None = None
+                         ) -> tuple[list[doc.Connection], list[doc.Host]]:
+    """An aggregation's connections and hosts; observed: the addresses whose NIC the capture sees (None: the
+    aggregation's own capture point, for the whole capture)."""
+    if agg.rows == 0:
+        return [], []
+    streamer, top = agg.top.streamer, agg.top
+    connections = []
+    for c in sorted(agg.connections):
+        conn = agg.connections[c]
+        t0, _t1, bin_s, _bins = agg.bins(conn)
+        dirs = {}
+        for d, name in enumerate(DIRECTIONS):
+            series = conn.dirs[d].series
+            throughput = (doc.Throughput(bin_s, t0, [round(float(v) / bin_s, 1) for v in series])
+                          if top.with_series and series is not None else None)
+            dirs[name] = direction_document(conn.dirs[d], conn.dirs[1 - d], int(streamer.wscale[c, d]),
+                                            streamer.mss_of(c, d), bool(streamer.syn_seen[c, d]), top.idle_gap_s,
+                                            throughput)
+        dup = duplex(conn.dirs[0].stream, conn.dirs[1].stream)
+        rtts = tuple(median_s(dirs[name].rtt_ms) for name in DIRECTIONS)
+        assert conn.turns is not None
+        turns = conn.turns.document((dup["x_active_s"], dup["y_active_s"]), dup["overlap_s"], dup["active_s"], rtts)
+        connections.append(connection_document(c, endpoint_text(streamer.endpoints, streamer.connections.conn_a[c]),
+                                               endpoint_text(streamer.endpoints, streamer.connections.conn_b[c]),
+                                               dirs, dup, turns, streamer.tunnel_of(c)))
+    names = streamer.addresses
+    seen = agg.observed_addresses() if observed is None else observed
+    hosts = [host_document(names[i], agg.hosts[i].tx.bytes, agg.hosts[i].rx.bytes,
+                           duplex(agg.hosts[i].tx, agg.hosts[i].rx), names[i] in seen)
+             for i in sorted(agg.hosts, key=lambda i: names[i])]
+    return connections, hosts

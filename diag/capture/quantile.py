@@ -251,10 +251,13 @@ class OrderStats:
         self._min = vmin if self._min is None or vmin < self._min else self._min
         self._max = vmax if self._max is None or vmax > self._max else self._max
         lowest, highest = self._id_of(vmin), self._id_of(vmax)
-        per_bucket = np.bincount(self._ids(v, vmin, vmax, lowest), minlength=highest - lowest + 1)
-        nonzero = np.flatnonzero(per_bucket)
-        self._bucket_ids, self._bucket_counts = _merge_counts(
-            self._bucket_ids, self._bucket_counts, nonzero + lowest, per_bucket[nonzero])
+        if lowest == highest:  # one bucket holds them all (ids grow with the value): no id per value
+            ids, counts = np.array([lowest], dtype=np.int64), np.array([v.size], dtype=np.int64)
+        else:
+            per_bucket = np.bincount(self._ids(v, vmin, vmax, lowest), minlength=highest - lowest + 1)
+            nonzero = np.flatnonzero(per_bucket)
+            ids, counts = nonzero + lowest, per_bucket[nonzero]
+        self._bucket_ids, self._bucket_counts = _merge_counts(self._bucket_ids, self._bucket_counts, ids, counts)
 
     def want(self, ranks: Iterable[int]) -> None:
         """After pass 1: the 0-based order statistics (k-th smallest) that value() will be asked for.

@@ -17,9 +17,11 @@ import gzip
 import io
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Protocol
+
+import numpy as np
 
 from diag.capture import native, pcapfile, reader_native
 from diag.capture.pcapfile import (
@@ -122,3 +124,37 @@ def _read_format(handle: IO[bytes], magic: bytes, builder: RecordDecoder, p: Pat
         return "pcapng"
     raise DiagError(f"{p} is not a pcap or pcapng file (magic {magic.hex()}); "
                     "capture with tcpdump -w or give .pcap/.pcapng/.pcap.gz")
+
+
+def read_files(paths: Sequence[str | os.PathLike[str]]
+               ) -> tuple[dict[str, np.ndarray], list[tuple[str, int]], list[ReadResult]]:
+    """Every file's columns merged into one table (file order) with one endpoint numbering."""
+    results: list[ReadResult] = []
+    frame = 1
+    for path in paths:
+        result = read_capture(path, first_frame=frame)
+        frame += result.frames
+        results.append(result)
+    if len(results) == 1:  # one file: its endpoint ids and columns are already final (no copy)
+        cols, endpoints = results[0].columns, list(results[0].endpoints)
+    else:
+        cols, endpoints = _merge(results)
+    return cols, endpoints, results
+
+
+def _merge(results: list[ReadResult]) -> tuple[dict[str, np.ndarray], list[tuple[str, int]]]:
+    """Several files -> one column set with shared endpoint ids, in time order (mergecap semantics)."""
+    # Merge endpoints across files by (address, port).
+    ids: dict[tuple[str, int], int] = {}
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in results[0].columns}
+    for result in results:
+        remap = np.array([ids.setdefault(ep, len(ids)) for ep in result.endpoints] or [0], dtype=np.int32)
+        for name, column in result.columns.items():
+            if name in ("src", "dst"):
+                column = remap[column] if column.size else column
+            parts[name].append(column)
+    endpoints = list(ids)  # dicts keep insertion order, which is id order
+    cols = {name: np.concatenate(values) for name, values in parts.items()}
+    del parts
+    order = np.argsort(cols["ts_ns"], kind="stable")  # one stream in time order (stable for equal stamps)
+    return {name: values[order] for name, values in cols.items()}, endpoints

@@ -23,14 +23,15 @@ import enum
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from diag.capture import native, pcapfile
 from diag.capture.connections import ConnectionIds
 from diag.capture.pcapfile import ACK, GZIP_MAGIC, SYN, TUNNELS, CaptureChunk, ReadResult
-from diag.capture.reader import read_capture, stream_capture
+from diag.capture.reader import read_files, stream_capture
 from diag.capture.reader_native import MIN_ROW_FILE_BYTES, row_bound
 from diag.capture.tcpstate import PacketState, analyze_packets
 
@@ -51,13 +52,19 @@ MAX_LISTED_CONNECTIONS = 2000
 MAX_LISTED_HOSTS = 4096
 # The TCP state that the pass after the first state pass reads (Pass.RUNS: the values of the order
 # statistics, and the flight of each direction's busy runs). A chunk kept in memory keeps these once its state
-# is computed, so the state is computed once.
-KEPT_STATE = ("window_bytes", "in_flight", "ack_rtt_ns", "ts_rtt_ns", "peer_in_flight")
+# is computed, so the state is computed once: KEPT_STATE a row, SPARSE_STATE (a value, >= 0, on few rows: the
+# RTT samples, the ACKs of new data) as its rows and values where that is smaller (Chunk.sparse).
+KEPT_STATE = ("window_bytes", "in_flight")
+SPARSE_STATE = ("ack_rtt_ns", "ts_rtt_ns", "peer_in_flight")
+# A capture of one connection's data packets: their rows, times (s) and sizes (Chunk.one_data); its rows'
+# addresses are then their direction's ends (Streamer.addresses_of), not kept (8 bytes a packet less).
+ONE_DATA_BYTES = 4 + 8 + 4 - 8
 # What a kept file costs a TCP packet: the columns the aggregation reads and the ids (Chunk: ts_ns, plen,
-# flags, win, conn, direction, src_addr, dst_addr: 28 bytes), KEPT_STATE, and the TCP state kernel's segment
-# end (all in memory: 17 bytes a data segment). The kernel's inputs (seq, ack, TSval, TSecr) are kept until
-# the state replaces them.
-KEPT_ROW_BYTES = 28 + sum(np.dtype(_STATE_DTYPES[name]).itemsize for name in KEPT_STATE) + 17
+# flags, win, conn, direction, src_addr, dst_addr: 28 bytes), a capture of one connection's data packets,
+# KEPT_STATE and SPARSE_STATE (at most a row each), and the TCP state kernel's segment end (all in memory: 17
+# bytes a data segment). The kernel's inputs (seq, ack, TSval, TSecr) are kept until the state replaces them.
+KEPT_ROW_BYTES = 28 + ONE_DATA_BYTES + sum(np.dtype(_STATE_DTYPES[name]).itemsize
+                                           for name in (*KEPT_STATE, *SPARSE_STATE)) + 17
 # A capture file that costs at most this kept (~2.6 M packets) is read and decoded once: the first pass keeps
 # its chunks and the later passes replay them. A bigger one is read once a pass, in memory bounded by a chunk.
 CACHE_BYTES = 192 << 20
@@ -88,9 +95,27 @@ class Chunk:
     win: np.ndarray
     conn: np.ndarray       # int32 connection index (numbered by first appearance)
     direction: np.ndarray  # int8: 0 when sent by the connection's first sender
-    src_addr: np.ndarray   # int32 address index (Streamer.addresses, in order of first appearance)
-    dst_addr: np.ndarray
+    src_addr: np.ndarray | None   # int32 address index (Streamer.addresses, in order of first appearance)
+    dst_addr: np.ndarray | None   # (None: a kept chunk of a capture of one connection, Streamer.addresses_of)
     state: dict[str, np.ndarray] | None  # the TCP state outputs (Pass.CADENCE and Pass.RUNS)
+    # A capture of one connection: each direction's data packets' rows (int32), times (s) and sizes (int32),
+    # found by the first pass that reads the chunk (a kept chunk keeps them for the later passes)
+    one_data: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...] | None = None
+    # a kept chunk's SPARSE_STATE columns kept as (rows, values)
+    samples: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def sparse(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """A SPARSE_STATE column as the rows that hold a value (>= 0), in file order, and their values."""
+        kept = self.samples.get(name)
+        if kept is not None:
+            return kept
+        assert self.state is not None
+        return _sparse(self.state[name])
+
+
+def _sparse(column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    rows = np.flatnonzero(column >= 0)
+    return rows, column[rows]
 
 
 class _Stop(Exception):
@@ -164,40 +189,6 @@ class _Keeper:
             cols.update(ts_ns=chunk.ts_ns, plen=chunk.plen, flags=chunk.flags, win=chunk.win)
         self.kept.append(_Kept(chunk, cols))
         return chunk
-
-
-def read_files(paths: Sequence[str | os.PathLike[str]]
-               ) -> tuple[dict[str, np.ndarray], list[tuple[str, int]], list[ReadResult]]:
-    """Every file's columns merged into one table (file order) with one endpoint numbering."""
-    results: list[ReadResult] = []
-    frame = 1
-    for path in paths:
-        result = read_capture(path, first_frame=frame)
-        frame += result.frames
-        results.append(result)
-    if len(results) == 1:  # one file: its endpoint ids and columns are already final (no copy)
-        cols, endpoints = results[0].columns, list(results[0].endpoints)
-    else:
-        cols, endpoints = _merge(results)
-    return cols, endpoints, results
-
-
-def _merge(results: list[ReadResult]) -> tuple[dict[str, np.ndarray], list[tuple[str, int]]]:
-    """Several files -> one column set with shared endpoint ids, in time order (mergecap semantics)."""
-    # Merge endpoints across files by (address, port).
-    ids: dict[tuple[str, int], int] = {}
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in results[0].columns}
-    for result in results:
-        remap = np.array([ids.setdefault(ep, len(ids)) for ep in result.endpoints] or [0], dtype=np.int32)
-        for name, column in result.columns.items():
-            if name in ("src", "dst"):
-                column = remap[column] if column.size else column
-            parts[name].append(column)
-    endpoints = list(ids)  # dicts keep insertion order, which is id order
-    cols = {name: np.concatenate(values) for name, values in parts.items()}
-    del parts
-    order = np.argsort(cols["ts_ns"], kind="stable")  # one stream in time order (stable for equal stamps)
-    return {name: values[order] for name, values in cols.items()}, endpoints
 
 
 class OneChunk:
@@ -307,11 +298,6 @@ class Streamer:
             self._settle_handshakes()
             self._select()
 
-    @property
-    def keeping(self) -> bool:
-        """The chunk Pass.CONNECTIONS hands on is a kept copy (its arrays stay as they are)."""
-        return self._keeper is not None and self._keeper.kept is not None
-
     def _replay(self, consume: Callable[[Chunk], None], with_state: bool) -> None:
         """A pass over the kept chunks. The first pass with the TCP state computes it (the kernel fed chunk by
         chunk, the next chunk on a helper thread while this one is consumed; or analyze_packets over
@@ -340,7 +326,17 @@ class Streamer:
         consumed."""
         kept_chunks = self.kept
         assert kept_chunks is not None
-        state_of = self._state_feeder(spill_window=0)
+        feed_state = self._state_feeder(spill_window=0)
+
+        def state_of(*args: Any) -> tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]]]:
+            state = feed_state(*args)
+            samples = {}
+            for name in SPARSE_STATE:   # as rows and values where that is smaller, kept
+                rows, values = _sparse(state[name])
+                if rows.size * (4 + values.itemsize) < values.itemsize * state[name].size:
+                    samples[name] = (rows.astype(np.int32), values)
+            return state, samples
+
         sizes = [kept.chunk.conn.size for kept in kept_chunks]
         starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         whole = {name: np.empty(starts[-1], dtype=_STATE_DTYPES[name]) for name in KEPT_STATE}
@@ -353,19 +349,20 @@ class Streamer:
                     for name in _STATE_DTYPES}
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="diag-tcpstate") as pool:
-            def submit(at: int) -> Future[dict[str, np.ndarray]]:
+            def submit(at: int) -> Future[tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]]]]:
                 kept = kept_chunks[at]
                 assert kept.inputs is not None
                 return pool.submit(state_of, kept.inputs, kept.chunk.conn, kept.chunk.direction, into(at))
 
             pending = submit(0)
             for at, kept in enumerate(kept_chunks):
-                state = pending.result()
+                state, samples = pending.result()
                 if at + 1 < len(kept_chunks):
                     pending = submit(at + 1)
                 kept.state = {name: state[name] for name in KEPT_STATE}
+                kept.state.update((name, state[name].copy()) for name in SPARSE_STATE if name not in samples)
                 kept.inputs = None
-                kept.chunk.state = state
+                kept.chunk.state, kept.chunk.samples = state, samples
                 consume(kept.chunk)
 
     def _state_feeder(self, spill_window: int) -> Callable[..., dict[str, np.ndarray]]:
@@ -541,6 +538,21 @@ class Streamer:
                 raise _Stop
 
         self.run(Pass.HANDSHAKES, consume)
+
+    def one_connection(self) -> None:
+        """After the first pass over a kept capture of one connection: each row's addresses are its
+        direction's ends, so the kept chunks let their address columns go (addresses_of answers for them)."""
+        if self.kept is not None and self.nconn == 1:
+            for kept in self.kept:
+                kept.chunk.src_addr = kept.chunk.dst_addr = None
+
+    def addresses_of(self, chunk: Chunk, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The source and destination address index of these rows of the chunk."""
+        if chunk.src_addr is not None and chunk.dst_addr is not None:
+            return chunk.src_addr[rows], chunk.dst_addr[rows]
+        ends = self.address_of_endpoint[[self.connections.conn_a[0], self.connections.conn_b[0]]]
+        direction = chunk.direction[rows]
+        return ends[direction], ends[1 - direction]
 
     def mss_of(self, c: int, d: int) -> int:
         return int(self.mss[c, d])

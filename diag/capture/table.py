@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diag.capture.schema import Analysis, Stats
+from diag.analysisdoc import Analysis, Stats
 from diag.units import human_bits, human_bytes
 
 

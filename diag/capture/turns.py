@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from diag.analysisdoc import DIRECTIONS, TWO_WAY_MIN_BYTES, ControlFrames, Handoff, Phase, TurnSummary
+from diag.analysisdoc import Turns as TurnsDocument
 from diag.capture.quantile import OrderStats, median_ranks, np_median
 from diag.capture.source import Fallback, Pass
 
@@ -53,61 +55,42 @@ HANDOFF_SILENCE_SHARE = 0.02
 # Handoff events listed per connection (their count is always complete).
 MAX_LISTED_HANDOFFS = 16
 
-DIRECTIONS = ("a->b", "b->a")
-
 
 def _median(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
 
-def turns_summary(span: float, busy_s: tuple[float, float], both: float, either: float,
-                  first_bulk: list[float | None], bulk_bytes: list[float] | list[int]) -> dict[str, Any]:
-    """The turn object's time split and leader.
-
-    first_bulk: each direction's first bulk segment time (None: none), a->b first."""
+def turns_document(span: float, busy_s: tuple[float, float], both: float, either: float,
+                   first_bulk: list[float | None], bulk_bytes: list[float] | list[int], events: list[Handoff],
+                   control: list[ControlFrames]) -> TurnsDocument:
+    """The turn object: the time split and leader, the handoffs (both directions', sorted by time) and the
+    control frames. first_bulk: each direction's first bulk segment time (None: none), a->b first."""
     alone = [busy - both for busy in busy_s]
     leader = None
     if first_bulk[0] is not None or first_bulk[1] is not None:
         leader = 0 if first_bulk[1] is None or (first_bulk[0] is not None and first_bulk[0] <= first_bulk[1]) else 1
     lead = leader if leader is not None else 0
     follow = 1 - lead
-    return {
-        "span_s": span,
-        "active_s": either,
-        "idle_s": max(span - either, 0.0),
-        "one_way_s": {DIRECTIONS[d]: alone[d] for d in (0, 1)},
-        "both_s": both,
-        "leader": DIRECTIONS[leader] if leader is not None else None,
-        "leader_only_fraction": alone[lead] / either if either > 0 else None,
-        "both_fraction": both / either if either > 0 else None,
-        "follower_only_fraction": alone[follow] / either if either > 0 else None,
-        "bulk_bytes": {DIRECTIONS[d]: int(bulk_bytes[d]) for d in (0, 1)},
-    }
+    events.sort(key=lambda e: e.t)
+    return TurnsDocument(
+        span, either, max(span - either, 0.0), {DIRECTIONS[d]: alone[d] for d in (0, 1)}, both,
+        DIRECTIONS[leader] if leader is not None else None,
+        alone[lead] / either if either > 0 else None, both / either if either > 0 else None,
+        alone[follow] / either if either > 0 else None, {DIRECTIONS[d]: int(bulk_bytes[d]) for d in (0, 1)},
+        len(events), events[:MAX_LISTED_HANDOFFS], {DIRECTIONS[d]: control[d] for d in (0, 1)}, bool(events))
 
 
-def finish_turns(out: dict[str, Any], events: list[dict[str, Any]], control: list[dict[str, Any]]
-                 ) -> dict[str, Any]:
-    """turns_summary's object with the handoffs (both directions', sorted by time) and control frames."""
-    events.sort(key=lambda e: e["t"])
-    out["handoff_count"] = len(events)
-    out["handoffs"] = events[:MAX_LISTED_HANDOFFS]
-    out["control_frames"] = {DIRECTIONS[d]: control[d] for d in (0, 1)}
-    out["turn_taking"] = bool(events)
-    return out
-
-
-def summarize(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(phases: list[Phase]) -> list[TurnSummary]:
     """Per run (backend, algo, op, N, size): the turn analysis of its repetitions, for the report's rules.
 
     Connections that carry less than BURST_MIN_BYTES of bulk data in a repetition (set-up, store traffic)
     are left out."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[Any, ...], list[Phase]] = defaultdict(list)
     for entry in phases:
-        if not entry["packets"]:  # a record of another capture
+        if not entry.packets:  # a record of another capture
             continue
-        phase = entry["phase"]
-        key = (phase["backend"], phase["algo"], phase["op"], phase["world_size"], phase["size_bytes"])
-        groups[key].append(entry)
+        phase = entry.phase
+        groups[(phase.backend, phase.algo, phase.op, phase.world_size, phase.size_bytes)].append(entry)
     out = []
     for (backend, algo, op, world_size, size_bytes), entries in groups.items():
         fractions: dict[str, list[float]] = defaultdict(list)
@@ -120,40 +103,31 @@ def summarize(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         connections = 0
         for entry in entries:
             rep_handoffs = 0
-            for conn in entry["connections"]:
-                turns = conn.get("turns") or {}
-                moved = turns.get("bulk_bytes") or {}
+            for conn in entry.connections:
+                turns = conn.turns or TurnsDocument()
+                moved = turns.bulk_bytes
                 if max(moved.values(), default=0) < BURST_MIN_BYTES:
                     continue
                 connections += 1
-                two_way += int(min(moved.values()) >= BURST_MIN_BYTES)
+                two_way += int(min(moved.values()) >= TWO_WAY_MIN_BYTES)
                 for name in ("leader_only_fraction", "both_fraction", "follower_only_fraction"):
-                    if turns.get(name) is not None:
-                        fractions[name].append(turns[name])
-                rep_handoffs += turns.get("handoff_count", 0)
-                for event in turns.get("handoffs", []):
-                    delays_ms.append(event["delay_s"] * 1e3)
-                    if event["delay_rtt"] is not None:
-                        delays_rtt.append(event["delay_rtt"])
-                    if event["trigger_offset_fraction"] is not None:
-                        offsets.append(event["trigger_offset_fraction"])
+                    if getattr(turns, name) is not None:
+                        fractions[name].append(getattr(turns, name))
+                rep_handoffs += turns.handoff_count
+                for event in turns.handoffs:
+                    delays_ms.append(event.delay_s * 1e3)
+                    if event.delay_rtt is not None:
+                        delays_rtt.append(event.delay_rtt)
+                    if event.trigger_offset_fraction is not None:
+                        offsets.append(event.trigger_offset_fraction)
             handoffs.append(rep_handoffs)
             turn_reps += int(rep_handoffs > 0)
-        out.append({
-            "backend": backend, "algo": algo, "op": op, "world_size": world_size, "size_bytes": size_bytes,
-            "repetitions": len(entries),
-            "connections": connections,
-            "two_way_connections": two_way,
-            "turn_taking_repetitions": turn_reps,
-            "handoffs_per_repetition": _median([float(h) for h in handoffs]),
-            **{name: _median(fractions[name])
-               for name in ("leader_only_fraction", "both_fraction", "follower_only_fraction")},
-            "handoff_delay_ms": _median(delays_ms),
-            "handoff_delay_rtt": _median(delays_rtt),
-            "trigger_offset_fraction": _median(offsets),
-        })
-    out.sort(key=lambda g: (str(g["backend"]), str(g["algo"]), str(g["op"]), g["world_size"] or 0,
-                            g["size_bytes"] or 0))
+        out.append(TurnSummary(
+            backend, algo, op, world_size, size_bytes, len(entries), connections, two_way, turn_reps,
+            _median([float(h) for h in handoffs]), _median(fractions["leader_only_fraction"]),
+            _median(fractions["both_fraction"]), _median(fractions["follower_only_fraction"]), _median(delays_ms),
+            _median(delays_rtt), _median(offsets)))
+    out.sort(key=lambda g: (str(g.backend), str(g.algo), str(g.op), g.world_size or 0, g.size_bytes or 0))
     return out
 
 
@@ -417,7 +391,7 @@ class Turns:
             if self.control[x]:
                 self._peer[x].finish()
 
-    def _handoffs(self, x: int, rtt_x: float | None) -> list[dict[str, Any]]:
+    def _handoffs(self, x: int, rtt_x: float | None) -> list[Handoff]:
         y = 1 - x
         dirs = self.conn.dirs
         if self.bulk_seen[y] == 0 or dirs[x].first_data_s is None or not self.candidates[y]:
@@ -436,32 +410,21 @@ class Turns:
             if not (sent_during >= BURST_MIN_BYTES and delay <= limit):
                 continue
             continues = candidate.next_t is not None and np.float64(candidate.next_t) - start <= self.gap[x]
-            events.append({
-                "from": DIRECTIONS[x],
-                "t": float(start),
-                "delay_s": float(delay),
-                "delay_rtt": float(delay / rtt_x) if rtt_x else None,
-                "trigger_bytes": int(candidate.trigger_bytes),
-                "trigger_offset_bytes": int(cum_trigger),
-                "trigger_offset_fraction": float(cum_trigger / total) if total > 0 else None,
-                "burst_bytes": int(sent_during),
-                "follower_silence_s": float(candidate.silence),
-                "sender_continues": bool(continues),
-            })
+            events.append(Handoff(DIRECTIONS[x], float(start), float(delay),
+                                  float(delay / rtt_x) if rtt_x else None, int(candidate.trigger_bytes),
+                                  int(cum_trigger), float(cum_trigger / total) if total > 0 else None,
+                                  int(sent_during), float(candidate.silence), bool(continues)))
         return events
 
-    def _control_json(self, d: int) -> dict[str, Any]:
+    def _control_frames(self, d: int) -> ControlFrames:
         if self.control[d] == 0:
-            return {"count": 0, "preamble_multiples": 0, "after_own_burst": 0, "peer_data_next_ms": None}
+            return ControlFrames(0, 0, 0, None)
         stats = self.peer_next[d]
         peer_next_ms = float(np_median(stats) * 1e3) if stats.n else None
-        return {"count": self.control[d], "preamble_multiples": self.preamble[d],
-                "after_own_burst": self.after_own[d], "peer_data_next_ms": peer_next_ms}
+        return ControlFrames(self.control[d], self.preamble[d], self.after_own[d], peer_next_ms)
 
-    def json(self, busy_s: tuple[float, float], both: float, either: float,
-             rtt_s: tuple[float | None, ...]) -> dict[str, Any]:
-        out = turns_summary(self.span, busy_s, both, either, self.first_bulk, self.bulk_bytes)
-        events: list[dict[str, Any]] = []
-        for x in (0, 1):
-            events.extend(self._handoffs(x, rtt_s[x]))
-        return finish_turns(out, events, [self._control_json(d) for d in (0, 1)])
+    def document(self, busy_s: tuple[float, float], both: float, either: float,
+                 rtt_s: tuple[float | None, ...]) -> TurnsDocument:
+        events = [event for x in (0, 1) for event in self._handoffs(x, rtt_s[x])]
+        return turns_document(self.span, busy_s, both, either, self.first_bulk, self.bulk_bytes, events,
+                              [self._control_frames(d) for d in (0, 1)])

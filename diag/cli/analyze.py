@@ -23,6 +23,13 @@ BIG_FILE_READS = 5
 GUESSED_PACKET_BYTES = 140
 
 
+def in_chunks(paths: list[str], plot: bool) -> bool:
+    """Whether the analysis reads these captures in chunks: one regular file, no --plot (analysis.chunked)."""
+    import os
+
+    return not plot and len(paths) == 1 and os.path.isfile(paths[0])
+
+
 def expected_reads(paths: list[str], plot: bool) -> int:
     """Reads of the input the progress bar expects: one file in chunks is read once where the analyzer keeps
     its chunks (guessed from its size on disk), else once a pass; several files, a pipe or --plot are read
@@ -31,7 +38,7 @@ def expected_reads(paths: list[str], plot: bool) -> int:
 
     from diag.capture.source import CACHE_BYTES, KEPT_ROW_BYTES
 
-    if plot or len(paths) != 1 or not os.path.isfile(paths[0]):
+    if not in_chunks(paths, plot):
         return 1
     rows = os.path.getsize(paths[0]) // GUESSED_PACKET_BYTES
     return 1 if rows * KEPT_ROW_BYTES <= CACHE_BYTES else BIG_FILE_READS
@@ -70,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         for records in args.records:
             load_records(records)  # a wrong --records file fails now, not after the captures were read
 
-    tune_for_one_shot_analysis()  # before numpy is imported
+    tune_for_one_shot_analysis(in_chunks(args.pcaps, bool(args.plot)))  # before numpy is imported
     from diag.capture.analysis import analyze
     from diag.console import ReadProgress
 
@@ -81,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                                   keep_sequence=bool(args.plot))
     # One string from the C encoder, built once for --out and --json alike (json.dump streams thousands of
     # small writes through Python).
-    text = json.dumps(result) + "\n" if args.out or args.json else ""
+    text = json.dumps(result.to_json()) + "\n" if args.out or args.json else ""
     if args.out:
         from diag import safefs
 
@@ -94,8 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(text)
     else:
-        from diag.capture.schema import Analysis
         from diag.capture.table import format_table
 
-        print(format_table(Analysis.from_json(result)))
+        print(format_table(result))
     return 0

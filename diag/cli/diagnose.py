@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from diag.report import load_run
     from diag.report.diagnose import diagnose, findings_to_json, render_text
     from diag.report.verdict import build_verdict, verdict_lines
+    from diag.textsafe import lines, visible
 
     data = load_run(args.paths)
     findings = diagnose(data)
@@ -48,12 +49,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(document, indent=1, default=str, allow_nan=False))
     else:
-        print("\n".join(verdict_lines(build_verdict(data, findings))) + "\n")
-        print(render_text(findings))
+        # the findings quote what nodes wrote (names, fingerprints): no escape sequence reaches the terminal
+        print(lines("\n".join(verdict_lines(build_verdict(data, findings)))) + "\n")
+        print(lines(render_text(findings)))
         if data.missing:
-            print("\nmissing inputs: " + "; ".join(data.missing))
+            print("\nmissing inputs: " + visible("; ".join(data.missing)))
     for warning in data.duplicate_rows():
-        print(f"diag diagnose: warning: {warning}", file=sys.stderr)
+        print(f"diag diagnose: warning: {visible(warning)}", file=sys.stderr)
     if args.fail_on is None:
         return 0
     from diag.gates import findings_status

@@ -3,6 +3,9 @@
 The script selects the backend itself (e.g. ``DIST_BACKEND=diag_tcp`` with
 ``init_process_group(backend=os.getenv("DIST_BACKEND", "gloo"))``). The options below set the raw
 transport knobs through DIAG_TCP_* environment variables, so ranks started by torchrun inherit them.
+As `python SCRIPT` does, the script's directory goes first on sys.path (its own modules import), except
+under a safe path (python -P, PYTHONSAFEPATH=1, as diag's own children run): then nothing is added. Run as
+root, a script in a directory others can write imports what they plant there: use -P, or a private directory.
 
 examples:
   DIST_BACKEND=diag_tcp torchrun --nproc-per-node 2 --no-python diag exec --conn shared -- train.py

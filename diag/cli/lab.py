@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     status = actions.add_parser("status", help="hosts, addresses, qdiscs; --measure for real rates")
     _add_name(status)
     status.add_argument("--measure", action="store_true", help="measure single-stream and bidirectional goodput")
-    status.add_argument("--seconds", type=float, default=2.0, help="length of each measurement (default 2)")
+    status.add_argument("--seconds", type=float, default=2.0,
+                        help="length of each measurement, whole seconds 1..60 (default 2)")
     status.add_argument("--between", nargs=2, default=["h0", "h1"], metavar=("A", "B"),
                         help="hosts to measure between (default h0 h1)")
     status.add_argument("--tool", choices=["auto", "socket", "iperf3"], default="auto",
@@ -145,10 +146,13 @@ def _status(args: argparse.Namespace) -> int:
         raise DiagError(f"{exc}{hint}") from exc
     require_privilege("diag lab status")
     ring_sizes = _ring_sizes(args.ring, len(lab.hosts)) if args.ring else []
-    if args.measure:
+    if args.measure or ring_sizes:
         from diag import validate
 
-        validate.seconds(args.seconds, "--seconds", maximum=3600)
+        validate.seconds(args.seconds, "--seconds", maximum=60)
+        if not float(args.seconds).is_integer() or args.seconds < 1:
+            raise DiagError(f"--seconds takes whole seconds in 1..60 (the probe's flows run whole seconds, as "
+                            f"iperf3 -t does), not {args.seconds:g}")
     report = status_report(lab, args.measure, args.tool, tuple(args.between), args.seconds, ring_sizes)
     print(json.dumps(report, indent=1) if args.json else format_status(lab, report, args.tool))
     return 0

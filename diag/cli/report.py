@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from diag.errors import DiagError
     from diag.report import load_run, write_report
     from diag.report.diagnose import summary_lines
+    from diag.textsafe import lines, visible
 
     data = load_run(args.paths)
     out = args.out
@@ -37,16 +38,16 @@ def run(args: argparse.Namespace) -> int:
 
     validate.output_dir(out, "--out")   # created 0700, or an existing one of yours closed to others
     for warning in data.duplicate_rows():
-        print(f"diag report: warning: {warning}", file=sys.stderr)
+        print(f"diag report: warning: {visible(warning)}", file=sys.stderr)
     result = write_report(data, out)
     from diag.report.verdict import verdict_lines
 
     if result.verdict is not None:
-        print("\n".join(verdict_lines(result.verdict)))
+        print(lines("\n".join(verdict_lines(result.verdict))))   # it quotes what nodes wrote: escaped
     print(f"report: {out / 'report.html'} ({len(result.files)} files)")
     for line in summary_lines(result.findings):
-        print(f"  {line}")
+        print(f"  {visible(line)}")
     skipped = [p for p in result.plots if not hasattr(p, "filename")]
     for p in skipped:
-        print(f"  plot not drawn: {p.title}: {p.reason}")
+        print(f"  plot not drawn: {visible(p.title)}: {visible(p.reason)}")
     return 0

@@ -5,8 +5,8 @@ reference at equal per-device volume D, the N=2 experiments as interleaved trial
 orders, raw knob rows, the workarounds (advise); a pairwise link matrix between the hosts; every node
 fingerprinted, captured (or sampled with TCP_INFO) and analysed where its data is; one report on rank 0.
 
-Where it runs: under torchrun / srun / any env:// launcher it runs IN PLACE on the job's hosts (the path on a
-real cluster). Started by hand as root it brings up the lab (a cluster in a box: one namespace per host,
+Where it runs: under torchrun, srun (with or without torchrun) or any env:// launcher it runs IN PLACE on the
+job's hosts (the path on a real cluster). Started by hand as root it brings up the lab (a cluster in a box: one namespace per host,
 shaped full-duplex links) and starts one torchrun per host itself; without root, K ranks on loopback.
 Ctrl-C tears the lab down and keeps what finished.
 
@@ -20,9 +20,11 @@ examples:
   # on each of 4 nodes (rank 0's host at 10.0.0.1), the same command:
   torchrun --nnodes 4 --nproc-per-node 1 --node-rank $NODE_RANK --rdzv-backend static \\
            --master-addr 10.0.0.1 --master-port 29500 -m diag reproduce --quick --iface eth0 --out /shared/r1
-  # Slurm:
+  # Slurm (in an allocation): srun starts the ranks, diag reads SLURM_PROCID, the node list, ...
+  srun --nodes 4 --ntasks-per-node 1 diag reproduce --quick --out /shared/r1
+  # or srun starts one torchrun per node ($HEAD: the allocation's first node)
   srun --nodes 4 --ntasks-per-node 1 torchrun --nnodes 4 --nproc-per-node 1 --rdzv-backend c10d \\
-       --rdzv-endpoint $HEAD:29500 -m diag reproduce --quick --iface eth0 --out /shared/r1
+       --rdzv-id $SLURM_JOB_ID --rdzv-endpoint $HEAD:29500 -m diag reproduce --quick --out /shared/r1
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ Three ways to start ranks, one job: K = the largest N ranks start once, and ever
   diag sweep --lab [NAME] --nproc 2,3    one launcher per lab host (network namespaces), as on a cluster
   torchrun ... -m diag sweep ...         in place, under torchrun / srun / any env:// launcher (--nproc: the N
                                          to run on subgroups of the job; default: the whole job)
+  srun -N 2 diag sweep ...               in place, every Slurm task a rank (srun alone: diag reads SLURM_*)
 Every run writes a run directory (--run-dir, default <out>.d): records/sweep.jsonl, run.json and each node's
 fingerprint, captures (--capture), their analyses and observer samples (--observe) under nodes/<node>/;
 diag report renders it. The records are appended to --out as well.

@@ -34,10 +34,12 @@ from typing import Any
 from diag import safefs
 from diag.errors import DiagError
 from diag.inplace.node import NodeWork
-from diag.inplace.topology import Topology, build_topology, identify, job_interface
+from diag.inplace.topology import Topology, build_topology, identify, identity_from_message, job_interface
 from diag.inplace.world import WORLD_TIMEOUT_S, World
+from diag.launchenv import launch_json
 from diag.plan import ADVISE, Plan, Step, capture_tag, step_spec, step_title, step_trial
 from diag.runinfo import LabInfo, RunInfo
+from diag.textsafe import lines, visible
 from diag.transports.group import GroupContext
 from diag.units import human_bytes
 
@@ -139,7 +141,7 @@ def make_say(started: float, rank: int, quiet: bool = False) -> Callable[[str], 
         if rank != 0 or quiet:
             return
         elapsed = int(time.monotonic() - started)
-        print(f"{elapsed // 60:2d}:{elapsed % 60:02d} {text}", file=sys.stderr, flush=True)
+        print(f"{elapsed // 60:2d}:{elapsed % 60:02d} {visible(text)}", file=sys.stderr, flush=True)
 
     return say
 
@@ -185,14 +187,14 @@ class InPlaceJob:
             safefs.write_file(self.root / SHARED_MARK, mark)
             self.run = Run(self.root, self._initial_meta())
             self.run.save()
-        root, mark = self.world.broadcast((str(self.root.resolve()) if self.rank == 0 else "", mark))
+        root, mark = self._shared_place(self.world.broadcast([str(self.root.resolve()), mark] if self.rank == 0 else None,
+                                                             "finding the run directory"))
         sees = None
         if self.is_leader:
-            try:
-                sees = (Path(root) / SHARED_MARK).read_text() == mark
-            except OSError:
-                sees = False
-        self.shared = all(s for s in self.world.all_gather(sees, "finding the run directory") if s is not None)
+            # The marker may sit where another user can plant a symlink, a FIFO or a huge file in its place:
+            # read without following, never blocking, at most its own length.
+            sees = safefs.read_limited(Path(root) / SHARED_MARK, len(mark)) == mark.encode()
+        self.shared = all(s is True for s in self.world.all_gather(sees, "finding the run directory") if s is not None)
         # Where the run directory is shared, every node writes its own part of it; elsewhere each node keeps
         # its part on its own disk (same path) and sends it to rank 0 at the end.
         self.root = Path(root) if self.shared else self.root
@@ -201,11 +203,21 @@ class InPlaceJob:
                                       capture_iface=self.options.capture_iface or self.topology.iface,
                                       snaplen=self.options.snaplen, wants_capture=self.plan.capture)
             self.node_work.write_fingerprint(self.topology.to_json())
-        notes = self.world.all_gather(self.node_work.notes if self.node_work else [], "fingerprinting the nodes")
+        notes = self.world.all_gather_texts(self.node_work.notes if self.node_work else [], "fingerprinting the nodes")
         if self.node_work is not None:
             self.node_work.notes.clear()
-        self._note([n for node_notes in notes for n in node_notes])
+        self._note(notes)
         self._note_shared_hosts()
+
+    @staticmethod
+    def _shared_place(said: Any) -> tuple[str, str]:
+        """Rank 0's run directory and marker, as every rank checks them: an absolute path and 16 hex digits."""
+        if not (isinstance(said, list) and len(said) == 2 and all(isinstance(x, str) for x in said)
+                and said[0].startswith("/") and "\0" not in said[0] and len(said[0]) < 4096
+                and len(said[1]) == 16 and all(c in "0123456789abcdef" for c in said[1])):
+            raise DiagError("finding the run directory: rank 0 sent something other than a path and a marker; is "
+                            "every rank running the same diag?")
+        return said[0], said[1]
 
     def _initial_meta(self) -> RunInfo:
         from diag.runinfo import RUN_SCHEMA
@@ -215,7 +227,8 @@ class InPlaceJob:
                        mode=self.options.mode, cpu_count=os.cpu_count(), quick=self.plan.name == "quick",
                        plan=self.plan.to_json(), lab=from_json(LabInfo, self.options.lab) if self.options.lab else None,
                        topology=self.topology.to_json(self.plan.world_sizes), argv=list(self.options.argv),
-                       trial_seed=int.from_bytes(os.urandom(4), "little"), records_out=self.options.records_out)
+                       trial_seed=int.from_bytes(os.urandom(4), "little"), records_out=self.options.records_out,
+                       launch=launch_json())
 
     def _note(self, notes: list[str], tag: str = "nodes") -> None:
         if self.run is None:
@@ -284,7 +297,12 @@ class InPlaceJob:
             if not torch.cuda.is_available():
                 raise DiagError("backend nccl needs CUDA, and no CUDA device is visible; use --backend gloo",
                                 exit_code=EXIT_NO_DEVICE)
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            local_rank, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+            if local_rank >= gpus:
+                raise DiagError(f"backend nccl runs one rank per GPU: local rank {local_rank} has none of its own "
+                                f"({gpus} visible on this node); start at most {gpus} ranks per node",
+                                exit_code=EXIT_NO_DEVICE)
+            torch.cuda.set_device(local_rank)
 
     def _register_diag_tcp(self) -> None:
         from diag.transports.raw.backend import ENV_TOKEN, register
@@ -300,6 +318,9 @@ class InPlaceJob:
 
         seed = self.world.broadcast(self.run.info.trial_seed if self.run else 0)
         weights = iter(plan_weights(self.plan, step_spec))
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise DiagError("sharing the plan: rank 0 sent a trial seed that is not an integer; is every rank running "
+                            "the same diag?")
         memory = self._machines_memory() if any(s.kind == "profile" for s in self.plan.steps) else {}
         out = []
         for step in self.plan.steps:
@@ -325,10 +346,15 @@ class InPlaceJob:
         see it: the least any of them saw."""
         import psutil
 
-        seen = self.world.all_gather((self.node.boot_id, psutil.virtual_memory().available),
-                                     "reading the machines' memory")
+        what = "reading the machines' memory"
+        seen = self.world.all_gather([self.node.boot_id, psutil.virtual_memory().available], what)
         out: dict[str | None, int] = {}
-        for boot_id, available in seen:
+        for rank, said in enumerate(seen):
+            if not (isinstance(said, list) and len(said) == 2 and (said[0] is None or isinstance(said[0], str))
+                    and isinstance(said[1], int) and not isinstance(said[1], bool) and said[1] >= 0):
+                raise DiagError(f"{what}: rank {rank} sent something other than its boot id and available bytes; is "
+                                "every rank running the same diag?")
+            boot_id, available = said
             out[boot_id] = min(out.get(boot_id, available), available)
         return out
 
@@ -368,7 +394,7 @@ class InPlaceJob:
         finally:
             if self.node_work is not None:
                 self.node_work.stop_step()
-        errors = [e for e in self.world.all_gather(error, f"after {action.title}") if e]
+        errors = self.world.all_gather_texts([error] if error else [], f"after {action.title}")
         if self.run is not None:
             if errors:
                 self.failures.append({"step": action.title, "error": errors[0]})
@@ -431,40 +457,77 @@ class InPlaceJob:
         if self.node_work is not None and records:
             self.say("[analyze] every node analyses its own captures")
             self.node_work.analyze(records)
-        notes = self.world.all_gather(self.node_work.notes if self.node_work else [], "analysing the captures")
-        self._note([n for node_notes in notes for n in node_notes])
+        self._note(self.world.all_gather_texts(self.node_work.notes if self.node_work else [], "analysing the captures"))
         if not self.shared:
-            shipped = self.world.gather((self.node.name, self.node_work.files(self.options.keep_pcaps))
-                                        if self.node_work else None, "collecting the nodes' results")
-            if shipped is not None:
-                self._write_shipped([s for s in shipped if s is not None])
+            self._collect_nodes()
 
     def _records_for_analysis(self) -> list[str]:
+        """The run's records where each node's leader reads them: the shared run directory's (their names
+        from rank 0, checked on every rank), else a copy rank 0 sends every node (diag.inplace.transfer)."""
+        from diag.inplace import transfer
+
         names = sorted(p.name for p in (self.root / "records").glob("*.jsonl")) if self.rank == 0 else []
         if self.shared:
-            names = self.world.broadcast(names, "sharing the records")
+            said = self.world.broadcast(names if self.rank == 0 else None, "sharing the records")
+            if not isinstance(said, list) or any(transfer.record_name_problem(n) is not None for n in said):
+                raise DiagError("sharing the records: rank 0 sent a records name diag refuses (a plain *.jsonl name "
+                                "only); is every rank running the same diag?")
+            return [str(self.root / "records" / name) for name in said]
+        records = safefs.private_handle(self.root / "records", create=False) if self.rank == 0 else None
+        local = ((lambda: safefs.private_handle(self._node_dir() / "records"))
+                 if self.is_leader and self.rank != 0 else None)
+        try:
+            shared, note = transfer.share_records(self.world, records, local)
+        finally:
+            if records is not None:
+                records.close()
+        if note is not None:
+            self._note([note])
+        if self.rank == 0:
             return [str(self.root / "records" / name) for name in names]
-        contents = self.world.broadcast({name: (self.root / "records" / name).read_bytes() for name in names}
-                                        if self.rank == 0 else None, "sharing the records")
-        if not self.is_leader or self.rank == 0:
-            return [str(self.root / "records" / name) for name in contents] if self.rank == 0 else []
-        local = self._node_dir() / "records"
-        safefs.private_dir(local)
-        for name, data in contents.items():
-            safefs.write_file(local / name, data)
-        return [str(local / name) for name in contents]
+        return [str(self._node_dir() / "records" / name) for name in shared] if local is not None else []
 
-    def _write_shipped(self, shipped: list[tuple[str, dict[str, bytes]]]) -> None:
-        for name, files in shipped:
-            if name == self.node.name:
-                continue
-            base = self.root / "nodes" / name
-            for relative, data in files.items():
-                if relative.startswith("records/"):
-                    continue   # rank 0's own copy is the run's
-                target = base / relative
-                safefs.private_dir(target.parent)
-                safefs.write_file(target, data)
+    def _collect_nodes(self) -> None:
+        """Where the run directory is not shared: every other node's files to rank 0, one node after the other
+        (diag.inplace.transfer: checked names, bounded chunks, a cap per node and per run); the other ranks
+        wait. What stays on a node is in run.json's ``left_on_nodes`` and the notes."""
+        from diag.inplace import transfer
+        from diag.inplace.world import WORLD_TIMEOUT_S
+
+        budget = transfer.Budget(transfer.SHIP_TOTAL_BYTES, transfer.SHIP_NODE_BYTES)
+        nodes = safefs.private_handle(self.root / "nodes") if self.rank == 0 else None
+        try:
+            for node in self.topology.nodes:
+                if node.leader == 0:
+                    continue   # rank 0's own node wrote into the run directory itself
+                what = f"collecting node {node.name}'s results"
+                if self.rank == node.leader and self.node_work is not None:
+                    files, skipped = self.node_work.files(self.options.keep_pcaps)
+                    transfer.send_node_files(self.world, files, skipped, what)
+                elif nodes is not None:
+                    with nodes.private_dir(node.name) as folder:
+                        shipment = transfer.receive_node_files(
+                            self.world, node.leader, node.name, folder, budget, self.options.keep_pcaps, what,
+                            str(self.root.resolve() / "nodes" / node.name))
+                    self._write_shipped(shipment)
+        finally:
+            if nodes is not None:
+                nodes.close()
+        self.world.barrier("collecting the nodes' results", timeout_s=WORLD_TIMEOUT_S)
+
+    def _write_shipped(self, shipment: Any) -> None:
+        """Rank 0: what one node sent is in place; what stayed there goes into run.json and the notes."""
+        if self.run is None:
+            return
+        self.say(f"[nodes] {shipment.node}: {len(shipment.written)} files ({human_bytes(shipment.bytes)}) received")
+        if not shipment.left:
+            return
+        where = str(self.root.resolve() / "nodes" / shipment.node)
+        self.run.info.extra.setdefault("left_on_nodes", {})[shipment.node] = {
+            "directory": where, "files": [left.to_json() for left in shipment.left]}
+        size = sum(left.size or 0 for left in shipment.left)
+        self._note([f"{shipment.node}: {len(shipment.left)} file(s) ({human_bytes(size)}) stay on {shipment.node} under "
+                    f"{where} (run.json left_on_nodes says which and why)"])
 
     def _write_advise(self) -> None:
         """advise.json from the advise trial's records (diag.advise), with the steps of it that failed."""
@@ -487,11 +550,11 @@ class InPlaceJob:
         self.run.info.elapsed_s = round(elapsed, 1)
         self.run.save()
         print(f"\ndiag reproduce: done in {elapsed / 60:.1f} min; report: {self.root / 'report' / 'report.html'}")
-        print("\n".join(verdict_lines(result.verdict)) if result.verdict else "")
+        print(lines("\n".join(verdict_lines(result.verdict))) if result.verdict else "")   # nodes' strings escaped
         fired = [f for f in result.findings if f.status == "fired"]
         print(f"findings ({len(fired)}):")
         for line in summary_lines(result.findings):
-            print(f"  {line}")
+            print(f"  {visible(line)}")
         print(f"  every finding with its evidence: {self.root / 'report' / 'report.md'}, "
               f"{self.root / 'report' / 'findings.json'}", flush=True)
         if self.failures:
@@ -537,13 +600,20 @@ def run_in_place(options: JobOptions) -> int:
     job: InPlaceJob | None = None
     command = f"diag {options.command}"
     try:
-        topology = build_topology(world.all_gather(identify(rank, iface), "meeting the other ranks"), iface)
+        said = world.all_gather(asdict(identify(rank, iface)), "meeting the other ranks")
+        topology = build_topology([identity_from_message(s, r) for r, s in enumerate(said)], iface)
         world.topology = topology
         say(f"{command} ({options.mode}): {world_size} ranks on {len(topology.nodes)} node(s) "
             f"({', '.join(n.name for n in topology.nodes)}); N = {', '.join(map(str, plan.world_sizes))}"
             + (f"; D = {', '.join(human_bytes(v) for v in plan.volumes)}" if plan.volumes else "")
             + (f"; profile: {len(plan.profile_sizes)} sizes per rank, {human_bytes(min(plan.profile_sizes))}.."
                f"{human_bytes(max(plan.profile_sizes))}" if any(s.kind == "profile" for s in plan.steps) else ""))
+        from diag import launchenv
+
+        launch = launchenv.current()
+        if launch is not None:
+            for line in (launch.describe(), *launch.notes):
+                say(f"{command}: {line}")
         job = InPlaceJob(options, world, topology, plan, say)
         job.prepare()
         say(f"{command}: run directory {job.root}" + ("" if job.shared else

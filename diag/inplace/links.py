@@ -7,11 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from diag.errors import DiagError
-from diag.goodput import RING_PATTERN_CPU_LIMIT
 from diag.lab.config import LabConfig
+from diag.verdicts import CPU_LINK_REACHED
 
-# A single TCP stream below this fraction of the shaped goodput means the CPU, not the link, limits the lab.
-CPU_BOUND_LINK_FRACTION = 0.85
 # The probe's own group waits at most this long for a node (a stuck tool or peer fails every rank at once).
 PROBE_TIMEOUT_S = 60.0
 
@@ -58,13 +56,13 @@ def measure_links(job: Any) -> None:
             "MB/s per edge: " + ", ".join(f"N={n} {r['mean_edge_Bps'] / 1e6:.1f}" for n, r in rings.items()))
     notes = list(matrix.notes)
     expected = lab_stream_bound_Bps(job.options.lab or {}, first.src, first.dst)
-    if expected and first.alone_Bps < CPU_BOUND_LINK_FRACTION * expected:
-        notes.append(f"one TCP stream reached {first.alone_Bps / 1e6:.1f} MB/s, below {CPU_BOUND_LINK_FRACTION:.0%} "
+    if expected and first.alone_Bps < CPU_LINK_REACHED.value * expected:
+        notes.append(f"one TCP stream reached {first.alone_Bps / 1e6:.1f} MB/s, below {CPU_LINK_REACHED.value:.0%} "
                      f"of the {expected / 1e6:.1f} MB/s the lab's link allows: the CPU (or other load) limits this "
                      "machine; lower --rate")
-    limited = [n for n, r in rings.items() if r["mean_edge_Bps"] < RING_PATTERN_CPU_LIMIT * first.alone_Bps]
+    limited = [n for n, r in rings.items() if r["mean_edge_Bps"] < CPU_LINK_REACHED.value * first.alone_Bps]
     if limited:
-        notes.append(f"at N={','.join(limited)} the ring pattern stayed below {RING_PATTERN_CPU_LIMIT:.0%} of the single "
+        notes.append(f"at N={','.join(limited)} the ring pattern stayed below {CPU_LINK_REACHED.value:.0%} of the single "
                      "stream: the hosts (their CPUs), not the link, are the limit there, and the report holds raw "
                      "TCP against the pattern at those N")
     job._note(notes)

@@ -11,11 +11,14 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diag import safefs
 from diag.errors import DiagError
 from diag.inplace.topology import Node
+
+if TYPE_CHECKING:
+    from diag.inplace.transfer import Left, Outgoing
 
 CAPTURE_SNAPLEN = 128        # headers and the TCP options; payload is never needed
 CAPTURE_FILTER = "tcp"
@@ -124,27 +127,30 @@ class NodeWork:
 
     def analyze(self, records: list[str]) -> None:
         """Analyse every capture of this node against the run's records (analysis/<tag>.json)."""
-        from diag.capture import analyze_files
+        from dataclasses import replace
+
+        from diag.capture.analysis import analyze
 
         for pcap in sorted((self.directory / "captures").glob("*.pcap")):
             started = time.monotonic()
             try:
-                result = analyze_files([str(pcap)], records=records)
+                result, _packets = analyze([str(pcap)], records=records, keep_sequence=False)
             except DiagError as exc:
                 self.note(f"analysis of {pcap.name} failed: {exc}")
                 continue
-            result.setdefault("node", self.node.name)
-            safefs.write_file(self.directory / "analysis" / f"{pcap.stem}.json", json.dumps(result, default=str))
+            document = replace(result, node=self.node.name).to_json()
+            safefs.write_file(self.directory / "analysis" / f"{pcap.stem}.json", json.dumps(document, default=str))
             self.analysis_seconds += time.monotonic() - started
 
-    def files(self, keep_pcaps: bool) -> dict[str, bytes]:
-        """Everything this node wrote, by path below its directory, to ship to rank 0 where the run directory
-        is not shared (pcaps only with --keep-pcaps: they stay on their node)."""
-        out = {}
-        for path in sorted(self.directory.rglob("*")):
-            if path.is_file() and (keep_pcaps or path.suffix != ".pcap"):
-                out[str(path.relative_to(self.directory))] = path.read_bytes()
-        return out
+    def files(self, keep_pcaps: bool) -> tuple[list[Outgoing], list[Left]]:
+        """What this node offers rank 0 where the run directory is not shared (diag.inplace.transfer): every
+        result file below its directory, each opened without following a symlink and only if it is a regular
+        file, measured on that descriptor (pcaps only with --keep-pcaps: else they stay on their node), and
+        what it leaves out, with why. The records are the run's own: rank 0 has them."""
+        from diag.inplace.transfer import list_node_files
+
+        with safefs.private_handle(self.directory, create=False) as here:
+            return list_node_files(here, keep_pcaps)
 
 
 __all__ = ["NodeWork", "capture_ability"]

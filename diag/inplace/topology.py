@@ -38,6 +38,37 @@ class RankIdentity:
                 self.hostname if self.address is None and self.boot_id is None else "")
 
 
+MAX_IDENTITY_CHARS = 255    # a hostname, address, namespace or boot id as a rank reports it
+MAX_NODE_NAME_CHARS = 64
+
+
+def identity_from_message(said: Any, rank: int) -> RankIdentity:
+    """What the rank in slot ``rank`` of the job's all_gather said about where it runs, checked: its rank is
+    the slot's (never the one it claims), every field a string of bounded length (or None where allowed), the
+    pid an integer; anything else is one line naming the rank."""
+    def bad(why: str) -> DiagError:
+        return DiagError(f"meeting the other ranks: rank {rank} sent an identity diag cannot use ({why}); is "
+                         "every rank running the same diag?")
+
+    if not isinstance(said, dict):
+        raise bad("not an object")
+    fields: dict[str, Any] = {"rank": rank}
+    pid = said.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid < 1 << 32:
+        raise bad("pid")
+    fields["pid"] = pid
+    for key, optional in (("hostname", False), ("address", True), ("netns", True), ("boot_id", True),
+                          ("name_hint", True)):
+        value = said.get(key)
+        if value is None and optional:
+            fields[key] = None
+            continue
+        if not isinstance(value, str) or len(value) > MAX_IDENTITY_CHARS:
+            raise bad(key)
+        fields[key] = value
+    return RankIdentity(**fields)
+
+
 @dataclass(frozen=True)
 class Node:
     name: str
@@ -137,7 +168,9 @@ def _node_names(members: list[list[RankIdentity]]) -> list[str]:
 
 
 def _safe(name: str) -> str:
-    return _SAFE_NAME.sub("_", name).strip("._") or "node"
+    """A plain directory name: letters, digits, '.', '_', '-' only, never '.' or '..', at most
+    MAX_NODE_NAME_CHARS (nodes/<name>/ in the run directory)."""
+    return _SAFE_NAME.sub("_", name).strip("._")[:MAX_NODE_NAME_CHARS].strip("._") or "node"
 
 
 def interface_address(iface: str | None) -> str | None:
@@ -175,5 +208,5 @@ def identify(rank: int, iface: str | None) -> RankIdentity:
                         name_hint=os.environ.get(NODE_NAME_ENV) or None)
 
 
-__all__ = ["NODE_NAME_ENV", "Node", "RankIdentity", "Topology", "build_topology", "identify", "interface_address",
-           "job_interface"]
+__all__ = ["NODE_NAME_ENV", "Node", "RankIdentity", "Topology", "build_topology", "identify", "identity_from_message",
+           "interface_address", "job_interface"]

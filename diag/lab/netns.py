@@ -184,24 +184,30 @@ def delete_netns(netns: str) -> None:
             raise CommandError(f"could not delete namespace {netns}: {proc.stderr.strip()}")
 
 
+def enter_netns(netns: str) -> None:
+    """Move the calling thread into netns (setns is per thread: the process and its other threads stay where
+    they are). Use it only on a thread of its own that ends there: nothing else must run on it afterwards."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(os.path.join(NETNS_DIR, netns), os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({netns}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
 def call_in_netns(netns: str, func: Callable[[], T], timeout_s: float = 10.0) -> T:
     """Run func in a fresh thread that joined netns (setns is per thread); the process stays where it was.
 
     Sockets keep the namespace they were created in, so a socket made here can be used from any thread.
     """
-    libc = ctypes.CDLL(None, use_errno=True)
     result: list[T] = []
     errors: list[BaseException] = []
 
     def body() -> None:
         try:
-            fd = os.open(os.path.join(NETNS_DIR, netns), os.O_RDONLY)
-            try:
-                if libc.setns(fd, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns({netns}): {os.strerror(err)}")
-            finally:
-                os.close(fd)
+            enter_netns(netns)
             result.append(func())
         except BaseException as exc:  # handed to the caller's thread below
             errors.append(exc)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from diag import safefs
+from diag.lifeline import CHILD_CWD, child_env
 
 SS_TIMEOUT_S = 2.0
 _PID_RE = re.compile(r"pid=(\d+)")
@@ -204,7 +205,8 @@ class Observers:
         if self.netns:
             command = ["ip", "netns", "exec", self.netns, *command]
         try:
-            out = subprocess.run(command, capture_output=True, text=True, timeout=SS_TIMEOUT_S).stdout
+            out = subprocess.run(command, capture_output=True, text=True, timeout=SS_TIMEOUT_S, env=child_env(),
+                                 cwd=CHILD_CWD).stdout
         except (subprocess.TimeoutExpired, OSError):
             return []
         return parse_ss(out)

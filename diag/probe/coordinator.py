@@ -1,8 +1,9 @@
 """How the probe's ranks talk: a small coordination interface, and its implementation over torch.distributed.
 
 The probe only ever needs four things from the job: who am I, how many are we, wait for everyone, and
-exchange small Python objects. Everything the probe measures travels on its own sockets or iperf3's; the
-coordinator carries ports, availability and results (a few hundred bytes per call).
+exchange small messages. Everything the probe measures travels on its own sockets or iperf3's; the
+coordinator carries ports, availability and results (a few hundred bytes per call) as JSON values, never
+pickled objects (diag.transports.messages: length-checked, parsed with limits, named by the sending rank).
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ class Coordinator(Protocol):
     def barrier(self) -> None: ...
 
     def all_gather_object(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj``, indexed by rank (picklable objects)."""
+        """Every rank's ``obj``, indexed by rank: a JSON value (dicts with string keys, lists, strings,
+        numbers, booleans, None; a tuple arrives as a list)."""
         ...
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        """Rank ``src``'s ``obj`` on every rank."""
+        """Rank ``src``'s ``obj`` (a JSON value) on every rank."""
         ...
 
 
@@ -72,15 +74,14 @@ class GroupCoordinator:
         self._dist.barrier(group=self._group)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
-        gathered: list[Any] = [None] * self._world_size
-        self._dist.all_gather_object(gathered, obj, group=self._group)
-        return gathered
+        from diag.transports import messages
+
+        return messages.all_gather(obj, group=self._group)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        box = [obj]
-        global_src = src if self._group is None else self._dist.get_global_rank(self._group, src)
-        self._dist.broadcast_object_list(box, src=global_src, group=self._group)
-        return box[0]
+        from diag.transports import messages
+
+        return messages.broadcast(obj, src, group=self._group)
 
 
 # torch's errors open with the C++ source position ("[/path/pair.cc:553] Connection closed by peer ...")

@@ -38,9 +38,12 @@ DEFAULT_TIMEOUT_S = 120.0    # the process group's: how long a rank waits for a 
 
 def discover_nodes(coord: Coordinator, name: str, address: str) -> list[ProbeNode]:
     """Every rank's (name, address) -> the nodes, by their leader's rank. Every rank calls it."""
-    ranks = coord.all_gather_object((name, address))
+    ranks = coord.all_gather_object([name, address])
     nodes: dict[str, ProbeNode] = {}
-    for rank, (node_name, node_address) in enumerate(ranks):
+    for rank, said in enumerate(ranks):
+        if not (isinstance(said, list) and len(said) == 2 and all(isinstance(s, str) and len(s) <= 255 for s in said)):
+            raise DiagError(f"rank {rank} did not say its node's name and address; is every rank running the same diag?")
+        node_name, node_address = said
         known = nodes.get(node_name)
         if known is None:
             nodes[node_name] = ProbeNode(node_name, node_address, rank)

@@ -16,13 +16,14 @@ Every local step is bounded (GRACE_S beyond ``seconds``), so every leader reache
 when its tool or its peer is stuck, and every rank then raises the same one line naming the node and the
 pair. A peer that never reaches an exchange (dead, or stuck outside the probe) is bounded by the
 coordinator's own timeout, named by the phase and its pairs. Listeners, sockets and iperf3 processes are
-closed and reaped on every path, and iperf3 dies with its rank (diag.lifeline) even if the rank is killed.
+closed and reaped on every path, and iperf3 dies with its rank (diag.lifeline) even if the rank is killed
+(on a lab host measured from outside, ProbeNode.exec_prefix, with the lab).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
+import math
 import re
 import socket
 import subprocess
@@ -34,7 +35,7 @@ from typing import Any
 
 from diag import goodput
 from diag.errors import DiagError
-from diag.lifeline import CHILD_CWD, child_env, python_command
+from diag.lifeline import CHILD_CWD, UNPRIVILEGED_USER, child_env, tool_command
 from diag.probe.coordinator import Coordinator, first_sentence
 
 TOOLS = ("auto", "iperf3", "socket")
@@ -49,11 +50,14 @@ POLL_S = 0.02
 
 @dataclass(frozen=True)
 class ProbeNode:
-    """A host of the job: its name, its address on the job's interface, and the rank that acts for it."""
+    """A host of the job: its name, its address on the job's interface, and the rank that acts for it;
+    exec_prefix: what starts a tool on it where that is not the rank's own process (the lab measured from
+    outside: `ip netns exec` and the host's cgroup, Lab.exec_prefix)."""
 
     name: str
     address: str
     leader_rank: int
+    exec_prefix: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -180,18 +184,34 @@ def run_flows(coord: Coordinator, nodes: Sequence[ProbeNode], flows: Sequence[Fl
     exchange = _Exchange(coord, nodes, flows, context, me)
     try:
         ports = exchange.step("opening listeners", side.open)
+        ports = {index: _port(ports.get(index), flow) for index, flow in enumerate(flows)}
         exchange.step("connecting", lambda: side.connect(ports))
         measured = exchange.step("measuring", lambda: side.run(ports))
     finally:
         side.close()
-    missing = [str(flow) for index, flow in enumerate(flows)
-               if not isinstance(measured.get(index, {}).get(GOODPUT), float)]
+    missing = [str(flow) for index, flow in enumerate(flows) if not _rate(measured.get(index, {}).get(GOODPUT))]
     if missing:   # a leader that reported nothing for its flow: never expected, but never a silent zero
         raise DiagError(f"probe {context}: no goodput reported for {', '.join(missing)}")
     steady_s = seconds - (goodput.stream_warmup_s(seconds) if tool == "socket" else goodput.iperf3_warmup_s(seconds))
-    return [FlowResult(flow.src, flow.dst, measured[index][GOODPUT], TOOL_LABELS[tool], float(seconds),
-                       measured[index].get(RESENT), measured[index].get(STEADY_RESENT), steady_s)
+    return [FlowResult(flow.src, flow.dst, float(measured[index][GOODPUT]), TOOL_LABELS[tool], float(seconds),
+                       _count(measured[index].get(RESENT)), _count(measured[index].get(STEADY_RESENT)), steady_s)
             for index, flow in enumerate(flows)]
+
+
+def _rate(value: Any) -> bool:
+    """A goodput a leader reported: a finite, non-negative float (JSON keeps 1.0 a float)."""
+    return isinstance(value, float) and math.isfinite(value) and value >= 0
+
+
+def _count(value: Any) -> int | None:
+    """A segment count a leader reported, or None where it is not one (it could not read it)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _port(value: Any, flow: Flow) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 65536:
+        return value
+    raise DiagError(f"probe {flow}: the receiver's leader gave {str(value)[:40]!r} as its port, not a TCP port")
 
 
 
@@ -205,7 +225,11 @@ class _Failed:
 
 class _Exchange:
     """Runs one local step on this rank, then one all_gather of every leader's {flow index: value | _Failed};
-    raises on every rank alike when any flow failed."""
+    raises on every rank alike when any flow failed.
+
+    A leader's report travels as JSON (the coordinator pickles nothing): ``{"values": [[index, value], ...],
+    "failed": [[index, node, message], ...]}``, every index a flow of this exchange and every value a number,
+    a boolean, None, a short string or a flat object of those; anything else is one line naming the rank."""
 
     def __init__(self, coord: Coordinator, nodes: Sequence[ProbeNode], flows: Sequence[Flow], context: str,
                  me: ProbeNode | None) -> None:
@@ -218,15 +242,19 @@ class _Exchange:
             node = self.me.name if self.me else f"rank {self.coord.rank}"
             mine = {index: _Failed(node, _one_line(exc, self.nodes)) for index, flow in enumerate(self.flows)
                     if self.me and self.me.name in (flow.src, flow.dst)}
-        gathered = _collective(self.coord.all_gather_object, mine, f"{self.context}, {what}", self.nodes,
+        report = {"values": [[index, value] for index, value in mine.items() if not isinstance(value, _Failed)],
+                  "failed": [[index, value.node, value.message] for index, value in mine.items()
+                             if isinstance(value, _Failed)]}
+        gathered = _collective(self.coord.all_gather_object, report, f"{self.context}, {what}", self.nodes,
                                flows=self.flows)
         merged: dict[int, Any] = {}
         failures: dict[int, list[_Failed]] = {}
-        for reports in gathered:
-            for index, value in reports.items():
-                if isinstance(value, _Failed):
-                    failures.setdefault(index, []).append(value)
-                elif isinstance(value, dict) and isinstance(merged.get(index), dict):
+        for rank, message in enumerate(gathered):
+            values, failed = self._parse(rank, message, what)
+            for index, failure in failed:
+                failures.setdefault(index, []).append(failure)
+            for index, value in values:
+                if isinstance(value, dict) and isinstance(merged.get(index), dict):
                     merged[index] = {**merged[index], **value}   # a flow's two halves (run: GOODPUT; RESENT...)
                 else:
                     merged.setdefault(index, value)
@@ -236,6 +264,46 @@ class _Exchange:
             more = f" (and {len(failures) - 1} more flow(s))" if len(failures) > 1 else ""
             raise DiagError(f"probe {self.context}, {what}, {self.flows[first]}: {said}{more}")
         return merged
+
+    def _parse(self, rank: int, message: Any, what: str) -> tuple[list[tuple[int, Any]], list[tuple[int, _Failed]]]:
+        """One rank's report, checked: every index one of the flows, every value a plain scalar or a flat
+        object of them, every failure (index, node, message) with short strings."""
+        def bad(why: str) -> DiagError:
+            return DiagError(f"probe {self.context}, {what}: rank {rank} sent a report diag cannot use ({why}); "
+                             "is every rank running the same diag?")
+
+        def index_of(value: Any) -> int:
+            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(self.flows):
+                return value
+            raise bad(f"flow index {str(value)[:20]!r}")
+
+        if not isinstance(message, dict) or not isinstance(message.get("values"), list) \
+                or not isinstance(message.get("failed"), list):
+            raise bad("not a report")
+        values = []
+        for entry in message["values"]:
+            if not (isinstance(entry, list) and len(entry) == 2 and _plain(entry[1])):
+                raise bad("a value that is not a number, a short string or a flat object of them")
+            values.append((index_of(entry[0]), entry[1]))
+        failed = []
+        for entry in message["failed"]:
+            if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(e, str) for e in entry[1:])):
+                raise bad("a failure that is not (index, node, message)")
+            failed.append((index_of(entry[0]), _Failed(entry[1][:MAX_REPORT_TEXT], entry[2][:MAX_REPORT_TEXT])))
+        return values, failed
+
+
+MAX_REPORT_TEXT = 400     # a node's name or its one-line failure, as another node reports it
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    if value is None or isinstance(value, (bool, int, float)):
+        return True
+    if isinstance(value, str):
+        return len(value) <= MAX_REPORT_TEXT
+    if isinstance(value, dict) and depth == 0:
+        return all(isinstance(k, str) and _plain(v, 1) for k, v in value.items())
+    return False
 
 
 def _collective(call: Callable[[Any], list[Any]], obj: Any, what: str, nodes: Sequence[ProbeNode], *,
@@ -273,6 +341,7 @@ class _Side(ABC):
         self.me, self.nodes, self.seconds = me, nodes, seconds
         self.node_name = me.name if me else ""
         self.address = me.address if me else ""      # used only where this rank leads a node of the flows
+        self.tool_prefix = me.exec_prefix if me else ()
         self.receiving = [index for index, flow in enumerate(flows) if me and flow.dst == me.name]
         self.sending = [index for index, flow in enumerate(flows) if me and flow.src == me.name]
         self.flows = flows
@@ -377,7 +446,7 @@ class _Iperf3Side(_Side):
         said = "no output"
         for _attempt in range(SERVER_START_ATTEMPTS):
             port = _free_port(address)
-            proc = _spawn(goodput.iperf3_server_argv(address, port))
+            proc = _spawn(self.tool_prefix, goodput.iperf3_server_argv(address, port), user=UNPRIVILEGED_USER)
             deadline = time.monotonic() + goodput.GRACE_S
             while time.monotonic() < deadline and proc.poll() is None:
                 if goodput.listening_on(port):
@@ -395,7 +464,8 @@ class _Iperf3Side(_Side):
     def run(self, ports: dict[int, Any]) -> dict[int, Any]:
         for index in self.sending:
             peer = self.nodes[self.flows[index].dst]
-            self.clients[index] = _spawn(goodput.iperf3_client_argv(peer.address, ports[index], self.seconds))
+            self.clients[index] = _spawn(self.tool_prefix,
+                                         goodput.iperf3_client_argv(peer.address, ports[index], self.seconds))
         limit_s = self.seconds + 2 * goodput.GRACE_S
         deadline = time.monotonic() + limit_s
         node = self.node_name
@@ -436,8 +506,12 @@ def _free_port(address: str) -> int:
         return int(probe.getsockname()[1])
 
 
-def _spawn(argv: list[str]) -> subprocess.Popen[str]:
-    """A tool that dies with this rank (diag.lifeline: the parent-death signal), even if the rank is killed."""
-    return subprocess.Popen([*python_command("-m", "diag.lifeline", str(os.getpid()), "--"), *argv],
+def _spawn(prefix: Sequence[str], argv: list[str], user: str | None = None) -> subprocess.Popen[str]:
+    """A tool that dies with this rank (diag.lifeline: the parent-death signal), even if the rank is killed; or,
+    on a node with an exec prefix (a lab host measured from outside), started through it as `diag lab exec`
+    starts a command: the lab ends whatever runs on its hosts when it is torn down. As ``user`` where given
+    (iperf3's servers serve whoever connects first: they hold no privilege)."""
+    command = [*prefix, *(tool_command(argv, user=user) if user else argv)] if prefix else tool_command(argv, user=user)
+    return subprocess.Popen(command,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHILD_CWD,
                             env=child_env())

@@ -12,15 +12,16 @@ it at once, one connection each. Pairs never converge on a host, so only here do
 in front of a host decide what is dropped: a shallow one tail-drops several times more of the converging
 segments than its peers' ports do (docs/lab.md, "Queue"). The retransmissions counted after the warm-up
 (slow start overshoots any buffer) are what loss_at_host compares.
+
+What it measures is the document diag/linkmatrix.py defines (LinkMatrix: the one definition the report reads).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from diag.errors import DiagError
+from diag.linkmatrix import Incast, IncastFlow, LinkMatrix, MatrixEdge, Pair
 from diag.probe.coordinator import Coordinator
 from diag.probe.flows import Flow, FlowResult, ProbeNode, check_nodes, check_seconds, choose_tool, run_flows
 
@@ -33,100 +34,6 @@ INCAST_MIN_S = 2
 # stands out in each. Under bbr every port drops 1-10% of an incast, unevenly (one host read 2.4x the next in
 # one run of six), so one round alone could single out a host by chance.
 INCAST_ROUNDS = 2
-
-Pair = tuple[str, str]
-
-
-@dataclass(frozen=True)
-class MatrixEdge:
-    """src -> dst: alone (its reverse idle) and while dst -> src runs too; with the segments src resent in
-    each phase (its kernel's count over the phase; None where it could not be read)."""
-
-    src: str
-    dst: str
-    alone_Bps: float
-    bidir_Bps: float
-    alone_retransmits: int | None = None
-    bidir_retransmits: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"src": self.src, "dst": self.dst, "alone_Bps": self.alone_Bps, "bidir_Bps": self.bidir_Bps,
-                "alone_retransmits": self.alone_retransmits, "bidir_retransmits": self.bidir_retransmits}
-
-
-@dataclass(frozen=True)
-class IncastFlow:
-    """One sender of an incast phase: its goodput at the receiver, and the segments it resent over the whole
-    flow and over the steady window after the warm-up."""
-
-    src: str
-    goodput_Bps: float
-    retransmits: int | None = None
-    steady_retransmits: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"src": self.src, "goodput_Bps": self.goodput_Bps, "retransmits": self.retransmits,
-                "steady_retransmits": self.steady_retransmits}
-
-
-@dataclass(frozen=True)
-class Incast:
-    """Every other node sending into ``dst`` at once for ``seconds``; ``steady_s`` of it after the warm-up; in
-    round ``round`` of the incasts (1, 2, ...)."""
-
-    dst: str
-    seconds: float
-    steady_s: float | None
-    flows: tuple[IncastFlow, ...]
-    round: int = 1
-
-    def to_json(self) -> dict[str, Any]:
-        return {"dst": self.dst, "round": self.round, "seconds": self.seconds, "steady_s": self.steady_s,
-                "flows": [flow.to_json() for flow in self.flows]}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Incast:
-        steady = data.get("steady_s")
-        return cls(str(data["dst"]), float(data["seconds"]), float(steady) if steady is not None else None,
-                   tuple(IncastFlow(str(flow["src"]), float(flow["goodput_Bps"]), _count(flow.get("retransmits")),
-                                    _count(flow.get("steady_retransmits"))) for flow in data["flows"]),
-                   int(data.get("round", 1)))
-
-
-@dataclass(frozen=True)
-class LinkMatrix:
-    """Goodput between every ordered pair of nodes; ``rounds`` is the schedule that measured it."""
-
-    tool: str                                   # "iperf3" or "diag-socket"
-    seconds: float                              # per phase
-    nodes: tuple[str, ...]
-    rounds: tuple[tuple[Pair, ...], ...]
-    edges: tuple[MatrixEdge, ...]               # every ordered pair, src in node order, then dst
-    notes: tuple[str, ...] = ()
-    incast: tuple[Incast, ...] = ()             # one per node and round, in node order (three or more nodes)
-
-    def edge(self, src: str, dst: str) -> MatrixEdge:
-        for edge in self.edges:
-            if (edge.src, edge.dst) == (src, dst):
-                return edge
-        raise KeyError(f"no edge {src} -> {dst} in the matrix of {', '.join(self.nodes)}")
-
-    def to_json(self) -> dict[str, Any]:
-        """run.json's ``link.matrix`` (docs/inplace.md)."""
-        return {"tool": self.tool, "seconds": self.seconds, "nodes": list(self.nodes),
-                "rounds": [[list(pair) for pair in pairs] for pairs in self.rounds],
-                "edges": [edge.to_json() for edge in self.edges], "notes": list(self.notes),
-                "incast": [phase.to_json() for phase in self.incast]}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LinkMatrix:
-        return cls(tool=str(data["tool"]), seconds=float(data["seconds"]), nodes=tuple(data["nodes"]),
-                   rounds=tuple(tuple((str(a), str(b)) for a, b in pairs) for pairs in data["rounds"]),
-                   edges=tuple(MatrixEdge(str(edge["src"]), str(edge["dst"]), float(edge["alone_Bps"]),
-                                          float(edge["bidir_Bps"]), _count(edge.get("alone_retransmits")),
-                                          _count(edge.get("bidir_retransmits"))) for edge in data["edges"]),
-                   notes=tuple(data.get("notes", ())),
-                   incast=tuple(Incast.from_json(phase) for phase in data.get("incast", ())))
 
 
 def circle_rounds(names: Sequence[str]) -> list[list[Pair]]:
@@ -149,10 +56,6 @@ def phase_flows(pairs: Sequence[Pair], phase: str) -> list[Flow]:
     if phase == "b->a":
         return [Flow(b, a) for a, b in pairs]
     return [flow for a, b in pairs for flow in (Flow(a, b), Flow(b, a))]
-
-
-def _count(value: Any) -> int | None:
-    return int(value) if isinstance(value, (int, float)) else None
 
 
 def measure_matrix(coord: Coordinator, nodes: Sequence[ProbeNode], seconds: float = 2.0,
@@ -207,7 +110,6 @@ def _incast_phases(coord: Coordinator, nodes: Sequence[ProbeNode], seconds: int,
             context = f"matrix incast {number}/{len(names)}, round {round_number}/{rounds} (every other node -> {dst})"
             results = run_flows(coord, nodes, [Flow(src, dst) for src in names if src != dst], incast_s, tool,
                                 context)
-            phases.append(Incast(dst, float(incast_s), results[0].steady_s, tuple(
-                IncastFlow(r.src, r.goodput_Bps, r.retransmits, r.steady_retransmits) for r in results),
-                round_number))
+            phases.append(Incast(dst, round_number, float(incast_s), results[0].steady_s, tuple(
+                IncastFlow(r.src, r.goodput_Bps, r.retransmits, r.steady_retransmits) for r in results)))
     return tuple(phases)

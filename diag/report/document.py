@@ -13,6 +13,8 @@ from pathlib import Path
 from diag.report.diagnose.findings import Finding, format_threshold
 from diag.report.figures import Plot, Skipped
 from diag.report.verdict import Verdict, sure_text
+from diag.textsafe import markdown as md
+from diag.textsafe import visible
 
 
 @dataclass(frozen=True)
@@ -64,30 +66,38 @@ class VerdictBlock:
 
 Block = Heading | Text | Bullets | Table | Code | FigureBlock | FindingBlock | VerdictBlock
 
+
+def esc(text: str) -> str:
+    """Text for HTML: its markup escaped, and no control character left (a page read with cat is safe too)."""
+    return html.escape(visible(text, keep_newlines=True))
+
+
 _HEADS = {"fired": "Finding ({strength})", "observed": "Observation", "undecided": "Cannot decide", "clear": "ok"}
 
 
 def to_markdown(blocks: Sequence[Block]) -> str:
+    """Every string that may hold what a node wrote goes through ``md`` (diag.textsafe.markdown: no control
+    character, no newline, no HTML tag), as to_html escapes it; code blocks are diag's own text."""
     lines: list[str] = []
     for block in blocks:
         if isinstance(block, Heading):
-            lines += ["#" * block.level + " " + block.text, ""]
+            lines += ["#" * block.level + " " + md(block.text), ""]
         elif isinstance(block, Text):
-            lines += [block.text, ""]
+            lines += [md(block.text), ""]
         elif isinstance(block, Bullets):
-            lines += [f"- **{lead}** {rest}" if lead else f"- {rest}" for lead, rest in block.items] + [""]
+            lines += [f"- **{md(lead)}** {md(rest)}" if lead else f"- {md(rest)}" for lead, rest in block.items] + [""]
         elif isinstance(block, Table):
             lines += [*_md_table(block.header, block.rows), ""]
         elif isinstance(block, Code):
-            lines += ["```python", *block.text.rstrip("\n").splitlines(), "```", ""]
+            lines += ["```python", *visible(block.text, keep_newlines=True).rstrip("\n").splitlines(), "```", ""]
         elif isinstance(block, VerdictBlock):
             lines += _verdict_md(block)
         elif isinstance(block, FigureBlock):
             p = block.plot
             if isinstance(p, Plot):
-                lines += [f"### {p.title}", "", f"![{p.title}]({p.filename})", "", p.caption, ""]
+                lines += [f"### {md(p.title)}", "", f"![{md(p.title)}]({p.filename})", "", md(p.caption), ""]
             else:
-                lines += [f"### {p.title}", "", f"Not drawn: {p.reason}.", ""]
+                lines += [f"### {md(p.title)}", "", f"Not drawn: {md(p.reason)}.", ""]
         else:
             lines += _finding_md(block.finding)
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -108,34 +118,34 @@ def _verdict_rows(v: Verdict) -> list[tuple[str, str]]:
 
 def _verdict_md(block: VerdictBlock) -> list[str]:
     v = block.verdict
-    lines = [f"# {block.title}", "", "## Verdict", ""]
-    lines += [f"- **{lead}:** {text}" for lead, text in _verdict_rows(v)] + [""]
+    lines = [f"# {md(block.title)}", "", "## Verdict", ""]
+    lines += [f"- **{md(lead)}:** {md(text)}" for lead, text in _verdict_rows(v)] + [""]
     for fix in v.fixes[:1]:              # the others' code is in the Workarounds section
         if fix.code:
-            lines += [f"{fix.title}" + (f" ({fix.speedup:.2f}x):" if fix.speedup else ":"), "",
-                      "```python", *fix.code.rstrip("\n").splitlines(), "```", ""]
+            lines += [f"{md(fix.title)}" + (f" ({fix.speedup:.2f}x):" if fix.speedup else ":"), "",
+                      "```python", *visible(fix.code, keep_newlines=True).rstrip("\n").splitlines(), "```", ""]
     if block.figure is not None:
-        lines += [f"![{block.figure.title}]({block.figure.filename})", ""]
+        lines += [f"![{md(block.figure.title)}]({block.figure.filename})", ""]
     lines += ["The rules behind this card, with their evidence and thresholds: [Findings](#findings).", ""]
     return lines
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
+        return md(text).replace("|", "\\|")
 
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
     return out + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
 
 
 def _finding_md(f: Finding) -> list[str]:
     head = _HEADS[f.status].format(strength=f.strength)
-    lines = [f"- {'**' + head + '**' if f.status != 'clear' else head} `{f.rule}`: {f.statement}"]
+    lines = [f"- {'**' + head + '**' if f.status != 'clear' else head} `{md(f.rule)}`: {md(f.statement)}"]
     for e in f.evidence:
-        where = f"`{e.source}`" + (f", plot `{e.plot}`" if e.plot else "")
-        lines.append(f"    - {e.text} ({where})")
+        where = f"`{md(e.source)}`" + (f", plot `{md(e.plot)}`" if e.plot else "")
+        lines.append(f"    - {md(e.text)} ({where})")
     if f.thresholds:
-        lines.append("    - thresholds: " + ", ".join(f"`{k}` = {format_threshold(v)}" for k, v in f.thresholds.items()))
+        lines.append("    - thresholds: " + ", ".join(f"`{md(k)}` = {format_threshold(v)}" for k, v in f.thresholds.items()))
     return lines
 
 
@@ -161,35 +171,35 @@ pre{background:#f6f6f6;padding:.6em;font-size:12px;overflow-x:auto}figcaption{fo
 def to_html(blocks: Sequence[Block], title: str, out_dir: Path) -> str:
     """Self-contained: every figure's PNG (in out_dir) is inlined as base64."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'>"
-             f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{html.escape(title)}</title>"
+             f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{esc(title)}</title>"
              f"<style>{_CSS}</style></head><body>"]
     for block in blocks:
         if isinstance(block, VerdictBlock):
             parts.append(_verdict_html(block, out_dir))
         elif isinstance(block, Heading):
             anchor = f" id='{block.text.lower()}'" if block.text == "Findings" else ""
-            parts.append(f"<h{block.level}{anchor}>{html.escape(block.text)}</h{block.level}>")
+            parts.append(f"<h{block.level}{anchor}>{esc(block.text)}</h{block.level}>")
         elif isinstance(block, Text):
-            parts.append(f"<p{' class=muted' if block.muted else ''}>{html.escape(block.text)}</p>")
+            parts.append(f"<p{' class=muted' if block.muted else ''}>{esc(block.text)}</p>")
         elif isinstance(block, Bullets):
-            parts.append("<ul>" + "".join(f"<li><b>{html.escape(lead)}</b> {html.escape(rest)}</li>" if lead
-                                          else f"<li>{html.escape(rest)}</li>" for lead, rest in block.items)
+            parts.append("<ul>" + "".join(f"<li><b>{esc(lead)}</b> {esc(rest)}</li>" if lead
+                                          else f"<li>{esc(rest)}</li>" for lead, rest in block.items)
                          + "</ul>")
         elif isinstance(block, Table):
-            head = "".join(f"<th>{html.escape(h)}</th>" for h in block.header)
-            body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in block.rows)
+            head = "".join(f"<th>{esc(h)}</th>" for h in block.header)
+            body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in block.rows)
             parts.append(f"<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
         elif isinstance(block, Code):
-            parts.append(f"<pre><code>{html.escape(block.text)}</code></pre>")
+            parts.append(f"<pre><code>{esc(block.text)}</code></pre>")
         elif isinstance(block, FigureBlock):
             p = block.plot
             if isinstance(p, Plot):
                 data = base64.b64encode((out_dir / p.filename).read_bytes()).decode("ascii")
-                parts.append(f"<figure><h3>{html.escape(p.title)}</h3><img alt='{html.escape(p.title)}' "
-                             f"src='data:image/png;base64,{data}'><figcaption>{html.escape(p.caption)}</figcaption>"
+                parts.append(f"<figure><h3>{esc(p.title)}</h3><img alt='{esc(p.title)}' "
+                             f"src='data:image/png;base64,{data}'><figcaption>{esc(p.caption)}</figcaption>"
                              f"</figure>")
             else:
-                parts.append(f"<h3>{html.escape(p.title)}</h3><p>Not drawn: {html.escape(p.reason)}.</p>")
+                parts.append(f"<h3>{esc(p.title)}</h3><p>Not drawn: {esc(p.reason)}.</p>")
         else:
             parts.append(_finding_html(block.finding))
     parts.append("</body></html>")
@@ -202,20 +212,20 @@ def _verdict_html(block: VerdictBlock, out_dir: Path) -> str:
     v = block.verdict
 
     def row(lead: str, text: str) -> str:
-        code = "".join(f"<pre><code>{html.escape(fix.code)}</code></pre>" for fix in v.fixes[:1]
+        code = "".join(f"<pre><code>{esc(fix.code)}</code></pre>" for fix in v.fixes[:1]
                        if fix.code and lead == "What to do")
-        return f"<div class='vrow'><span class='vlabel'>{html.escape(lead)}</span><p>{html.escape(text)}</p>{code}</div>"
+        return f"<div class='vrow'><span class='vlabel'>{esc(lead)}</span><p>{esc(text)}</p>{code}</div>"
 
     first, *rest = _verdict_rows(v)
     figure = ""
     if block.figure is not None:
         data = base64.b64encode((out_dir / block.figure.filename).read_bytes()).decode("ascii")
         # the PNG beside report.html opens full size (small on a phone)
-        figure = (f"<figure class='vfig'><a href='{html.escape(block.figure.filename)}'><img "
-                  f"alt='{html.escape(block.figure.title)}' src='data:image/png;base64,{data}'></a></figure>")
+        figure = (f"<figure class='vfig'><a href='{esc(block.figure.filename)}'><img "
+                  f"alt='{esc(block.figure.title)}' src='data:image/png;base64,{data}'></a></figure>")
     more = ("<p class='vmore'>The rules behind this card, with evidence and thresholds: "
             "<a href='#findings'>Findings</a>.</p>")
-    return (f"<section class='verdict' id='verdict'><h1>{html.escape(block.title)}</h1><div class='vgrid'>"
+    return (f"<section class='verdict' id='verdict'><h1>{esc(block.title)}</h1><div class='vgrid'>"
             f"<div class='vslow'>{row(*first)}</div>{figure}"
             f"<div class='vrest'>{''.join(row(*r) for r in rest)}{more}</div></div></section>")
 
@@ -223,9 +233,9 @@ def _verdict_html(block: VerdictBlock, out_dir: Path) -> str:
 def _finding_html(f: Finding) -> str:
     head = _HEADS[f.status].format(strength=f.strength)
     items = "".join(
-        f"<li>{html.escape(e.text)} <span class='src'>[{html.escape(e.source)}"
-        f"{', plot ' + html.escape(e.plot) if e.plot else ''}]</span></li>" for e in f.evidence)
-    thresholds = ", ".join(f"{html.escape(k)} = {format_threshold(v)}" for k, v in f.thresholds.items())
-    return (f"<div class='finding {f.status}'><b>{head}</b> <code>{html.escape(f.rule)}</code>: "
-            f"{html.escape(f.statement)}<ul>{items}</ul>"
+        f"<li>{esc(e.text)} <span class='src'>[{esc(e.source)}"
+        f"{', plot ' + esc(e.plot) if e.plot else ''}]</span></li>" for e in f.evidence)
+    thresholds = ", ".join(f"{esc(k)} = {format_threshold(v)}" for k, v in f.thresholds.items())
+    return (f"<div class='finding {f.status}'><b>{head}</b> <code>{esc(f.rule)}</code>: "
+            f"{esc(f.statement)}<ul>{items}</ul>"
             + (f"<div class='thr'>thresholds: {thresholds}</div>" if thresholds else "") + "</div>")

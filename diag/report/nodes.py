@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from diag.capture.schema import Direction
+from diag.analysisdoc import Direction
 from diag.report.queries import (
     HostCpu,
     TcpInfoSeries,

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from diag.capture.schema import Connection
+from diag.analysisdoc import Connection
 from diag.records import Record
 from diag.report.rundir import CaptureSet, RunData
 from diag.report.series import mean_busbw, series_label

@@ -34,9 +34,9 @@ from diag.report.figures import Plot, Skipped
 from diag.report.nodes import differences_of, subgroup_nodes
 from diag.report.plots import render_plots
 from diag.report.queries import raw_link_reach
-from diag.report.rundir import RING_PATTERN_CPU_LIMIT, RunData
+from diag.report.rundir import RunData
 from diag.report.series import mean_algbw, mean_busbw, mean_time, series_label
-from diag.report.thresholds import TABLE
+from diag.report.thresholds import CPU_LINK_REACHED, TABLE
 from diag.report.verdict import Verdict, build_verdict
 from diag.typedjson import strict_document
 from diag.units import human_bytes, human_rate, human_time
@@ -111,14 +111,14 @@ def link_reference(run: RunData) -> tuple[str, list[list[str]]]:
     rows = []
     for n in sorted(pattern):
         raw_Bps = raw_reach[n] * link if n in raw_reach else None
-        cpu_limited = pattern[n] < RING_PATTERN_CPU_LIMIT * link
+        cpu_limited = pattern[n] < CPU_LINK_REACHED.value * link
         rows.append([str(n), human_rate(pattern[n]), f"{pattern[n] / link:.0%}",
                      human_rate(raw_Bps) if raw_Bps is not None else "-",
                      f"{raw_Bps / pattern[n]:.0%}" if raw_Bps is not None else "-",
                      "ring pattern (CPU is the limit)" if cpu_limited else "single stream (link is the limit)"])
     intro = (f"One TCP stream carried {human_rate(link)} ({run.link_source}). Per N, iperf3 drove the ring's own "
              f"flow pattern (h(i) -> h((i+1) mod N), one flow per edge, all at once) on the same lab: where that "
-             f"stayed below {RING_PATTERN_CPU_LIMIT:.0%} of the single stream, this machine's CPU, not the link, is "
+             f"stayed below {CPU_LINK_REACHED.value:.0%} of the single stream, this machine's CPU, not the link, is "
              f"the limit, and the pattern is the reference at that N: the cpu_bound finding holds raw TCP against it "
              f"there (the plots keep the single stream).")
     return intro, rows
@@ -210,16 +210,27 @@ def node_blocks(run: RunData) -> list[Block]:
 
 
 def _node_data(run: RunData, name: str) -> str:
+    left = _left_on_node(run, name)
     node = run.nodes.get(name)
     if node is None:
-        return "none (no nodes/" + name + "/)" if run.nodes else "-"
+        return ("none (no nodes/" + name + "/)" if run.nodes else "-") + (f"; {left}" if left else "")
     analyses = sum(1 for c in node.captures.values() if c.analysis)
     observed = sum(1 for c in node.captures.values() if c.observe)
     parts = ["fingerprint" if node.fingerprint is not None else "no fingerprint",
              f"{analyses} capture analyses", f"{observed} observer files"]
     if node.tcpinfo:
         parts.append(f"{len(node.tcpinfo)} TCP_INFO samples")
-    return ", ".join(parts)
+    return ", ".join(parts + ([left] if left else []))
+
+
+def _left_on_node(run: RunData, name: str) -> str | None:
+    """What a node did not send rank 0 (too big, not a result, not a regular file), and where it stays
+    (run.json ``left_on_nodes``, written where the run directory is not shared; it says why per file)."""
+    left_on_nodes = run.info.extra.get("left_on_nodes")
+    left = left_on_nodes.get(name) if isinstance(left_on_nodes, dict) else None
+    if not (isinstance(left, dict) and isinstance(left.get("files"), list) and left["files"]):
+        return None
+    return f"{len(left['files'])} files left on the node in {left.get('directory')} (run.json left_on_nodes)"
 
 
 def write_report(run: RunData, out_dir: Path) -> ReportResult:

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from diag.capture.schema import Analysis, Connection, Host, Phase
+from diag.analysisdoc import Analysis, Connection, Host, Phase
 from diag.errors import DiagError
-from diag.goodput import RING_PATTERN_CPU_LIMIT
 from diag.records import Record, RecordFile, load_records, transport_label
 from diag.report.topology import LinkMatrix, NodeLookup, Topology
 from diag.runinfo import LabInfo, LinkInfo, RunInfo, read_run_json, step_tag
 from diag.typedjson import from_json
+from diag.verdicts import CPU_LINK_REACHED
 
 T = TypeVar("T")
 
@@ -281,10 +281,10 @@ class RunData:
 
     def link_reference_Bps(self, world_size: int) -> float | None:
         """What one ring edge can carry at N: the iperf3 ring pattern where the machine (its CPU) held it below
-        RING_PATTERN_CPU_LIMIT of the single-stream link, else the link rate (link_Bps)."""
+        CPU_LINK_REACHED of the single-stream link, else the link rate (link_Bps)."""
         link = self.link_Bps
         pattern = self.ring_pattern_Bps.get(world_size)
-        if pattern is not None and (link is None or pattern < RING_PATTERN_CPU_LIMIT * link):
+        if pattern is not None and (link is None or pattern < CPU_LINK_REACHED.value * link):
             return pattern
         return link
 

@@ -6,6 +6,7 @@ A threshold is read as ``N2_DIP_RATIO.value``; the name in a finding is the cons
 
 from __future__ import annotations
 
+from diag.analysisdoc import TWO_WAY_MIN_BYTES
 from diag.report.compare import ALPHA as _ALPHA
 
 # The experiments' thresholds live with the decisions that use them, below the report (the trials decide with
@@ -13,6 +14,7 @@ from diag.report.compare import ALPHA as _ALPHA
 from diag.verdicts import (
     CONTROL_DIP,
     CPU_CONFOUNDED,
+    CPU_LINK_REACHED,
     MIN_ROUNDS,
     RULED_OUT_SHARE,
     SHOWN_SHARE,
@@ -32,7 +34,7 @@ LARGE_SIZE_BYTES = _t("LARGE_SIZE_BYTES", 1 << 20, "sizes at or above this count
                       "rather than latency-bound)")
 BACKEND_RAW_EFFICIENCY = _t("BACKEND_RAW_EFFICIENCY", 0.7, "backend busbw below this fraction of the raw-TCP "
                             "reference's (same op, N, size) is far below")
-BIDIR_MIN_BYTES = _t("BIDIR_MIN_BYTES", 64 * 1024, "a connection or host moving at least this many payload bytes "
+BIDIR_MIN_BYTES = _t("BIDIR_MIN_BYTES", TWO_WAY_MIN_BYTES, "a connection or host moving at least this many payload bytes "
                      "each way carries both directions")
 DUPLEX_OVERLAP_LOW = _t("DUPLEX_OVERLAP_LOW", 0.5, "duplex overlap (fraction of active time both directions move "
                         "data) below this is low")
@@ -67,8 +69,6 @@ CPU_PINNED_SHARE = _t("CPU_PINNED_SHARE", 0.5, "... in at least this share of it
 CPU_MIN_SAMPLES = _t("CPU_MIN_SAMPLES", 3, "fewest CPU samples a thread or machine needs before it is judged")
 CPU_SATURATED_PCT = _t("CPU_SATURATED_PCT", 90.0, "the machine's CPUs (all, averaged) at least this busy: the "
                        "ranks together use every core, so the CPU rather than the link may set the pace")
-CPU_LINK_REACHED = _t("CPU_LINK_REACHED", 0.85, "a busy machine limits an N only where raw TCP at that N stays "
-                      "below this share of the measured link rate")
 TURN_TAKING_GAP = _t("TURN_TAKING_GAP", 0.3, "a backend's two-way connection overlaps its directions this much "
                      "less than raw TCP on one shared connection between the same hosts: the backend takes turns")
 HALF_DUPLEX_MATCH = _t("HALF_DUPLEX_MATCH", 0.2, "a backend's busbw within this fraction of a raw ring that "

@@ -1,5 +1,6 @@
-"""The job's nodes as run.json describes them (docs/inplace.md): typed ``topology`` and ``link.matrix``, and
-the lookups that turn an address or a rank into a node's name.
+"""The job's nodes as run.json describes them (docs/inplace.md): typed ``topology`` (``link.matrix`` is typed
+once, in diag/linkmatrix.py, for the probe that writes it and the report), and the lookups that turn an
+address or a rank into a node's name.
 
 A node is a host as the network sees it (its address on the job's interface, its network namespace, its
 boot id); the report names it by ``name`` (h0, h1, ... in the lab). Every lookup here answers None where the
@@ -8,9 +9,13 @@ run does not say, never a guess.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from diag.linkmatrix import SEGMENT_BYTES, Incast, IncastFlow, LinkMatrix, MatrixEdge, steady_resent_share
+
+# The report's name for one ordered pair of the matrix (the diagnosis rules read edges under it).
+LinkEdge = MatrixEdge
 
 
 @dataclass(frozen=True)
@@ -40,121 +45,6 @@ class Topology:
         """The ranks of N's subgroup, in the job's "spread" order; None where run.json does not list it."""
         ranks = self.subgroups.get(str(world_size))
         return list(ranks) if isinstance(ranks, list) else None
-
-
-@dataclass(frozen=True)
-class LinkEdge:
-    """One ordered pair of the link matrix: goodput src -> dst alone, and while dst -> src runs too, and the
-    segments src resent in each (None: not read, or a run before they were recorded)."""
-
-    src: str = "?"
-    dst: str = "?"
-    alone_Bps: float | None = None
-    bidir_Bps: float | None = None
-    alone_retransmits: int | None = None
-    bidir_retransmits: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-# Bytes a segment, to turn a probe flow's goodput into the segments it sent (a jumbo sender sends fewer: its
-# share of segments resent reads low, never high).
-SEGMENT_BYTES = 1448
-
-
-@dataclass(frozen=True)
-class IncastFlow:
-    """One sender of an incast phase (every other node into one at once)."""
-
-    src: str = "?"
-    goodput_Bps: float | None = None
-    retransmits: int | None = None
-    steady_retransmits: int | None = None          # after the warm-up: the window of the goodput
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Incast:
-    """run.json ``link.matrix.incast[]``: every other node sending into ``dst`` at once, in round ``round``."""
-
-    dst: str = "?"
-    round: int = 1
-    seconds: float | None = None
-    steady_s: float | None = None                   # the window after the warm-up
-    flows: list[IncastFlow] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def resent_share(self) -> float | None:
-        """The share of segments its senders resent in the steady window; None where a count is missing or
-        nothing was sent."""
-        if any(f.steady_retransmits is None for f in self.flows):
-            return None
-        return steady_resent_share([(self, f) for f in self.flows])
-
-
-def steady_resent_share(sent_in: Sequence[tuple[Incast, IncastFlow]]) -> float | None:
-    """Segments resent after the warm-up over segments sent (goodput x steady seconds / SEGMENT_BYTES), over
-    any senders of any incasts (a missing count reads as none); None where nothing was sent."""
-    resent = sum(int(f.steady_retransmits or 0) for _phase, f in sent_in)
-    sent = sum((f.goodput_Bps or 0) * (phase.steady_s or 0) / SEGMENT_BYTES for phase, f in sent_in)
-    return resent / sent if sent > 0 else None
-
-
-@dataclass(frozen=True)
-class LinkMatrix:
-    """run.json ``link.matrix``: every ordered pair of nodes, measured in rounds of disjoint pairs."""
-
-    tool: str | None = None
-    seconds: float | None = None
-    nodes: list[str] = field(default_factory=list)
-    rounds: list[Any] = field(default_factory=list)
-    edges: list[LinkEdge] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    incast: list[Incast] = field(default_factory=list)     # runs before 2026-12-03 have none
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def incast_rounds(self) -> dict[int, dict[str, Incast]]:
-        """round -> dst -> that incast."""
-        rounds: dict[int, dict[str, Incast]] = {}
-        for phase in self.incast:
-            rounds.setdefault(int(phase.round or 1), {})[phase.dst] = phase
-        return dict(sorted(rounds.items()))
-
-    def incast_shares(self) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
-        """What each node's port delivered while every other node sent into it at once: (src, dst) -> src's share
-        of the goodput dst received, and dst -> the goodput it received in all; both the mean over the rounds
-        that measured it. TCP flows converging on one port often share it unevenly (one near the link rate, the
-        others starved and resending): a column total at the link rate is a port that delivers, whatever the
-        shares; one below it is a port that drops what converges on it."""
-        into: dict[str, list[float]] = {}
-        by_pair: dict[tuple[str, str], list[float]] = {}
-        for phase in self.incast:
-            rates = [(f.src, float(f.goodput_Bps)) for f in phase.flows if isinstance(f.goodput_Bps, (int, float))]
-            total = sum(rate for _src, rate in rates)
-            if total <= 0:
-                continue
-            into.setdefault(phase.dst, []).append(total)
-            for src, rate in rates:
-                by_pair.setdefault((src, phase.dst), []).append(rate / total)
-        return ({pair: sum(v) / len(v) for pair, v in by_pair.items()},
-                {dst: sum(v) / len(v) for dst, v in into.items()})
-
-    def names(self) -> list[str]:
-        """The matrix's nodes: as listed, then any an edge names that the list lacks."""
-        seen = list(dict.fromkeys(self.nodes))
-        for e in self.edges:
-            for name in (e.src, e.dst):
-                if name not in seen:
-                    seen.append(name)
-        return seen
-
-    def alone(self) -> dict[tuple[str, str], float]:
-        """(src, dst) -> alone_Bps, for the edges measured (a failed pair has no number)."""
-        return {(e.src, e.dst): float(e.alone_Bps) for e in self.edges
-                if isinstance(e.alone_Bps, (int, float)) and e.alone_Bps > 0 and e.src != e.dst}
-
-    def bidir(self) -> dict[tuple[str, str], float]:
-        return {(e.src, e.dst): float(e.bidir_Bps) for e in self.edges
-                if isinstance(e.bidir_Bps, (int, float)) and e.bidir_Bps > 0 and e.src != e.dst}
 
 
 def endpoint_address(text: str) -> str:
@@ -207,3 +97,7 @@ class NodeLookup:
         """'10.77.0.3:4711->10.77.0.1:5000' -> 'into h0 from h2' (an unknown end stays its address)."""
         src, _, dst = label.partition("->")
         return f"into {self.node_of(dst) or dst} from {self.node_of(src) or src}"
+
+
+__all__ = ["SEGMENT_BYTES", "Incast", "IncastFlow", "LinkEdge", "LinkMatrix", "NodeLookup", "Topology", "TopologyNode",
+           "endpoint_address", "steady_resent_share"]

@@ -20,6 +20,7 @@ from diag.transports.group import GroupContext
 
 # Output buffers whose list of views is kept (the harness cycles through a ring of them), in bytes at most.
 GATHER_VIEW_CACHE_BYTES = 8 << 20
+MAX_HOST_CHARS = 300     # a rank's "hostname/address" as another rank reports it
 
 
 def _check_interface(name: str | None) -> None:
@@ -94,9 +95,10 @@ class TorchTransport:
                 if addr.family == socket.AF_INET:
                     name = f"{name}/{addr.address}"
                     break
-        names: list[Any] = [None] * self.world_size
-        dist.all_gather_object(names, name, group=self.group)
-        return [str(n) for n in names]
+        from diag.transports import messages
+
+        # data, never a pickle (diag.transports.messages); a rank's name is cut where it would not fit a host name
+        return [n[:MAX_HOST_CHARS] if isinstance(n, str) else "?" for n in messages.all_gather(name, group=self.group)]
 
     def hosts(self) -> list[str]:
         return list(self._hosts)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from diag.capture.schema import Connection
+from diag.analysisdoc import Connection
 from diag.report.diagnose.base import drop_note, undecided
 from diag.report.diagnose.findings import Evidence, Finding
 from diag.report.diagnose.loss import SideBySide, side_by_side

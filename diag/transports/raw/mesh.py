@@ -14,8 +14,8 @@ and then it connects again. A connecting rank whose connection was closed or res
 completed tries again until the deadline. The listener is closed once the mesh is complete: later strays
 are refused by the kernel.
 
-Both ends prove the run token with HMACs over both sides' nonces (wire.py); the token itself never crosses
-the network. Where the token comes from decides whom it keeps out (docs/raw-tcp.md, "Trust model"): runs
+Both ends prove the run token with HMACs over both sides' nonces and the connection's two ends as each sees
+them (wire.py); the token itself never crosses the network, and a relay between two ranks fails. Where the token comes from decides whom it keeps out (docs/raw-tcp.md, "Trust model"): runs
 whose ranks diag starts itself (--nproc, --lab) read it from their 0600 job file, so no other local user
 can take a rank's place; in place (the user's torchrun) rank 0 publishes it in the job's TCPStore, so
 whoever can reach MASTER_ADDR:MASTER_PORT is trusted, as torch.distributed itself trusts them.
@@ -189,14 +189,15 @@ def _attempt(rank: int, peer: int, address: tuple[str, int], token: bytes, role:
         except (ConnectionError, TimeoutError) as exc:  # refused, reset, broken pipe, SYN unanswered
             raise _Retry(f"connecting to {where}: {exc.strerror or type(exc).__name__}") from None
         ack = _read_reply(sock, wire.ACK.size, deadline, where)
+        conn = wire.connector_view(sock)
         try:
-            wire.check_ack(token, hello, ack, peer)
+            wire.check_ack(token, hello, ack, peer, conn)
         except ValueError as exc:
             # Whoever answers there is not this run's rank (a stray listener, a rewritten store address): it
             # never learns anything it could use, and this rank does not talk to it.
             raise DiagError(f"{address[0]}:{address[1]} is not rank {peer} of this run: {exc}") from None
         try:
-            sock.sendall(wire.pack_proof(token, hello, ack))
+            sock.sendall(wire.pack_proof(token, hello, ack, conn))
         except (ConnectionError, TimeoutError) as exc:
             raise _Retry(f"{where} closed the connection during the handshake "
                          f"({exc.strerror or type(exc).__name__})") from None
@@ -246,6 +247,7 @@ class _Pending:
     hello: bytes = b""
     ack: bytes = b""
     claim: tuple[int, int, int] = (-1, -1, -1)   # (rank, role, stream) its HELLO claimed
+    conn: bytes = b""                            # the connection as this side sees it (wire.acceptor_view)
 
 
 def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes, knobs: RawKnobs,
@@ -295,14 +297,15 @@ def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes
                      f"stream {hello.stream})")
             return
         entry.hello = bytes(entry.buffer)
-        entry.ack = wire.pack_ack(token, entry.hello, rank)
+        entry.ack = wire.pack_ack(token, entry.hello, rank, entry.conn)
         entry.buffer, entry.filled = bytearray(wire.PROOF.size), 0
         reply(fd, entry, entry.ack)
 
     def on_proof(fd: int, entry: _Pending) -> None:
         claimed_rank = entry.claim[0]
-        if not wire.check_proof(token, entry.hello, entry.ack, entry.buffer):
-            drop(fd, f"wrong run token (claimed rank {claimed_rank})")
+        if not wire.check_proof(token, entry.hello, entry.ack, entry.buffer, entry.conn):
+            drop(fd, f"wrong run token, or a connection relayed by something between the ranks (claimed rank "
+                     f"{claimed_rank})")
             return
         if entry.claim not in expected:   # another client proved the same connection first
             drop(fd, f"duplicate connection (rank {claimed_rank}, role {entry.claim[1]}, stream {entry.claim[2]})")
@@ -367,7 +370,8 @@ def accept_all(listener: socket.socket, rank: int, world_size: int, token: bytes
             fd = sock.fileno()
             now = time.monotonic()
             pending[fd] = _Pending(sock=sock, origin=f"{origin[0]}:{origin[1]}", accepted_at=now,
-                                   deadline=now + HANDSHAKE_TIMEOUT_S)
+                                   deadline=now + HANDSHAKE_TIMEOUT_S,
+                                   conn=wire.connection(origin, sock.getsockname()))
             poller.register(fd, select.POLLIN)
             service(fd)  # a real rank's HELLO is usually there already: answered before any eviction
 

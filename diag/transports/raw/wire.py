@@ -1,18 +1,25 @@
 """Wire format of the raw transport: the connection handshake and the message header.
 
 Every connection opens with a four-message handshake in which both ends prove they hold the run's token
-without ever sending it:
+without ever sending it, on this very connection:
 
     HELLO  connector -> acceptor   magic, version, nonce_c (16 random bytes), connector rank, role, stream
-    ACK    acceptor -> connector   magic, acceptor rank, nonce_a, HMAC-SHA256(token, "ack" | HELLO | rank | nonce_a)
-    PROOF  connector -> acceptor   HMAC-SHA256(token, "proof" | HELLO | ACK)
+    ACK    acceptor -> connector   magic, acceptor rank, nonce_a,
+                                   HMAC-SHA256(token, "ack" | HELLO | rank | nonce_a | CONN)
+    PROOF  connector -> acceptor   HMAC-SHA256(token, "proof" | HELLO | ACK | CONN)
     READY  acceptor -> connector   magic: the connection is this run's (the connector may use it)
 
-Each MAC covers both sides' fresh nonces, so an ACK or PROOF recorded from one connection proves nothing on
-another (replay), and one made without the token fails ``hmac.compare_digest``. A connector that receives
-an ACK that does not prove the token gives up on that address (it is not this run's rank); an acceptor
-closes and logs a client whose PROOF fails. Before PROOF the acceptor keeps nothing of a client but fixed
-HELLO- and PROOF-sized scratch buffers.
+CONN is the connection as each side sees it, never sent: the connector's address and port, then the
+acceptor's (``connector_view``: the connector's own socket name and its peer; ``acceptor_view``: its peer
+and its own socket name). Each MAC covers both sides' fresh nonces, so an ACK or PROOF recorded from one
+connection proves nothing on another (replay), and one made without the token fails
+``hmac.compare_digest``. And each covers CONN, so a relay without the token placed between two ranks (for
+whoever can rewrite ``addr/<rank>`` in the store) fails too: it holds two connections, rank 1 -> relay and
+relay -> rank 0, whose ends differ, and the MACs it passes on were made over the other connection. (The
+price: the ranks must reach each other directly, as gloo's do; a NAT between them fails the same way.) A
+connector that receives an ACK that does not prove the token on its connection gives up on that address
+(it is not this run's rank); an acceptor closes and logs a client whose PROOF fails. Before PROOF the
+acceptor keeps nothing of a client but fixed HELLO- and PROOF-sized scratch buffers.
 
 After the handshake a stream carries messages: a 48-byte header, then ``length`` payload bytes for DATA.
 48 bytes is the size of gloo's preamble (six 64-bit fields, gloo/transport/tcp/pair.h), so a notice of
@@ -28,14 +35,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import socket
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from diag.errors import DiagError
 
 # Version history: 2: 48-byte header with a stream index, SEND_READY, notice connections; 3: the token is
-# proven by HMACs over both sides' nonces (HELLO, ACK, PROOF, READY), never sent.
-PROTOCOL_VERSION = 3
+# proven by HMACs over both sides' nonces (HELLO, ACK, PROOF, READY), never sent; 4: the HMACs also cover the
+# connection's two ends as each side sees them (a relay without the token fails).
+PROTOCOL_VERSION = 4
 HELLO_MAGIC = b"DGRW"
 ACK_MAGIC = b"DGOK"
 READY_MAGIC = b"DGGO"
@@ -90,33 +100,51 @@ def pack_hello(rank: int, role: int, stream: int, nonce: bytes | None = None) ->
 
 
 def _mac(token: bytes, label: bytes, *parts: bytes) -> bytes:
-    return hmac.new(token, b"diag-raw " + label + b"\0" + b"".join(parts), hashlib.sha256).digest()
+    return hmac.new(token, b"diag-raw " + label + b"\0" + b"\0".join(parts), hashlib.sha256).digest()
 
 
-def pack_ack(token: bytes, hello: bytes, rank: int, nonce: bytes | None = None) -> bytes:
-    """The acceptor's reply to ``hello`` (its raw bytes): its rank, a fresh nonce, and a MAC over both."""
+def connection(connector: tuple[Any, ...], acceptor: tuple[Any, ...]) -> bytes:
+    """CONN: the connector's address and port, then the acceptor's (as socket names give them)."""
+    return f"{connector[0]}:{int(connector[1])}>{acceptor[0]}:{int(acceptor[1])}".encode()
+
+
+def connector_view(sock: socket.socket) -> bytes:
+    """CONN as the connecting rank sees its socket: itself, then the address it connected to."""
+    return connection(sock.getsockname(), sock.getpeername())
+
+
+def acceptor_view(sock: socket.socket) -> bytes:
+    """CONN as the accepting rank sees an accepted socket: the client, then itself."""
+    return connection(sock.getpeername(), sock.getsockname())
+
+
+def pack_ack(token: bytes, hello: bytes, rank: int, conn: bytes, nonce: bytes | None = None) -> bytes:
+    """The acceptor's reply to ``hello`` (its raw bytes) on the connection ``conn`` (its view): its rank, a
+    fresh nonce, and a MAC over both nonces and the connection."""
     nonce = nonce or secrets.token_bytes(NONCE_BYTES)
-    return ACK.pack(ACK_MAGIC, rank, nonce, _mac(token, b"ack", hello, struct.pack("<I", rank), nonce))
+    return ACK.pack(ACK_MAGIC, rank, nonce, _mac(token, b"ack", hello, struct.pack("<I", rank), nonce, conn))
 
 
-def check_ack(token: bytes, hello: bytes, ack: bytes | bytearray, peer: int) -> None:
-    """Raise ValueError unless ``ack`` is rank ``peer``'s answer to ``hello`` made with ``token``."""
+def check_ack(token: bytes, hello: bytes, ack: bytes | bytearray, peer: int, conn: bytes) -> None:
+    """Raise ValueError unless ``ack`` is rank ``peer``'s answer to ``hello`` made with ``token`` on the
+    connection the connector sees as ``conn``."""
     magic, rank, nonce, mac = ACK.unpack(ack)
     if magic != ACK_MAGIC:
         raise ValueError("not a diag raw-transport rank (bad handshake reply)")
     if rank != peer:
         raise ValueError(f"it answers as rank {rank}, not {peer}")
-    if not hmac.compare_digest(mac, _mac(token, b"ack", hello, struct.pack("<I", rank), nonce)):
-        raise ValueError("its handshake reply does not prove this run's token")
+    if not hmac.compare_digest(mac, _mac(token, b"ack", hello, struct.pack("<I", rank), nonce, conn)):
+        raise ValueError("its handshake reply does not prove this run's token on this connection (a different "
+                         "token, or something between the ranks: a relay, a NAT)")
 
 
-def pack_proof(token: bytes, hello: bytes, ack: bytes | bytearray) -> bytes:
-    return PROOF.pack(_mac(token, b"proof", hello, bytes(ack)))
+def pack_proof(token: bytes, hello: bytes, ack: bytes | bytearray, conn: bytes) -> bytes:
+    return PROOF.pack(_mac(token, b"proof", hello, bytes(ack), conn))
 
 
-def check_proof(token: bytes, hello: bytes, ack: bytes, proof: bytes | bytearray) -> bool:
+def check_proof(token: bytes, hello: bytes, ack: bytes, proof: bytes | bytearray, conn: bytes) -> bool:
     (mac,) = PROOF.unpack(proof)
-    return hmac.compare_digest(mac, _mac(token, b"proof", hello, ack))
+    return hmac.compare_digest(mac, _mac(token, b"proof", hello, ack, conn))
 
 
 def parse_hello(data: bytes | bytearray | memoryview) -> Hello:

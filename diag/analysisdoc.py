@@ -1,22 +1,11 @@
-"""The `diag analyze --json` document as typed dataclasses: what the analyzer writes and the report reads.
+"""The `diag analyze --json` document as typed dataclasses: the one definition that the analyzer writes
+(document.py builds these objects, ``to_json`` writes them) and the report and the table read.
 
 The key names are a contract (docs/analyzer.md, DESIGN.md): connections with `a`, `b`, `directions` keyed
 `"a->b"`/`"b->a"` and `duplex_overlap`; each direction with `packets`, `payload_bytes`, `retransmissions`,
-... Readers go through ``load_analysis`` / ``Analysis.from_json`` and use attributes; a key missing from an
-older or hand-made file takes the field's default (0, None, empty), and a key this version does not know is
-kept in ``extra`` and written back unchanged.
-
-Schema history (``ANALYSIS_SCHEMA``, the ``schema`` key of the document):
-  1: files, capture, parameters, connections, hosts, phases, warnings (the first released shape; a file
-     without a ``schema`` key is read as 1). Keys added since, within version 1 (older files lack them and
-     read as their defaults): capture_point, turn_summary; per connection run_gap_s and turns; per host
-     nic_observed and seen_traffic_overlap (duplex_overlap null where the NIC is not seen).
-     parameters.stall_rtt_factor marks the busy runs by data in flight: from then on a direction is busy
-     while its data passes the capture point and while it is in flight (unacknowledged) up to the stall
-     limit, so duplex_overlap, active_s, overlap_s, the rates and the turns' time split read the same
-     upstream and downstream of a bottleneck; a file without that parameter counted packets passing only.
-     Per connection tunnel: the encapsulations (VXLAN, Geneve, GRE, IP in IP) its TCP was decoded from, null
-     for none (older files: the key is absent and tunnelled TCP was skipped as non_tcp).
+... Keys are written in field order. Readers go through ``load_analysis`` / ``Analysis.from_json`` and use
+attributes; a key missing from an older or hand-made file takes the field's default (0, None, empty), and a
+key this version does not know is kept in ``extra`` and written back unchanged.
 """
 
 from __future__ import annotations
@@ -25,10 +14,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diag.typedjson import from_json, read_json_object, to_json
+from diag.typedjson import OMIT_NONE, from_json, read_json_object, to_json
 
+# Schema history (the ``schema`` key of the document):
+#   1: files, capture, parameters, connections, hosts, phases, warnings (the first released shape; a file
+#      without a ``schema`` key is read as 1). Keys added since, within version 1 (older files lack them and
+#      read as their defaults): capture_point, turn_summary; per connection run_gap_s and turns; per host
+#      nic_observed and seen_traffic_overlap (duplex_overlap null where the NIC is not seen).
+#      parameters.stall_rtt_factor marks the busy runs by data in flight: from then on a direction is busy
+#      while its data passes the capture point and while it is in flight (unacknowledged) up to the stall
+#      limit, so duplex_overlap, active_s, overlap_s, the rates and the turns' time split read the same
+#      upstream and downstream of a bottleneck; a file without that parameter counted packets passing only.
+#      Per connection tunnel: the encapsulations (VXLAN, Geneve, GRE, IP in IP) its TCP was decoded from, null
+#      for none (older files: the key is absent and tunnelled TCP was skipped as non_tcp).
+#      connections_omitted and hosts_omitted (only where a capture has more than are listed in full), node
+#      (the in-place job's node that analysed its own capture).
 ANALYSIS_SCHEMA = 1
 # The two keys of Connection.directions; side "a" is the sender of the connection's first captured packet.
+DIRECTIONS = ("a->b", "b->a")
+# A connection (or host) moving at least this many payload bytes each way carries both directions
+# (TurnSummary.two_way_connections; the report's BIDIR_MIN_BYTES).
+TWO_WAY_MIN_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -51,10 +57,42 @@ class IdleGaps:
 
 
 @dataclass(frozen=True)
+class SegmentSizes:
+    """Data segments per size bin (edges: bin starts, the last bin closed), the largest, the SYN's MSS."""
+
+    edges: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    max_bytes: int = 0
+    mss: int | None = None
+    super_segments: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The window this direction's sender advertised (bytes, scaled where the scale is known)."""
+
+    scale: int | None = None
+    scale_lower_bound: int | None = None
+    min_bytes: int | None = None
+    median_bytes: float | None = None
+    max_bytes: int | None = None
+    raw_max: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class InFlight:
     median: float | None = None
     p95: float | None = None
     max: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Acks:
+    pure: int = 0
+    piggybacked: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -93,12 +131,12 @@ class Direction:
     rtt_ms: Stats = field(default_factory=Stats)
     ts_rtt_ms: Stats = field(default_factory=Stats)
     idle_gaps: IdleGaps = field(default_factory=IdleGaps)
-    segment_sizes: dict[str, Any] = field(default_factory=dict)
-    window: dict[str, Any] = field(default_factory=dict)
+    segment_sizes: SegmentSizes = field(default_factory=SegmentSizes)
+    window: Window = field(default_factory=Window)
     bytes_in_flight: InFlight = field(default_factory=InFlight)
-    acks: dict[str, Any] = field(default_factory=dict)
+    acks: Acks = field(default_factory=Acks)
     syn_seen: bool = False
-    throughput: Throughput | None = None
+    throughput: Throughput | None = field(default=None, metadata=OMIT_NONE)   # written where asked (not with --no-series)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -107,6 +145,35 @@ class Direction:
         if isinstance(self.first_ts, (int, float)) and isinstance(self.last_ts, (int, float)):
             return self.last_ts - self.first_ts
         return 0.0
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """One turn: the follower restarting its data within a few RTTs of a packet of the sender (``from``)."""
+
+    sender: str = field(default="?", metadata={"key": "from"})   # "from" is a Python keyword
+    t: float = 0.0
+    delay_s: float = 0.0
+    delay_rtt: float | None = None
+    trigger_bytes: int = 0
+    trigger_offset_bytes: int = 0
+    trigger_offset_fraction: float | None = None
+    burst_bytes: int = 0
+    follower_silence_s: float = 0.0
+    sender_continues: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ControlFrames:
+    """A direction's standalone small segments (gloo's notices): how many, how many whole preambles, how many
+    right after its own burst, and the median time to the peer's next data."""
+
+    count: int = 0
+    preamble_multiples: int = 0
+    after_own_burst: int = 0
+    peer_data_next_ms: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -124,14 +191,15 @@ class Turns:
     follower_only_fraction: float | None = None
     bulk_bytes: dict[str, int] = field(default_factory=dict)
     handoff_count: int = 0
-    handoffs: list[dict[str, Any]] = field(default_factory=list)
-    control_frames: dict[str, dict[str, Any]] = field(default_factory=dict)
+    handoffs: list[Handoff] = field(default_factory=list)
+    control_frames: dict[str, ControlFrames] = field(default_factory=dict)
     turn_taking: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Connection:
+    stream: int | None = None
     a: str = "?"
     b: str = "?"
     # the tunnels its packets came through (vxlan, geneve, gre, ip-in-ip; plus "plain" where some came
@@ -139,7 +207,6 @@ class Connection:
     tunnel: list[str] | None = None
     directions: dict[str, Direction] = field(default_factory=dict)
     duplex_overlap: float | None = None
-    stream: int | None = None
     active_s: float = 0.0
     overlap_s: float = 0.0
     overlap_Bps: dict[str, float] = field(default_factory=dict)
@@ -171,16 +238,16 @@ class Host:
     tx_bytes: int = 0
     rx_bytes: int = 0
     duplex_overlap: float | None = None
+    # False: the capture does not see this host's NIC (only its traffic with the captured host), so its
+    # duplex_overlap is None and seen_traffic_overlap is the overlap of that traffic alone.
+    nic_observed: bool | None = None
+    seen_traffic_overlap: float | None = None
     tx_Bps_overlap: float = 0.0
     rx_Bps_overlap: float = 0.0
     tx_Bps_alone: float = 0.0
     rx_Bps_alone: float = 0.0
     active_s: float = 0.0
     overlap_s: float = 0.0
-    # False: the capture does not see this host's NIC (only its traffic with the captured host), so its
-    # duplex_overlap is None and seen_traffic_overlap is the overlap of that traffic alone.
-    nic_observed: bool | None = None
-    seen_traffic_overlap: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -232,6 +299,22 @@ class Phase:
 
 
 @dataclass(frozen=True)
+class CaptureFile:
+    """One capture file read: its format, link types, frames, TCP rows, what was skipped and why, and the
+    capture's own metadata (FILE.capture.json: tcpdump's counters) where it has one."""
+
+    path: str = "?"
+    format: str | None = None
+    linktypes: list[int] = field(default_factory=list)
+    snaplen: int | None = None
+    frames: int = 0
+    tcp_packets: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    capture: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class CaptureSummary:
     kernel_dropped: int | None = None
     flagged: bool = False
@@ -241,20 +324,48 @@ class CaptureSummary:
 
 
 @dataclass(frozen=True)
+class Parameters:
+    """What the analysis was run with: the throughput bins, the idle gap and the busy runs' constants."""
+
+    bin_s: float | None = None
+    idle_gap_s: float | None = None
+    cadence_factor: float | None = None
+    cadence_quantile: int | None = None
+    pacing_packets: int | None = None
+    max_run_gap_s: float | None = None
+    stall_rtt_factor: float | None = None
+    control_max_bytes: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Omitted:
+    """The connections (or hosts: count only) of a capture beyond those listed in full."""
+
+    count: int = 0
+    packets: int | None = field(default=None, metadata=OMIT_NONE)
+    payload_bytes: int | None = field(default=None, metadata=OMIT_NONE)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Analysis:
     schema: int = ANALYSIS_SCHEMA
-    files: list[dict[str, Any]] = field(default_factory=list)
+    files: list[CaptureFile] = field(default_factory=list)
     capture: CaptureSummary = field(default_factory=CaptureSummary)
-    parameters: dict[str, Any] = field(default_factory=dict)
+    parameters: Parameters = field(default_factory=Parameters)
     capture_point: list[str] = field(default_factory=list)   # addresses whose NIC the capture sees
     connections: list[Connection] = field(default_factory=list)
+    connections_omitted: Omitted | None = field(default=None, metadata=OMIT_NONE)
     hosts: list[Host] = field(default_factory=list)
+    hosts_omitted: Omitted | None = field(default=None, metadata=OMIT_NONE)
     phases: list[Phase] = field(default_factory=list)
     turn_summary: list[TurnSummary] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     # Not written by the analyzer; a file made by another tool may say what it captured.
-    world_size: int | None = None
-    transport: str | None = None
+    world_size: int | None = field(default=None, metadata=OMIT_NONE)
+    transport: str | None = field(default=None, metadata=OMIT_NONE)
+    node: str | None = field(default=None, metadata=OMIT_NONE)   # the in-place job's node that captured and analysed it
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -265,11 +376,7 @@ class Analysis:
         return from_json(cls, data)
 
     def to_json(self) -> dict[str, Any]:
-        out = to_json(self)
-        for key in ("world_size", "transport"):  # written only when set, as the analyzer never sets them
-            if out.get(key) is None:
-                out.pop(key, None)
-        return out
+        return to_json(self)
 
 
 def load_analysis(path: Path) -> Analysis:
