@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 from diag.records import Record
-from diag.units import human_bytes
+from diag.units import RATE_SCALE, human_bytes
 
 HEADER = (
     f"{'N':>3} {'backend':>10} {'op':>14} {'size':>10} {'count':>11} {'type':>8} "
-    f"{'time(us)':>11} {'p95(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'D':>10} {'#wrong':>6}"
+    f"{'time(us)':>11} {'p95(us)':>10} {'algbw(MB/s)':>11} {'busbw(MB/s)':>11} {'D':>10} {'#wrong':>6}"
 )
 
 # Every iteration pays a fixed cost (barrier, a few round trips) besides its bytes: this many bytes' worth,
@@ -147,7 +147,7 @@ def format_row(record: Record) -> str:
     return (
         f"{record.world_size:>3} {backend:>10} {record.op:>14} {human_bytes(record.size_bytes):>10} "
         f"{record.count:>11} {record.dtype:>8} {record.time_s * 1e6:>11.1f} {record.p95_s * 1e6:>10.1f} "
-        f"{record.algbw_Bps / 1e9:>11.3f} {record.busbw_Bps / 1e9:>11.3f} "
+        f"{record.algbw_Bps / RATE_SCALE:>11.2f} {record.busbw_Bps / RATE_SCALE:>11.2f} "
         f"{human_bytes(record.volume_bytes):>10} {record.nwrong:>6}"
     )
 

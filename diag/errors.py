@@ -57,8 +57,9 @@ class PrivilegeError(DiagError):
 
 
 # How to get torch where a command needs it: the sweep extra, or the user's own build first (CPU, CUDA, Jetson).
-TORCH_HINT = ("pip install 'diag[torch]' (or install the torch build for your machine first: CPU, CUDA or "
-              "Jetson; pip install torch==2.13.0 is the CPU build diag is tested with)")
+# diag is not on PyPI (a package named diag there is someone else's): it installs from its checkout.
+TORCH_HINT = ("in diag's checkout run pip install -e '.[torch]' (no GPU: first pip install torch --index-url "
+              "https://download.pytorch.org/whl/cpu; a GPU or Jetson machine keeps the torch it has)")
 
 
 def torch_missing(what: str) -> str:

@@ -55,8 +55,13 @@ def run_script(argv: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["-h"], ["--help"]):  # only before the script: after it, -h is the script's own
+        print(f"{USAGE}\n\nRun an unchanged torch.distributed script with diag's raw-TCP backend (diag_tcp).\n"
+              f"{(__doc__ or '').split(chr(10), 2)[2].strip()}")
+        return 0
     try:
-        run_script(sys.argv[1:] if argv is None else argv)
+        run_script(args)
     except DiagError as exc:
         print(f"diag exec: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -1,7 +1,7 @@
 """Gates a CI job can rely on: the nccl-tests closing lines of a sweep and the exit status each gate returns.
 
 nccl-tests ends every run with ``# Out of bounds values : N OK|FAILED`` and ``# Avg bus bandwidth : X``
-(GB/s, the mean over the run's rows) and exits non-zero on wrong data or when that average is below
+(GB/s there; MB/s here, diag's one rate unit; the mean over the run's rows) and exits non-zero on wrong data or when that average is below
 NCCL_TESTS_MIN_BW. diag sweep does the same (EXIT_WRONG_DATA, EXIT_BELOW_MIN_BUSBW); diag compare and diag
 diagnose gate on a regression or a fired finding (EXIT_SLOWER, EXIT_FIRED). Codes: diag.errors.EXIT_CODES.
 """
@@ -22,19 +22,19 @@ from diag.errors import (
     EXIT_WRONG_DATA,
     DiagError,
 )
-from diag.units import human_bytes
+from diag.units import RATE_UNIT, human_bytes, human_rate, rate_number
 
 
 def closing_lines(records: Sequence[Any]) -> list[str]:
-    """nccl-tests' two closing lines over a run's rows (busbw in GB/s, 1e9 bytes/s, as its table)."""
+    """nccl-tests' two closing lines over a run's rows (busbw in MB/s, as the table above them: units.RATE_UNIT)."""
     checked = [r for r in records if r.nwrong >= 0]
     wrong = sum(r.nwrong for r in checked)
     if records and not checked:
         bounds = "unchecked (--no-check)"
     else:
         bounds = f"{wrong} {'OK' if wrong == 0 else 'FAILED'}"
-    avg = statistics.fmean(r.busbw_Bps for r in records) / 1e9 if records else 0.0
-    return [f"# Out of bounds values : {bounds}", f"# Avg bus bandwidth    : {avg:g} ", "#"]
+    avg = statistics.fmean(r.busbw_Bps for r in records) if records else 0.0
+    return [f"# Out of bounds values : {bounds}", f"# Avg bus bandwidth    : {rate_number(avg)} {RATE_UNIT}", "#"]
 
 
 def sweep_status(records: Sequence[Any], min_busbw_GBps: float | None = None) -> tuple[int, str | None]:
@@ -47,8 +47,8 @@ def sweep_status(records: Sequence[Any], min_busbw_GBps: float | None = None) ->
     if min_busbw_GBps is not None and records:
         avg = statistics.fmean(r.busbw_Bps for r in records) / 1e9
         if avg < min_busbw_GBps:
-            return EXIT_BELOW_MIN_BUSBW, (f"average bus bandwidth {avg:g} GB/s is below --min-busbw "
-                                          f"{min_busbw_GBps:g} GB/s")
+            return EXIT_BELOW_MIN_BUSBW, (f"average bus bandwidth {human_rate(avg * 1e9)} is below --min-busbw "
+                                          f"{min_busbw_GBps:g} GB/s ({human_rate(min_busbw_GBps * 1e9)})")
     return EXIT_OK, None
 
 

@@ -36,7 +36,11 @@ class Step:
     with which knobs. ``at`` is "every_n" (the plan's world sizes) or "n2"; ``volumes`` is "sweep" (the
     plan's per-device volumes D), "experiment" (its knob volumes), "largest" (the largest knob volume),
     "exchange" (its exchange sizes, per rank), "profile" (the plan's profile sizes, per rank, the same at every
-    N) or "given" (the trial's or the sweep's own sizes). ``sweep``:
+    N), "given" (the trial's or the sweep's own sizes) or "per_n"
+    (``sizes_at``: per-rank sizes chosen for each world size by the step's maker, e.g. diag trial's --volumes
+    in its op's own bus model). ``captured``: every node captures during this trial step too (diag trial
+    --capture; a trial's blocks name their arm in the analysis' phases); the model's profile is never captured.
+    ``sweep``:
     a sweep as the user gave it (sizes, ops, dtype, gap, seed, check, timeout: diag sweep), run as it is at
     every N. The step's name names its records file and prefixes its captures' tags."""
 
@@ -53,6 +57,8 @@ class Step:
     budget_share: float = 0.0            # of the plan's trial budget
     dtype: str = "float32"
     sweep: SweepSpec | None = None
+    sizes_at: dict[str, tuple[int, ...]] = field(default_factory=dict)   # "per_n": str(N) -> per-rank sizes
+    captured: bool = False
 
     @property
     def kind(self) -> str:
@@ -66,18 +72,12 @@ class Step:
         return "sweep" if self.at == "every_n" else "knob"
 
     @property
-    def captured(self) -> bool:
-        """Every node captures its NIC during this step (where the plan captures): not during a trial (its arms
-        interleave) nor the model's profile (the model reads records only)."""
-        return self.trial is None and self.kind != "profile"
-
-    @property
     def torch_backends(self) -> tuple[tuple[str, dict[str, Any]], ...]:
         """(backend, knobs) of every torch.distributed process group the step runs on besides gloo's (gloo's
         group exists for every N: it carries the job's own messages): diag_tcp takes its knobs when its group
         is made, the others none."""
         if self.trial is not None:
-            pairs = [(a.backend, a.knobs) for a in self.trial.arms if a.backend != "raw"]
+            pairs = [(a.backend, a.knobs) for a in self.trial.arms if a.on_torch]
         elif self.sweep is not None:
             pairs = [(self.sweep.backend, self.sweep.knobs)] if self.sweep.backend != "raw" else []
         else:
@@ -136,6 +136,8 @@ class Plan:
             return self.exchange_sizes
         if step.volumes == "profile":
             return self.profile_sizes
+        if step.volumes == "per_n":
+            return tuple(step.sizes_at.get(str(world_size), ()))
         volumes = {"sweep": self.volumes, "experiment": self.knob_volumes,
                    "largest": self.knob_volumes[-1:]}[step.volumes]
         return tuple(sorted({per_rank_size(v, world_size) for v in volumes}))
@@ -417,10 +419,10 @@ def step_spec(plan: Plan, step: Step, world_size: int) -> SweepSpec:
                          target_sem=PROFILE_TARGET_SEM, row_budget_s=plan.profile_row_s or PROFILE_ROW_S)
         return spec.replace(algo=step.algo, knobs=dict(step.knobs)) if step.backend == "raw" else spec
     if step.trial is not None:
-        trial = step_trial(plan, step)
+        trial = step_trial(plan, step, world_size=world_size)
         # Every arm sets its own block's iterations; the launch's iters are what the trial is expected to run
         # (its arms at least min_rounds times), so progress bars weigh it for what it is.
-        return SweepSpec(backend=trial.arms[0].backend if trial.arms[0].backend != "raw" else plan.backend,
+        return SweepSpec(backend=trial.arms[0].backend if trial.arms[0].on_torch else plan.backend,
                          ops=(step.op,), sizes=trial.sizes, warmup=trial.warmup, dtype=step.dtype,
                          iters=trial.block_iters * len(trial.arms) * trial.min_rounds, timeout_s=STEP_TIMEOUT_S)
     iters = max(plan.iters, step.min_iters)
@@ -432,11 +434,15 @@ def step_spec(plan: Plan, step: Step, world_size: int) -> SweepSpec:
     return spec
 
 
-def step_trial(plan: Plan, step: Step, seed: int = 0) -> TrialSpec:
-    """A trial step's spec on this plan: its sizes (per rank), its share of the budget, the warm-up."""
+def step_trial(plan: Plan, step: Step, seed: int = 0, world_size: int = 2) -> TrialSpec:
+    """A trial step's spec on this plan at one world size: its sizes (per rank), its share of the budget, the
+    warm-up."""
     assert step.trial is not None
+    # a trial's own seed (diag trial --seed) wins over the job's
     if step.volumes == "given":
-        return replace(step.trial, seed=seed)
+        return replace(step.trial, seed=step.trial.seed or seed)
+    if step.volumes == "per_n":
+        return replace(step.trial, sizes=plan.sizes_of(step, world_size), seed=step.trial.seed or seed)
     return replace(step.trial, sizes=plan.sizes_of(step, 2), budget_s=plan.trial_budget_s * step.budget_share,
                    warmup=plan.warmup, seed=seed)
 

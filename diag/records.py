@@ -5,6 +5,7 @@ Schema history (bump SCHEMA_VERSION for any change a reader must know about):
   2 - records may carry ``block``: the trial, arm, round and position of one block of an interleaved trial,
       with the CPU it saw (diag/trial.py); a trial's spec is in its start event's meta.trial, its stop
       reasons and decisions in its end event's ``trial``. Version 1 files read as before (no blocks).
+      A block may be a program's run (diag trial: backend "command", algo the arm, extra.program).
 
 A file may hold several runs (one per world size, or one per launch appended to the same --out): each
 run is a ``start`` event, its ``record`` events and, unless it died, an ``end`` event, linked by run_id.
@@ -98,8 +99,11 @@ class Record:
 
 
 def transport_label(backend: str, algo: str = "default") -> str:
-    """The one spelling of a transport in tables, plots and findings: ``torch:<backend>`` or ``raw:<algo>``."""
-    return f"raw:{algo}" if backend == "raw" else f"torch:{backend}"
+    """The one spelling of a transport in tables, plots and findings: ``torch:<backend>``, ``raw:<algo>``, or
+    ``command:<arm>`` for a program run as an arm of a trial (diag.external: its algo is the arm's name)."""
+    if backend in ("raw", "command"):
+        return f"{backend}:{algo}"
+    return f"torch:{backend}"
 
 
 # --- the series identity ---------------------------------------------------------------------------------
@@ -226,7 +230,10 @@ def load_records(path: str | os.PathLike[str]) -> RecordFile:
         elif kind == "end":
             ends.append(event)
         else:
-            records.append(Record.from_event(event))
+            try:
+                records.append(Record.from_event(event))
+            except DiagError as exc:    # say which file, and which row of it
+                raise DiagError(f"{path}: row {len(records) + 1}: {exc}") from None
     return RecordFile(Path(path), starts, records, ends, torn_lines=stats.torn_lines)
 
 

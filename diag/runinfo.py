@@ -16,7 +16,7 @@ Every run directory has the same layout (docs/inplace.md, "The run directory"):
 Schema history (bump RUN_SCHEMA for any change a reader must know about):
   (none) - diag reproduce's run.json before it had a version: mode, cpu_count, quick, plan, lab, topology,
       link, notes, failures, argv, trial_seed, step_seconds, elapsed_s.
-  2 - ``schema``; ``command`` (reproduce, sweep or advise: every command writes a run directory) and
+  2 - ``schema``; ``command`` (reproduce, sweep, advise or trial: every command writes a run directory) and
       ``records_out`` (the records file a sweep appends to beside its run directory).
 """
 
@@ -63,7 +63,7 @@ class LinkInfo:
 @dataclass
 class RunInfo:
     schema: int | None = None
-    command: str | None = None            # "reproduce" | "sweep" | "advise" (None: before the schema)
+    command: str | None = None            # "reproduce" | "sweep" | "advise" | "trial" (None: before the schema)
     created_ns: int | None = None
     mode: str | None = None               # "in-place" | "lab" | "loopback"
     cpu_count: int | None = None

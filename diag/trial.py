@@ -19,13 +19,14 @@ data types and the reading of its blocks are diag.trialspec, which the report im
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from diag.trialspec import TrialArm, TrialSpec, decide_all, round_order
+from diag.trialspec import COMMAND_BACKEND, TrialArm, TrialSpec, decide_all, round_order
 from diag.units import human_bytes
 
 
@@ -90,6 +91,7 @@ def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any]
     import torch
     import torch.distributed as dist
 
+    from diag.external.arm import ArmFailed, CommandArm
     from diag.harness import measure_row, plan_rows
     from diag.transports import messages
     from diag.transports.raw import create_transport
@@ -102,16 +104,27 @@ def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any]
     # torch's collectives name their root by its global rank, also on a subgroup
     pg = group.control if group is not None else None
     leader = group.global_rank(0) if group is not None else 0
+    if spec.programs:
+        spec = _programs_of_rank0(spec, pg)
     tell = say or (lambda text: print(text, file=sys.stderr, flush=True))
     transports: dict[str, Any] = {}
+    programs: dict[str, CommandArm] = {}   # arms whose block is a program's run (diag.external), not a row
+    failed: dict[str, str] = {}            # arm -> why it left the trial (a program that failed)
     try:
         for arm in spec.arms:   # the same order on every rank: raw meshes rendezvous by creation order
+            if arm.backend == COMMAND_BACKEND:
+                programs[arm.name] = CommandArm(arm, rank, world, group, spec.name)
+                continue
             transports[arm.name] = torch_transports[arm.backend] if arm.backend != "raw" else create_transport(
                 arm_spec(base, arm, spec.sizes[0], 1, 0), rank, world, base.timeout_s,
                 store=group.store if group is not None else None, token=token)
         meter = _CpuMeter()
         summary: dict[str, Any] = {}
         for size_index, size in enumerate(spec.sizes):
+            if spec.comparisons and all(set(c.arm_names) & set(failed) for c in spec.comparisons):
+                if rank == 0:   # the arms left cannot decide anything: no block is worth running
+                    summary[str(size)] = {"rounds": 0, "stopped": "failed", "seconds": 0.0, "decisions": {}}
+                continue
             records: list[Any] = []
             budget = spec.budget_for(size)
             started = time.monotonic()
@@ -119,15 +132,24 @@ def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any]
             stopped = "max_rounds"
             for round_index in range(spec.max_rounds):
                 round_started = time.monotonic()
-                order = round_order(spec, size_index, round_index)
+                order = [n for n in round_order(spec, size_index, round_index) if n not in failed]
                 for position, name in enumerate(order):
                     arm = spec.arm(name)
-                    block_spec = arm_spec(base, arm, size, spec.block_iters,
-                                          spec.warmup if round_index == 0 else 0)
-                    (plan,) = plan_rows(block_spec, world)
                     meter.read()
-                    record = measure_row(transports[name], block_spec, plan, run_id, heartbeat)
-                    cpu = meter.read()
+                    if name in programs:
+                        try:   # a fresh process every block: the program's warm-up runs every time
+                            record = programs[name].measure(size, size_index, round_index, arm.op,
+                                                            spec.block_iters, spec.warmup, run_id, heartbeat)
+                        except ArmFailed as exc:
+                            failed[name] = str(exc)
+                            tell(f"  trial {spec.name}: {exc}; the arm leaves the trial")
+                            continue
+                    else:
+                        block_spec = arm_spec(base, arm, size, spec.block_iters,
+                                              spec.warmup if round_index == 0 else 0)
+                        (plan,) = plan_rows(block_spec, world)
+                        record = measure_row(transports[name], block_spec, plan, run_id, heartbeat)
+                    cpu = {**meter.read(), **(programs[name].cpu if name in programs else {})}
                     # data, never a pickle (diag.transports.messages); a rank's CPU shares checked as numbers
                     gathered = [_cpu_shares(g) for g in messages.all_gather(cpu, group=pg)]
                     if record is not None:
@@ -143,9 +165,13 @@ def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any]
                 stop = torch.zeros(1, dtype=torch.int64)
                 if rank == 0:
                     decisions = decide_all(spec, records, size)
-                    open_rules = [key for key, d in decisions.items() if d.verdict == "undecided" and not d.final]
+                    alive = [c.key for c in spec.comparisons if not set(c.arm_names) & set(failed)]
+                    open_rules = [key for key in alive if key not in decisions
+                                  or (decisions[key].verdict == "undecided" and not decisions[key].final)]
                     elapsed = time.monotonic() - started
-                    if round_index + 1 >= spec.min_rounds and not open_rules:
+                    if not alive and spec.comparisons:
+                        stopped = "failed"   # every comparison names an arm that failed
+                    elif round_index + 1 >= spec.min_rounds and not open_rules:
                         stopped = "decided"
                     elif round_index + 1 >= spec.min_rounds and elapsed + longest_round > budget:
                         stopped = "budget"
@@ -163,8 +189,11 @@ def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any]
                 summary[str(size)] = {"rounds": round_index + 1, "stopped": stopped or "max_rounds",
                                       "seconds": round(time.monotonic() - started, 3),
                                       "decisions": {key: d.to_json() for key, d in decisions.items()}}
-        return {"trial": {"name": spec.name, "spec": spec.to_json(), "sizes": summary}} if rank == 0 else {}
+        return {"trial": {"name": spec.name, "spec": spec.to_json(), "sizes": summary,
+                          "failed_arms": failed}} if rank == 0 else {}
     finally:
+        for program in programs.values():
+            program.close()
         shared = [id(t) for t in torch_transports.values()]
         for name, transport in transports.items():
             if id(transport) not in shared:
@@ -172,6 +201,31 @@ def run_trial(torch_transports: Mapping[str, Any], trial_json: Mapping[str, Any]
                     transport.close()
                 except Exception as exc:  # closing must not hide the trial's own error
                     tell(f"  trial: closing arm {name}: {exc}")
+
+
+def _programs_of_rank0(spec: TrialSpec, pg: Any) -> TrialSpec:
+    """A trial of programs with rank 0's directories for the programs ({shared}, where block outputs go): in
+    a user's own launch every rank named its own run directory. Each rank keeps its own commands (what its
+    own command line asked; rank 0 never sends another rank something to run), and a rank whose arms differ
+    from rank 0's stops the trial in one line."""
+    from diag.errors import DiagError
+    from diag.transports import messages
+
+    mine = {a.name: [a.knobs.get("command"), a.knobs.get("adapter")] for a in spec.arms if a.backend == COMMAND_BACKEND}
+    first = next(a for a in spec.arms if a.backend == COMMAND_BACKEND)
+    said = messages.broadcast({"arms": mine, "shared_dir": first.knobs.get("shared_dir", ""),
+                               "outputs_dir": first.knobs.get("outputs_dir", "")}, src=0, group=pg)
+    differs = [r for r, arms in enumerate(messages.all_gather(mine, group=pg)) if arms != said.get("arms")]
+    if differs:
+        raise DiagError(f"trial {spec.name}: rank {differs[0]} was given other arms than rank 0 (--arm, --adapter): "
+                        "start every rank with the same command line")
+    paths = {k: str(said.get(k) or "") for k in ("shared_dir", "outputs_dir")}
+    for key, path in paths.items():   # {shared} goes into every rank's shell command: a plain absolute path only
+        if path and not re.fullmatch(r"/[A-Za-z0-9._/+-]*", path):
+            raise DiagError(f"trial {spec.name}: rank 0's {key.replace('_dir', '')} directory {path[:80]!r} is not a "
+                            "plain absolute path (letters, digits, . _ / + -): choose --out or --shared-dir so")
+    return replace(spec, arms=tuple(replace(a, knobs={**a.knobs, **paths}) if a.backend == COMMAND_BACKEND else a
+                                    for a in spec.arms))
 
 
 __all__ = ["arm_spec", "run_trial"]

@@ -10,7 +10,10 @@ runs and the diagnosis that reads them afterwards cannot disagree.
 Trial spec history (bump TRIAL_SCHEMA for any change a reader must know about):
   1 - first version: arms (transport x knobs x op), comparisons by arm name, sizes, rounds, budget, seed. An
       arm's ``backend`` is "raw" or a torch.distributed backend (gloo, diag_tcp, nccl); one trial may hold arms
-      of several torch backends, each run on its own process group of the same ranks.
+      of several torch backends, each run on its own process group of the same ranks. An arm whose backend
+      is "command" is a program (diag trial, diag.external): its knobs hold the command and its adapter, its
+      blocks' records are labelled ``command:<arm>``, and the end event's ``trial.failed_arms`` names the
+      arms that left the trial (a block that failed on some rank) with why.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from diag.verdicts import DESIGNS, ArmCpu, Decision, difference, explained_share
 
 TRIAL_SCHEMA = 1
 TORCH_BACKENDS = ("gloo", "nccl", "diag_tcp")
+# A program's trial (diag trial): what its records say, read by diag.report.arms.
+COMMAND_BACKEND = "command"      # TrialArm.backend of a program's arm; its records' backend ("command:<arm>")
+ARM_RULE = "arm_difference"      # the rule of each arm's comparison with the trial's baseline
+LINK_ARM = "link"                # diag's raw-TCP reference arm beside the programs (diag trial --link)
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,11 @@ class TrialArm:
     algo: str = "ring"
     order: str = "recv-first"              # exchange / p2p post order
     knobs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def on_torch(self) -> bool:
+        """The arm runs on a torch.distributed process group (not diag's raw TCP, not a program)."""
+        return self.backend not in ("raw", COMMAND_BACKEND)
 
 
 @dataclass(frozen=True)
@@ -120,9 +132,14 @@ class TrialSpec:
         return next(a for a in self.arms if a.name == name)
 
     @property
+    def programs(self) -> bool:
+        """Some arm is a program (diag trial)."""
+        return any(a.backend == COMMAND_BACKEND for a in self.arms)
+
+    @property
     def torch_backends(self) -> tuple[str, ...]:
         """The torch.distributed backends its arms run on, in arm order (each needs a process group)."""
-        return tuple(dict.fromkeys(a.backend for a in self.arms if a.backend != "raw"))
+        return tuple(dict.fromkeys(a.backend for a in self.arms if a.on_torch))
 
 
 def round_order(spec: TrialSpec, size_index: int, round_index: int) -> list[str]:
@@ -170,5 +187,5 @@ def decide_all(spec: TrialSpec, records: Sequence[Any], size: int) -> dict[str, 
             if all(n in arms for n in c.arm_names)}
 
 
-__all__ = ["TORCH_BACKENDS", "TRIAL_SCHEMA", "Comparison", "TrialArm", "TrialSpec", "arms_of", "cpu_of",
+__all__ = ["ARM_RULE", "COMMAND_BACKEND", "LINK_ARM", "TORCH_BACKENDS", "TRIAL_SCHEMA", "Comparison", "TrialArm", "TrialSpec", "arms_of", "cpu_of",
            "decide_all", "round_order"]

@@ -103,21 +103,42 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+# The one rate unit people read, in the terminal, the report and the plots: MB/s, 1e6 bytes per second.
+# Bytes, because a collective's sizes, algbw and busbw are bytes (nccl-tests' GB/s are bytes too: 1 GB/s =
+# 1000 MB/s); one fixed scale, because 4.7 MB/s beside 1.25 GB/s reads as a smaller number; mega, because the
+# links diag measures (100 Mbit/s .. 10 Gbit/s: 12.5 .. 1250 MB/s) then print as 2-4 digits. Machine outputs
+# (JSON, CSV) keep base units (_Bps: bytes per second); link rates given to tc keep tc's syntax (200mbit).
+RATE_UNIT = "MB/s"
+RATE_SCALE = 1e6
+
+
+def rate_number(bytes_per_s: float) -> str:
+    """A rate in RATE_UNIT without the unit: 3 significant digits, whole numbers from 100 up."""
+    value = float(bytes_per_s) / RATE_SCALE
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.3g}"
+
+
 def human_rate(bytes_per_s: float) -> str:
-    """Bandwidth in decimal bytes/s units as nccl-tests prints (GB/s = 1e9 B/s)."""
-    value = float(bytes_per_s)
-    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value:.3g} B/s"
+    """A rate for people, always in RATE_UNIT: '4.7 MB/s', '1250 MB/s', '0.0125 MB/s'."""
+    return f"{rate_number(bytes_per_s)} {RATE_UNIT}"
 
 
 def human_bits(bits_per_s: float) -> str:
+    """A rate given in bits per second (tc, iperf3), shown in RATE_UNIT like every other rate."""
+    return human_rate(float(bits_per_s) / 8)
+
+
+def shaped_rate(bits_per_s: float) -> str:
+    """A rate set on a link, as tc is told it and as people read it: '200mbit (25 MB/s)'."""
     value = float(bits_per_s)
-    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
         if abs(value) >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value:.3g} bit/s"
+            return f"{value / scale:g}{unit} ({human_bits(value)})"
+    return f"{value:g}bit ({human_bits(value)})"
 
 
 def human_time(seconds: float) -> str:

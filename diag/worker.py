@@ -146,8 +146,13 @@ def run_job(job: Job, group: GroupContext | None = None, raise_errors: bool = Fa
             console = SweepConsole(job.rows_total or len(plans), job.rows_before, quiet=job.quiet,
                                    weight_total=job.weight_total or plan_weight(spec, plans, world_size),
                                    weight_before=job.weight_before)
-            label = transport_label(spec.backend, spec.algo)
-            console.header(f"{label} N={world_size} ({', '.join(spec.ops)}) on {', '.join(transport.hosts())}")
+            trial = job.meta.get("trial")
+            if trial:   # a trial prints a line per round, not a table of rows
+                console.line(f"# trial {trial['name']} N={world_size}: {', '.join(a['name'] for a in trial['arms'])} "
+                             f"on {', '.join(transport.hosts())}")
+            else:
+                label = transport_label(spec.backend, spec.algo)
+                console.header(f"{label} N={world_size} ({', '.join(spec.ops)}) on {', '.join(transport.hosts())}")
 
         def on_row_start(plan) -> None:
             state.update(status="running", op=plan.op, size_bytes=plan.used_bytes, world_size=world_size)

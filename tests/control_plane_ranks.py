@@ -22,6 +22,7 @@ from diag.inplace.node import NodeWork
 from diag.inplace.topology import RankIdentity, build_topology
 from diag.inplace.world import World
 from diag.probe import GroupCoordinator
+from diag.runinfo import RUN_SCHEMA, RunInfo
 
 
 class Planted:
@@ -51,7 +52,7 @@ def job_of(world: World, root: Path, rank: int) -> InPlaceJob:
         safefs.private_dir(root)
         for sub in ("records", "nodes"):
             safefs.private_dir(root / sub)
-        job.run = Run(root, {"notes": [], "failures": []})
+        job.run = Run(root, RunInfo(schema=RUN_SCHEMA))
         job.run.save()
     return job
 

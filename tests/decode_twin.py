@@ -332,8 +332,9 @@ def _field(mat: np.ndarray, pos: np.ndarray | int, nbytes: int) -> np.ndarray:
 # The kernel's skip counters (reader_native.SKIP_ORDER): a chunk's counts are added in this order, so the
 # order of `skipped`'s keys is the kernel's.
 SKIP_SLOTS = ("non_ip", "truncated_headers", "bad_header_length", "fragment", "ipv6_extension_headers",
-              "non_tcp", "truncated_headers", "bad_header_length")
-SLOT_NON_IP, SLOT_SHORT_IP, SLOT_BAD_IHL, SLOT_FRAGMENT, SLOT_IPV6_EXT, SLOT_NON_TCP, SLOT_SHORT_TCP, SLOT_BAD_THL = range(8)
+              "non_tcp", "truncated_headers", "bad_header_length", "tunnel_too_deep")
+(SLOT_NON_IP, SLOT_SHORT_IP, SLOT_BAD_IHL, SLOT_FRAGMENT, SLOT_IPV6_EXT, SLOT_NON_TCP, SLOT_SHORT_TCP, SLOT_BAD_THL,
+ SLOT_TUNNEL_TOO_DEEP) = range(9)
 IPV6_EXTENSIONS = (0, 43, 60, 51, 50, 135, 139, 140)
 MAX_TUNNEL_DEPTH = 3
 VXLAN_PORT, GENEVE_PORT = 4789, 6081
@@ -510,12 +511,13 @@ class _ColumnBuilder:
             found.append((rows[tcp], ip_start[tcp], l4[tcp], total[tcp], version[tcp] == 4, tunnel[tcp],
                           (end - ip_start)[tcp]))
             other = np.flatnonzero(keep & (proto != 6))
-            if depth == MAX_TUNNEL_DEPTH:
-                slots[SLOT_NON_TCP] += other.size
-                break
             inner = [_tunnel_inner(arr, int(ip_start[k]), int(end[k] - ip_start[k]), int(l4[k]), int(proto[k]))
                      for k in other.tolist()]
             kinds = np.array([kind for kind, _, _ in inner], dtype=np.int64).reshape(-1)
+            if depth == MAX_TUNNEL_DEPTH:  # a tunnel inside the deepest one followed: "tunnel_too_deep"
+                slots[SLOT_TUNNEL_TOO_DEEP] += int(np.count_nonzero(kinds > 0))
+                slots[SLOT_NON_TCP] += int(np.count_nonzero(kinds <= 0))
+                break
             slots[SLOT_NON_TCP] += int(np.count_nonzero(kinds == 0))
             slots[SLOT_SHORT_IP] += int(np.count_nonzero(kinds < 0))
             go = kinds > 0

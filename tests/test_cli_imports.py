@@ -89,7 +89,7 @@ def test_file_commands_work_where_torch_is_not_installed_and_torch_commands_say_
         assert done.returncode == 2, (args, done.stderr[-2000:])
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1, done.stderr
-        assert f"diag {args[0]}: error: diag {args[0]} needs torch" in lines[0] and "diag[torch]" in lines[0]
+        assert f"diag {args[0]}: error: diag {args[0]} needs torch" in lines[0] and "pip install -e '.[torch]'" in lines[0]
 
     api = subprocess.run([sys.executable, "-c", "import diag\ntry:\n    diag.sweep(diag.SweepSpec(world_sizes=(2,)))\n"
                           "except ImportError as e:\n    print(e)"], capture_output=True, text=True, timeout=120,

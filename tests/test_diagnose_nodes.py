@@ -606,8 +606,8 @@ def test_a_fault_only_run_names_the_host_and_never_the_mechanism(tmp_path: Path)
     html = (root / "report" / "report.html").read_text()
     assert (root / "report" / "link_matrix.png").read_bytes().startswith(b"\x89PNG")
     assert "![Link matrix: goodput between every pair of nodes](link_matrix.png)" in md
-    assert "### Nodes" in md and "| h3 | 10.77.0.4 | 3 |" in md and "N=4: h0, h1, h2, h3" in md
-    assert "One host slows the run: h3" in html and "<h3>Nodes</h3>" in html
+    assert "## Nodes" in md and "| h3 | 10.77.0.4 | 3 |" in md and "N=4: h0, h1, h2, h3" in md
+    assert "One host slows the run: h3" in html and "<h2 id='nodes'>Nodes<" in html
     assert "One host slows the run: h3" in "\n".join(verdict_lines(card))
 
 

@@ -269,7 +269,7 @@ def test_cli_up_status_exec_down(lab_names: list[str]) -> None:
     assert all(link[side][0]["rate_bps"] == pytest.approx(150e6) for link in links for side in ("tx", "rx"))
 
     text = run_diag("lab", "status", "--name", name)
-    assert "tbf 150 Mbit/s" in text.stdout and "10.77.0.2/24" in text.stdout
+    assert "tbf 150mbit (18.8 MB/s)" in text.stdout and "10.77.0.2/24" in text.stdout
 
     inside = run_diag("lab", "exec", "--name", name, "h1", "--", "ip", "-o", "-4", "addr", "show", "dev", "eth0")
     assert inside.returncode == 0, inside.stderr
@@ -441,7 +441,7 @@ def test_each_fault_takes_where_it_lives(lab_names: list[str]) -> None:
     assert report["hosts"]["h1"]["sysctls"]["net.ipv4.tcp_congestion_control"] == "reno"
     assert report["hosts"]["h1"]["cpus"] == pytest.approx(0.3) and report["hosts"]["h2"]["mtu"] == 9000
     text = run_diag("lab", "status", "--name", name).stdout
-    assert "fault: rate=40mbit,rx-queue=8192,tx-queue=32768,mtu=1280" in text and "tbf 40 Mbit/s" in text
+    assert "fault: rate=40mbit,rx-queue=8192,tx-queue=32768,mtu=1280" in text and "tbf 40mbit (5 MB/s)" in text
     # up again with the same faults is the same lab; with other faults it is another
     assert bring_up(config) == lab
     with pytest.raises(DiagError, match="already up with other settings"):

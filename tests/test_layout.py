@@ -139,7 +139,7 @@ def test_capture_files_and_functions_are_small() -> None:
 
 # What runs experiments: the report reads the files they write through the schemas (records, trialspec,
 # runinfo, advisefile, capture.schema), never through these.
-RUNNERS = ("diag.trial", "diag.worker", "diag.harness", "diag.plan", "diag.runplan", "diag.launch", "diag.inplace",
+RUNNERS = ("diag.trial", "diag.external", "diag.worker", "diag.harness", "diag.plan", "diag.runplan", "diag.launch", "diag.inplace",
            "diag.advise", "diag.reproduce", "diag._sweep", "diag.cli")
 
 

@@ -36,7 +36,7 @@ def test_profile_added_to_the_plan_or_alone() -> None:
     profile = [s for s in added.steps if s.kind == "profile"]
     assert {(s.backend, s.op) for s in profile} == {("gloo", "all_gather"), ("gloo", "send_recv"),
                                                     ("gloo", "all_reduce"), ("raw", "all_gather"), ("raw", "send_recv")}
-    assert not any(s.captured for s in profile) and all(s.captured for s in quick.steps if s.kind in ("sweep", "knob"))
+    assert not any(s.captured for s in profile)
     # a 200 MiB collective at N=8 on a slow link takes minutes: the subgroups wait for it
     assert added.timeout_s >= 600 and quick.timeout_s < 600
     alone = resolve_plan(False, 8, None, profile="only", profile_sizes=(1, 64 << 10, 200 << 20), profile_row_s=0.5)

@@ -113,12 +113,14 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
     # every node captured its own NIC for the steps it took part in and analysed its captures there
     assert meta["mode"] == "lab" and [n["name"] for n in meta["topology"]["nodes"]] == ["h0", "h1", "h2"]
     for node in ("h0", "h1", "h2"):
-        captures = sorted((run_dir / "nodes" / node / "captures").glob("*.pcap"))
+        # each capture analysed, its pcap deleted (no --keep-pcaps), its metadata kept
+        captures = sorted((run_dir / "nodes" / node / "captures").glob("*.pcap.capture.json"))
         analyses = sorted((run_dir / "nodes" / node / "analysis").glob("*.json"))
         assert captures and len(analyses) == len(captures), node
+        assert not list((run_dir / "nodes" / node / "captures").glob("*.pcap")), node
         assert list((run_dir / "nodes" / node / "observe").glob("*.jsonl"))
     def pcaps(node: str) -> int:
-        return len(list((run_dir / "nodes" / node / "captures").glob("*.pcap")))
+        return len(list((run_dir / "nodes" / node / "captures").glob("*.pcap.capture.json")))
 
     assert pcaps("h2") < pcaps("h0")   # h2 is in the subgroup of N=3 only
     analysis = json.loads(analyses[0].read_text())

@@ -207,8 +207,9 @@ def test_sweep_closes_with_nccl_tests_lines_and_gates_on_min_busbw(tmp_path):
     assert "# Out of bounds values : 0 OK" in lines
     avg = next(line for line in lines if line.startswith("# Avg bus bandwidth    : "))
     records = load_records(out).records
-    expected = sum(r.busbw_Bps for r in records) / len(records) / 1e9
-    assert float(avg.split(":")[1]) == pytest.approx(expected, rel=1e-5)
+    expected = sum(r.busbw_Bps for r in records) / len(records) / 1e6
+    number, unit = avg.split(":")[1].split()
+    assert unit == "MB/s" and float(number) == pytest.approx(expected, rel=5e-3)  # the table's unit, 3 digits
     rows = list(csv.DictReader(samples.open()))
     assert len(rows) == 6 and {int(r["iteration"]) for r in rows} == {0, 1, 2}
     assert [float(r["time_s"]) for r in rows[:3]] == records[0].times_s

@@ -85,7 +85,8 @@ typedef struct {
 } Columns;
 
 /* Skip reasons as the twin counts them, in the order it first counts them (the order of skipped's keys). */
-enum { SK_NON_IP, SK_SHORT_IP, SK_BAD_IHL, SK_FRAGMENT, SK_IPV6_EXT, SK_NON_TCP, SK_SHORT_TCP, SK_BAD_THL, NSKIP };
+enum { SK_NON_IP, SK_SHORT_IP, SK_BAD_IHL, SK_FRAGMENT, SK_IPV6_EXT, SK_NON_TCP, SK_SHORT_TCP, SK_BAD_THL,
+       SK_TUNNEL_TOO_DEEP, NSKIP };
 
 typedef struct {
     int64_t skip[NSKIP];
@@ -587,7 +588,11 @@ static inline int decode_record(Decoder *d, const uint8_t *p, int64_t caplen, in
         if (proto == 6)
             break;
         int64_t inner = 0;
-        int kind = depth < MAX_TUNNEL_DEPTH ? tunnel_inner(ip, ip_caplen, tcp_off, proto, &inner, &version) : T_NONE;
+        int kind = tunnel_inner(ip, ip_caplen, tcp_off, proto, &inner, &version);
+        if (depth >= MAX_TUNNEL_DEPTH) { /* a tunnel inside the deepest one followed: said as such, not "non_tcp" */
+            counts->skip[kind > 0 ? SK_TUNNEL_TOO_DEEP : SK_NON_TCP]++;
+            return ST_OK;
+        }
         if (kind == T_TRUNCATED) {
             counts->skip[SK_SHORT_IP]++;
             return ST_OK;

@@ -27,7 +27,7 @@ from diag.capture.busy import (
     STALL_RTT_FACTOR,
     duplex,
 )
-from diag.capture.pcapfile import ReadResult
+from diag.capture.pcapfile import SKIP_WORDS, UNSUPPORTED_LINKTYPE_PREFIX, ReadResult
 from diag.capture.quantile import OrderStats, np_median, np_percentile
 from diag.capture.tcpstate import PacketState
 from diag.capture.turns import CONTROL_MAX_BYTES, summarize
@@ -150,7 +150,8 @@ def host_document(address: str, tx_bytes: int, rx_bytes: int, dup: dict[str, Any
 
 
 def phases_from_records(paths: Sequence[str | os.PathLike[str]]) -> list[PhaseKey]:
-    """One phase per timed iteration of every record (wall-clock windows), sorted by start."""
+    """One phase per timed iteration of every record (wall-clock windows; a trial's block: its trial and arm),
+    sorted by start."""
     from diag.records import load_records
 
     phases = []
@@ -160,9 +161,14 @@ def phases_from_records(paths: Sequence[str | os.PathLike[str]]) -> list[PhaseKe
             for iteration, (start, end) in enumerate(windows):
                 phases.append(PhaseKey(record.backend, record.algo, record.op, record.world_size,
                                        record.size_bytes, iteration if record.iter_windows_ns else None,
-                                       int(start), int(end)))
+                                       int(start), int(end), extra=_block_of(record)))
     phases.sort(key=lambda ph: ph.t_start_ns)
     return phases
+
+
+def _block_of(record: Any) -> dict[str, Any]:
+    """A trial's block names its trial and arm in its phases (diag trial's duplex overlap per arm)."""
+    return {k: record.block.get(k) for k in ("trial", "arm")} if record.block else {}
 
 
 def _capture_meta(path: Path) -> dict[str, Any] | None:
@@ -200,8 +206,9 @@ def document(paths: Sequence[str | os.PathLike[str]], results: list[ReadResult],
         files.append(doc.CaptureFile(str(path), result.file_format, result.linktypes, result.snaplen,
                                         result.frames, packets, result.skipped, meta))
         warnings.extend(result.warnings)
-        if result.skipped:
-            warnings.append(f"{path}: skipped " + ", ".join(f"{v} {k}" for k, v in sorted(result.skipped.items())))
+        others = {k: v for k, v in result.skipped.items() if not k.startswith(UNSUPPORTED_LINKTYPE_PREFIX)}
+        if others:  # (link types: the reader's warning names them in words)
+            warnings.append(f"{path}: skipped " + ", ".join(f"{v} {SKIP_WORDS.get(k, k)}" for k, v in sorted(others.items())))
     flagged = bool(dropped_total) or any("truncated_record" in r.skipped for r in results)
     if dropped_total:
         warnings.append(f"the kernel dropped {dropped_total} packets during capture: counts are lower bounds "

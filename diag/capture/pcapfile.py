@@ -45,6 +45,25 @@ SUPPORTED_LINKTYPES = {
     LINKTYPE_LINUX_SLL: "Linux cooked (SLL)", LINKTYPE_IPV4: "raw IPv4", LINKTYPE_IPV6: "raw IPv6",
     LINKTYPE_LINUX_SLL2: "Linux cooked v2 (SLL2)",
 }
+# Link types diag does not read, as tcpdump names them (a refusal names the type in words).
+OTHER_LINKTYPES = {9: "PPP", 104: "Cisco HDLC", 105: "802.11", 119: "802.11 with Prism header", 127: "802.11 radiotap",
+                   143: "DOCSIS", 147: "user-defined (DLT_USER0)", 163: "802.11 with AVS header", 187: "Bluetooth HCI H4",
+                   189: "USB (Linux)", 195: "IEEE 802.15.4", 220: "USB (Linux, memory-mapped)", 227: "CAN (SocketCAN)"}
+LINKTYPE_MASK = 0x03FFFFFF  # libpcap's LT_LINKTYPE: the upper bits carry the FCS length (0x04000001: Ethernet + FCS)
+UNSUPPORTED_LINKTYPE_PREFIX = "unsupported_linktype_"
+SKIP_WORDS = {"tunnel_too_deep": "tunnel_too_deep (a tunnel inside the third one diag follows)"}  # key -> words
+
+
+def linktype_name(linktype: int) -> str:
+    """'link type 127 (802.11 radiotap)'."""
+    name = SUPPORTED_LINKTYPES.get(linktype) or OTHER_LINKTYPES.get(linktype)
+    return f"link type {linktype}" + (f" ({name})" if name else "")
+
+
+def unsupported_linktype_error(path: Path | str, linktypes: list[int]) -> DiagError:
+    """The one refusal of both formats for a file with no packet of a link type diag reads."""
+    return DiagError(f"{path}: {', '.join(map(linktype_name, linktypes))} is not supported; diag reads "
+                     f"{', '.join(sorted(set(SUPPORTED_LINKTYPES.values())))} (capture the IP interface)")
 
 PCAP_MAGICS = {
     b"\xd4\xc3\xb2\xa1": ("<", 1000), b"\xa1\xb2\xc3\xd4": (">", 1000),
@@ -160,10 +179,9 @@ def pcap_header(handle: IO[bytes], magic: bytes, path: Path) -> tuple[int, int, 
     if len(rest) < 20:
         raise DiagError(f"{path}: pcap header is truncated ({4 + len(rest)} of 24 bytes)")
     _major, _minor, _zone, _sigfigs, snaplen, linktype_field = struct.unpack(endian + "HHiIII", rest)
-    linktype = linktype_field & 0x0FFFFFFF
+    linktype = linktype_field & LINKTYPE_MASK
     if linktype not in SUPPORTED_LINKTYPES:
-        raise DiagError(f"{path}: link type {linktype} is not supported "
-                        f"(supported: {', '.join(sorted(set(SUPPORTED_LINKTYPES.values())))})")
+        raise unsupported_linktype_error(path, [linktype])
     limit = max(snaplen, 65535 + 64) + 64
     return snaplen, linktype, min(limit, MAX_RECORD_BYTES)
 

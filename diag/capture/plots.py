@@ -12,6 +12,7 @@ import numpy as np
 from diag import safefs
 from diag.analysisdoc import Analysis
 from diag.capture.document import Packets
+from diag.units import RATE_SCALE, RATE_UNIT
 
 # Plot at most this many connections (the ones that carried the most bytes) so a busy capture stays readable.
 MAX_PLOTTED_CONNECTIONS = 8
@@ -42,7 +43,7 @@ def plot_connections(result: Analysis, packets: Packets, out_dir: str | Path) ->
             series = conn.direction(label).throughput
             if series:
                 x = series.t0 - t0 + series.bin_s * np.arange(len(series.Bps))
-                ax_tp.step(x, np.asarray(series.Bps) * 8 / 1e6, where="post", label=label)
+                ax_tp.step(x, np.asarray(series.Bps) / RATE_SCALE, where="post", label=label)
             drows = rows[(st.direction[rows] == d)]
             data = drows[cols["plen"][drows] > 0]
             ts = cols["ts_ns"][data] / 1e9 - t0
@@ -60,7 +61,7 @@ def plot_connections(result: Analysis, packets: Packets, out_dir: str | Path) ->
             sizes = cols["plen"][data]
             if sizes.size:
                 ax_hist.hist(sizes, bins=50, alpha=0.6, label=label)
-        ax_tp.set(title=f"throughput (overlap {conn.duplex_overlap or 0:.0%})", xlabel="s", ylabel="Mbit/s")
+        ax_tp.set(title=f"throughput (overlap {conn.duplex_overlap or 0:.0%})", xlabel="s", ylabel=RATE_UNIT)
         ax_seq.set(title="time-sequence (relative, MB)", xlabel="s", ylabel="MB")
         ax_win.set(title="window and bytes in flight", xlabel="s", ylabel="KB")
         ax_hist.set(title="segment sizes (payload)", xlabel="bytes", ylabel="segments")

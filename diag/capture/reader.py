@@ -111,7 +111,19 @@ def _read_capture(p: Path, first_frame: int, consume: Callable[[CaptureChunk], N
             raise DiagError(f"{p}: cannot read compressed data ({exc}); the file is damaged") from None
         except OSError as exc:
             raise DiagError(f"{p}: cannot read ({exc.strerror or exc}); the file or device is damaged") from None
-        return builder.finish(fmt + (".gz" if gz else ""))
+        return _linktypes_checked(builder.finish(fmt + (".gz" if gz else "")), p)
+
+
+def _linktypes_checked(result: ReadResult, p: Path) -> ReadResult:
+    """Both formats alike: a file with no packet of a link type diag reads is refused; a pcapng that mixes keeps
+    the rest and says in words what it skipped."""
+    prefix = pcapfile.UNSUPPORTED_LINKTYPE_PREFIX
+    skipped = {int(key[len(prefix):]): n for key, n in result.skipped.items() if key.startswith(prefix)}
+    if skipped and sum(skipped.values()) >= result.frames:
+        raise pcapfile.unsupported_linktype_error(p, sorted(skipped))
+    result.warnings += [f"{p}: {n} packets of {pcapfile.linktype_name(lt)} skipped (not supported)"
+                        for lt, n in sorted(skipped.items())]
+    return result
 
 
 def _read_format(handle: IO[bytes], magic: bytes, builder: RecordDecoder, p: Path) -> str:

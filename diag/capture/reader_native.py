@@ -59,7 +59,7 @@ from diag.errors import DiagError
 MIN_ROW_FILE_BYTES = 56
 # The kernel's skip counts, in the order the twin first counts them (this order is that of `skipped`'s keys).
 SKIP_ORDER = ("non_ip", "truncated_headers", "bad_header_length", "fragment", "ipv6_extension_headers",
-              "non_tcp", "truncated_headers", "bad_header_length")
+              "non_tcp", "truncated_headers", "bad_header_length", "tunnel_too_deep")
 # pcapng_blocks statuses (_cpcap.c).
 NG_END, NG_INCOMPLETE, NG_PYTHON, NG_BAD_LENGTH, NG_INCONSISTENT, NG_TIMESTAMP, NG_SIMPLE_FIRST, NG_TABLE_FULL = range(8)
 # ts_ns = ticks * num (0), ticks // den (1), (ticks * num) >> den (2), 0 (3): the forms _tsresol gives.

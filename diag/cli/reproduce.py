@@ -70,8 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         "GLOO_SOCKET_IFNAME; default: GLOO_SOCKET_IFNAME, else the route to "
                                         "MASTER_ADDR)")
     parser.add_argument("--keep-pcaps", action="store_true",
-                        help="in place without a shared --out: send the nodes' pcaps to rank 0 too (default: "
-                             "they stay on their node; their analyses are sent)")
+                        help="keep the pcaps (a quick run takes ~1.1 GB of them); default: each node analyses "
+                             "its captures and deletes the pcaps from a shared run directory, keeping the analyses; "
+                             "without a shared --out the pcaps stay on their node, and this sends them to rank 0 "
+                             "too")
     parser.add_argument("--lab-fault", action="append", default=[], metavar="HOST:KEY=VALUE[,KEY=VALUE]",
                         help="the lab: one host's own fault, repeatable, as diag lab up --fault (rate, rx-queue, "
                              "tx-queue, mtu, tcp_rmem, tcp_wmem, cc, slow_start_after_idle, cpu), e.g. "

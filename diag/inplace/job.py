@@ -44,7 +44,7 @@ from diag.transports.group import GroupContext
 from diag.units import human_bytes
 
 MODES = ("in-place", "lab", "loopback")
-COMMANDS = ("reproduce", "sweep", "advise")
+COMMANDS = ("reproduce", "sweep", "advise", "trial")
 SHARED_MARK = ".diag-shared"   # rank 0 writes it into the run directory; a node that reads it shares it
 # The longest a rank of the job may stay silent: one phase of the link probe, or the analysis of a node's
 # captures. A plan with neither (a sweep without --capture) is silent at most one collective's timeout.
@@ -58,7 +58,7 @@ class JobOptions:
     (0600: it carries the run token)."""
 
     plan: dict[str, Any] = field(default_factory=dict)   # diag.plan.Plan.to_json()
-    command: str = "reproduce"            # reproduce | sweep | advise: run.json's command, the progress lines
+    command: str = "reproduce"            # reproduce | sweep | advise | trial: run.json's command, the progress lines
     out: str = ""                         # the run directory
     records_out: str | None = None        # diag sweep's --out: rank 0 appends every event there too
     run_id: str = ""                      # the records' run id (each N's launch: <run_id>-n<N>); "": drawn
@@ -328,7 +328,7 @@ class InPlaceJob:
                 spec = step_spec(self.plan, step, n)
                 meta: dict[str, Any] = {}
                 if step.trial is not None:
-                    meta["trial"] = step_trial(self.plan, step, seed).to_json()
+                    meta["trial"] = step_trial(self.plan, step, seed, n).to_json()
                 if step.kind == "profile":
                     meta["profile"] = True   # its rows feed the model, not the survey (diag.report.rundir)
                     spec = self._profile_fit(step, n, spec, memory)
@@ -337,7 +337,8 @@ class InPlaceJob:
                 except DiagError:
                     rows = 0   # the step itself says what is wrong
                 out.append(Action(step_title(step, n), step, n, spec, meta, f"records/{step.name}.jsonl",
-                                  capture_tag(step, spec, n), capture=self.plan.capture and step.captured,
+                                  capture_tag(step, spec, n), capture=self.plan.capture and step.kind != "profile"
+                                  and (step.trial is None or step.captured),
                                   rows=rows, weight=next(weights)))
         return out
 
@@ -416,7 +417,7 @@ class InPlaceJob:
             spec = spec.replace(knobs={**spec.knobs, "tcpinfo_dir": str(self._node_dir() / "tcpinfo")})
         n = action.world_size
         groups: dict[str, GroupContext] = {}
-        backends = ([(a.backend, a.knobs) for a in step_trial(self.plan, action.step).arms if a.backend != "raw"]
+        backends = ([(a.backend, a.knobs) for a in step_trial(self.plan, action.step, world_size=n).arms if a.on_torch]
                     if action.step.trial is not None else [(spec.backend, spec.knobs)])
         for backend, knobs in backends:
             found = self.group(n, backend, knobs)
@@ -456,7 +457,9 @@ class InPlaceJob:
         records = self._records_for_analysis()
         if self.node_work is not None and records:
             self.say("[analyze] every node analyses its own captures")
-            self.node_work.analyze(records)
+            # In a shared run directory the pcaps stay only with --keep-pcaps (their analyses always do); a node
+            # that does not share it keeps them on its own disk, as before (and ships them with --keep-pcaps).
+            self.node_work.analyze(records, keep_pcaps=self.options.keep_pcaps or not self.shared)
         self._note(self.world.all_gather_texts(self.node_work.notes if self.node_work else [], "analysing the captures"))
         if not self.shared:
             self._collect_nodes()

@@ -125,8 +125,10 @@ class NodeWork:
             self._observers.stop()
             self._observers = None
 
-    def analyze(self, records: list[str]) -> None:
-        """Analyse every capture of this node against the run's records (analysis/<tag>.json)."""
+    def analyze(self, records: list[str], keep_pcaps: bool = True) -> None:
+        """Analyse every capture of this node against the run's records (analysis/<tag>.json); without
+        ``keep_pcaps`` a pcap whose analysis was written is deleted (a quick run's pcaps are ~1.1 GB; the analysis
+        and <tag>.pcap.capture.json stay, and a pcap whose analysis failed stays to be looked at)."""
         from dataclasses import replace
 
         from diag.capture.analysis import analyze
@@ -141,6 +143,8 @@ class NodeWork:
             document = replace(result, node=self.node.name).to_json()
             safefs.write_file(self.directory / "analysis" / f"{pcap.stem}.json", json.dumps(document, default=str))
             self.analysis_seconds += time.monotonic() - started
+            if not keep_pcaps:
+                pcap.unlink()
 
     def files(self, keep_pcaps: bool) -> tuple[list[Outgoing], list[Left]]:
         """What this node offers rank 0 where the run directory is not shared (diag.inplace.transfer): every

@@ -71,7 +71,7 @@ def format_lab(lab: Any, links: list[dict[str, Any]] | None = None,
                settings: dict[str, dict[str, Any]] | None = None) -> str:
     """The lab in a few lines: one per host, with its qdiscs (links) and, for a host with a fault, what it
     was asked to do differently and what it has now (settings: topology.host_settings per host name)."""
-    from diag.units import human_bits, human_bytes, human_rate
+    from diag.units import human_bytes, human_rate, shaped_rate
 
     config = lab.config
     extras = [f"mtu {config.mtu}", f"burst {lab.burst_bytes} B", f"switch queue {human_bytes(lab.queue_limit_bytes)}",
@@ -80,7 +80,7 @@ def format_lab(lab: Any, links: list[dict[str, Any]] | None = None,
         extras.append(f"delay {config.delay}")
     if config.loss:
         extras.append(f"loss {config.loss}")
-    lines = [f"lab {lab.name}: {len(lab.hosts)} hosts, {human_bits(lab.rate_bps)} full duplex per host "
+    lines = [f"lab {lab.name}: {len(lab.hosts)} hosts, {shaped_rate(lab.rate_bps)} full duplex per host "
              f"(TCP goodput at most {human_rate(lab.expected_goodput_Bps)} each way), {', '.join(extras)}"]
     by_host = {link["host"]: link for link in links or []}
     for host in lab.hosts:
@@ -116,7 +116,7 @@ def fault_readback(settings: dict[str, Any] | None) -> str:
 
 
 def qdisc_text(qdiscs: list[dict[str, Any]]) -> str:
-    from diag.units import human_bits
+    from diag.units import shaped_rate
 
     if not qdiscs:
         return "NONE (unshaped!)"
@@ -124,7 +124,7 @@ def qdisc_text(qdiscs: list[dict[str, Any]]) -> str:
     for q in qdiscs:
         text = q["kind"]
         if q.get("rate_bps"):
-            text += f" {human_bits(q['rate_bps'])} burst {q.get('burst_bytes')}"
+            text += f" {shaped_rate(q['rate_bps'])} burst {q.get('burst_bytes')}"
             if q.get("limit_bytes"):
                 text += f" limit {q['limit_bytes']}"
         if q.get("kind") == "netem":

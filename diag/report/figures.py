@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from diag import safefs
+from diag.report.series import series_words
 from diag.units import human_bytes
 
 DPI = 90
 # Bar labels and panel titles wrap at these many characters, so long series labels stay inside the figure.
 LABEL_CHARS = 34
 TITLE_CHARS = 60
+LEGEND_CHARS = 56   # a legend entry's line: long series names wrap instead of widening the figure
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,8 @@ class Panel:
     y: str = "linear"                 # "linear" | "log" | "bytes"
     y_from_zero: bool = False
     y_max: float | None = None
-    legend: str | None = None         # a matplotlib legend location; None: inside if few short labels, else beside
+    legend: str | None = None         # a matplotlib legend location or "below"; None: inside if few short labels,
+    #                                   else beside
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class Plot:
     filename: str
     title: str
     caption: str
+    # The legend's series in words and the knob string each stands for (series_label: the tables', the CSV's)
+    keys: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,11 @@ def _scale(ax: Any, which: str, kind: str, values: Sequence[float]) -> None:
 
         set_scale("log")
         axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-        axis.set_minor_formatter(NullFormatter())
+        positive = [v for v in values if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)]
+        # Within about a decade there may be one major tick or none: label the 2x, 3x and 5x minor ticks.
+        narrow = bool(positive) and max(positive) / min(positive) < 50
+        axis.set_minor_formatter(FuncFormatter(lambda v, _pos: f"{v:g}" if f"{v:g}"[0] in "235" else "")
+                                 if narrow else NullFormatter())
     elif kind == "int":
         from matplotlib.ticker import MaxNLocator
 
@@ -161,13 +170,14 @@ def draw_panel(ax: Any, panel: Panel) -> None:
     for line in panel.lines:
         xs += list(line.x)
         ys += list(line.y)
+        label = textwrap.fill(series_words(line.label), LEGEND_CHARS)
         if len(line.x) == 1:
             style = "".join(c for c in line.style if c not in "-:") or "o"
-            ax.plot(line.x, line.y, style, ms=7, label=line.label)
+            ax.plot(line.x, line.y, style, ms=7, label=label)
         elif line.step:
-            ax.step(line.x, line.y, line.style, where="post", label=line.label, lw=line.width or 1.2)
+            ax.step(line.x, line.y, line.style, where="post", label=label, lw=line.width or 1.2)
         else:
-            ax.plot(line.x, line.y, line.style, ms=4, label=line.label, lw=line.width or 1.5)
+            ax.plot(line.x, line.y, line.style, ms=4, label=label, lw=line.width or 1.5)
     if panel.bars is not None:
         _draw_bars(ax, panel.bars)
         ys += [v for _, values in panel.bars.series for v in values if v is not None]
@@ -189,15 +199,17 @@ def draw_panel(ax: Any, panel: Panel) -> None:
     horizontal = panel.bars is not None and panel.bars.horizontal
     ax.set_xlabel(panel.ylabel if horizontal else panel.xlabel, fontsize=8)
     ax.set_ylabel(panel.xlabel if horizontal else panel.ylabel, fontsize=8)
-    ax.set_title(textwrap.fill(panel.title, TITLE_CHARS), fontsize=9, pad=22 if horizontal else 6)
+    ax.set_title(textwrap.fill(series_words(panel.title), TITLE_CHARS), fontsize=9, pad=22 if horizontal else 6)
     ax.tick_params(labelsize=7)
     ax.grid(True, which="both", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         if horizontal:  # above the axes: bars fill the plot area, a legend inside would hide some
             ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, frameon=False)
+        elif panel.legend == "below":  # one entry a row under the axes: a narrow figure stays legible on a phone
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.15), ncol=1, frameon=False)
         elif panel.legend is not None:
             ax.legend(fontsize=8, loc=panel.legend)
-        elif len(panel.lines) > 4 or any(len(line.label) > 40 for line in panel.lines):
+        elif len(panel.lines) > 4 or any(len(series_words(line.label)) > 40 for line in panel.lines):
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: many or long labels
         else:
             ax.legend(fontsize=7)
@@ -245,11 +257,20 @@ def _draw_bars(ax: Any, bars: Bars) -> None:
             ax.bar(at, heights, width, label=name)
     if bars.horizontal:
         ax.set_yticks(list(positions))
-        ax.set_yticklabels([textwrap.fill(g, LABEL_CHARS) for g in bars.groups], fontsize=7)
+        ax.set_yticklabels([textwrap.fill(series_words(g), LABEL_CHARS) for g in bars.groups], fontsize=7)
         ax.invert_yaxis()  # first group on top, as it is read
     else:
         ax.set_xticks(list(positions))
         ax.set_xticklabels(bars.groups, fontsize=7)
+
+
+def _series_of(text: str) -> str:
+    """The series label a title or legend entry opens with ('raw:ring [conn=shared] all_gather' -> 'raw:ring
+    [conn=shared]'), for the table of what the words stand for."""
+    head, _, rest = text.partition(" ")
+    if rest.startswith("["):
+        return f"{head} [{rest[1:].partition(']')[0]}]"
+    return head if series_words(head) != head else text
 
 
 def render(spec: FigureSpec, out: Path) -> Plot:
@@ -263,6 +284,9 @@ def render(spec: FigureSpec, out: Path) -> Plot:
                                                + 0.15)
                      for p in spec.panels if p.bars is not None and p.bars.horizontal and p.bars.groups), default=0.0)
     height = max(height, tall_bars + 1.6)
+    # A legend below the axes: the figure grows by its lines, so the axes keep their height.
+    height += max((0.17 * (sum(len(textwrap.wrap(series_words(line.label), LEGEND_CHARS)) for line in p.lines)
+                           + len(p.refs)) + 0.3 for p in spec.panels if p.legend == "below"), default=0.0)
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, sharex=spec.sharex)
     flat = [ax for row in axes for ax in row]
     for ax in flat[count:]:
@@ -275,4 +299,7 @@ def render(spec: FigureSpec, out: Path) -> Plot:
         fig.savefig(handle, format=Path(spec.filename).suffix.lstrip(".") or "png", dpi=DPI,
                     bbox_inches="tight")  # long labels and outside legends fit
     plt.close(fig)
-    return Plot(spec.filename, spec.title, spec.caption)
+    labels = dict.fromkeys([*(_series_of(panel.title) for panel in spec.panels),
+                            *(_series_of(line.label) for panel in spec.panels for line in panel.lines)])
+    keys = tuple((series_words(label), label) for label in labels if series_words(label) != label)
+    return Plot(spec.filename, spec.title, spec.caption, keys)

@@ -10,14 +10,16 @@ from __future__ import annotations
 import base64
 import html
 import io
+import textwrap
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from diag import safefs
 from diag.records import Record
 from diag.report.compare import Comparison
-from diag.report.series import busbw_samples, mean_busbw, series_label
+from diag.report.series import busbw_samples, mean_busbw, series_label, series_words
 from diag.units import human_bytes, human_rate
 
 SPREAD = (0.10, 0.90)        # the band: these quantiles of a row's per-iteration busbw
@@ -53,11 +55,14 @@ def overlay_png(a: Sequence[Record], b: Sequence[Record], a_name: str, b_name: s
     rows = max(1, -(-len(keys) // columns))
     fig, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.8 * rows), squeeze=False, dpi=90)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    # one colour per series across every panel, and one legend for the figure (below the panels)
+    everyone = sorted({label for series in (sa, sb) for per in series.values() for label in per})
+    legend: dict[str, Any] = {}
     for index, key in enumerate(keys):
         ax = axes[index // columns][index % columns]
         labels = sorted(set(sa.get(key, {})) | set(sb.get(key, {})))
-        for number, label in enumerate(labels):
-            colour = colours[number % len(colours)]
+        for label in labels:
+            colour = colours[everyone.index(label) % len(colours)]
             for side, series, style in (("A", sa, "-"), ("B", sb, "--")):
                 rows_of = series.get(key, {}).get(label)
                 if not rows_of:
@@ -67,8 +72,9 @@ def overlay_png(a: Sequence[Record], b: Sequence[Record], a_name: str, b_name: s
                 samples = [busbw_samples(r) or [mean_busbw(r)] for r in rows_of]
                 low = [_quantile(s, SPREAD[0]) / 1e6 for s in samples]
                 high = [_quantile(s, SPREAD[1]) / 1e6 for s in samples]
-                name = f"{side}: {label}"
-                ax.plot(x, y, style, marker="o" if side == "A" else "s", markersize=3, color=colour, label=name)
+                name = f"{side}: {series_words(label)}"
+                (handle,) = ax.plot(x, y, style, marker="o" if side == "A" else "s", markersize=3, color=colour)
+                legend.setdefault(name, handle)
                 ax.fill_between(x, low, high, color=colour, alpha=0.18 if side == "A" else 0.10, linewidth=0)
         op, n = key
         ax.set_title(f"{op}, N={n}", fontsize=10)
@@ -81,14 +87,18 @@ def overlay_png(a: Sequence[Record], b: Sequence[Record], a_name: str, b_name: s
         ax.set_ylabel("busbw (MB/s)", fontsize=8)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
     for index in range(len(keys), rows * columns):
         axes[index // columns][index % columns].set_visible(False)
-    fig.suptitle(f"busbw of the mean time vs size, A = {a_name} (solid), B = {b_name} (dashed); bands: "
-                 f"p{SPREAD[0] * 100:.0f}..p{SPREAD[1] * 100:.0f} of the iterations", fontsize=10)
+    # the files' names only (their paths are on the page), wrapped to the figure's width: never clipped
+    fig.suptitle(textwrap.fill(f"busbw of the mean time vs size, A = {Path(a_name).name} (solid), B = "
+                               f"{Path(b_name).name} (dashed); bands: p{SPREAD[0] * 100:.0f}..p{SPREAD[1] * 100:.0f}"
+                               " of the iterations", 28 * columns), fontsize=10)
     fig.tight_layout()
+    # under every panel, one entry a row: long series names never spill into a neighbouring panel
+    fig.legend(list(legend.values()), list(legend), loc="upper left", bbox_to_anchor=(0.02, 0.0), fontsize=8,
+               frameon=False)
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
+    fig.savefig(buffer, format="png", bbox_inches="tight")
     plt.close(fig)
     return buffer.getvalue()
 
@@ -96,7 +106,8 @@ def overlay_png(a: Sequence[Record], b: Sequence[Record], a_name: str, b_name: s
 _CSS = ("body{font-family:sans-serif;max-width:1150px;margin:1.5em auto;padding:0 .8em;color:#222}"
         "img{max-width:100%}table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;"
         "padding:2px 6px}th{background:#eee}.slower{background:#fde8e8}.faster{background:#e8f6e8}"
-        ".muted{color:#666;font-size:12px}")
+        ".muted{color:#666;font-size:12px}.scroll{overflow-x:auto}"
+        "@media (max-width:520px){.wide{overflow-x:auto}.wide img{max-width:none;width:760px}}")
 
 
 def write_compare_html(path: Path, a: Sequence[Record], b: Sequence[Record], result: Comparison,
@@ -115,9 +126,9 @@ def write_compare_html(path: Path, a: Sequence[Record], b: Sequence[Record], res
             f"content='width=device-width, initial-scale=1'><title>diag compare</title><style>{_CSS}</style>"
             f"</head><body><h1>diag compare</h1><p><b>A</b> {html.escape(a_name)}<br><b>B</b> "
             f"{html.escape(b_name)}</p><p>{html.escape(summary)}</p>"
-            f"<img alt='busbw vs size, both runs' src='data:image/png;base64,{png}'>"
-            f"<h2>Rows</h2><table><thead><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr></thead>"
-            f"<tbody>{body}</tbody></table><p class='muted'>time B/A &gt; 1: B is slower (mean time per iteration). "
+            f"<div class='wide'><img alt='busbw vs size, both runs' src='data:image/png;base64,{png}'></div>"
+            f"<h2>Rows</h2><div class='scroll'><table><thead><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr></thead>"
+            f"<tbody>{body}</tbody></table></div><p class='muted'>time B/A &gt; 1: B is slower (mean time per iteration). "
             f"A difference counts when the bootstrap interval of the ratio over blocks (launches, or trial "
             f"rounds) excludes 1 and the ratio changed by at least the threshold; a row with fewer than 3 blocks "
             f"a side is untested. Welch's p on the iterations is shown, never decides (diag compare --help)."

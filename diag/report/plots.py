@@ -23,7 +23,7 @@ from diag.report.queries import (
 )
 from diag.report.rundir import CaptureSet, RunData
 from diag.report.series import PAIRWISE_OPS, by_series, mean_busbw, mean_time, series_label
-from diag.units import human_bytes
+from diag.units import RATE_SCALE, RATE_UNIT, human_bytes, human_rate
 
 # At most this many panels/lines per plot, so a big sweep stays readable.
 MAX_PANELS = 6
@@ -78,14 +78,14 @@ def headline(run: RunData) -> FigureSpec | Skipped:
     if not lines:
         return Skipped(title, f"no rows at D={human_bytes(target)}")
     panel = Panel(f"{op} busbw at D = {human_bytes(target)} per device", "world size N", "busbw of the mean time [MB/s]",
-                  lines, refs=_link_ref(run), x="int", y_from_zero=True, legend="lower right")
+                  lines, refs=_link_ref(run), x="int", y_from_zero=True, legend="below")
     return FigureSpec("headline.png", title,
                       f"{op} bus bandwidth of the mean time per iteration (nccl-tests convention, MB/s = 1e6 B/s) against the number of ranks N, "
                       f"each rank receiving the same volume D = {human_bytes(target)} at every N. On a full-duplex "
                       "link every transport should sit near the dashed link rate at every N; a backend line that "
                       "drops at N=2 while the raw-TCP lines stay up is the anomaly, and the gap is what the "
                       "backend loses. Raw experiments run at one N only are single markers.",
-                      [panel], columns=1, panel_size=(10.0, 4.6))
+                      [panel], columns=1, panel_size=(4.6, 3.5))  # narrow: its text stays legible on a phone
 
 
 def time_vs_volume(run: RunData) -> FigureSpec | Skipped:
@@ -108,7 +108,7 @@ def time_vs_volume(run: RunData) -> FigureSpec | Skipped:
             lines.append(Line(f"N={n}", [r.volume_bytes for r in rows], [mean_time(r) * 1e3 for r in rows]))
         if link and len(set(volumes)) > 1:
             lo, hi = min(volumes), max(volumes)
-            lines.append(Line(f"ideal D / link ({link * 8 / 1e9:.3g} Gbit/s)", [lo, hi],
+            lines.append(Line(f"ideal D / link ({human_rate(link)})", [lo, hi],
                               [lo / link * 1e3, hi / link * 1e3], "k--"))
         panels.append(Panel(f"{label} {op}", "per-device volume D = (N-1) x size [bytes]", "mean time per operation [ms]",
                             lines, x="bytes", y="log"))
@@ -206,12 +206,12 @@ def conn_throughput(run: RunData) -> FigureSpec | Skipped:
             continue
         t_first = min(tp.t0 for _, tp in series)
         lines = [Line(f"{conn.a} -> {conn.b}" if d == "a->b" else f"{conn.b} -> {conn.a}",
-                      [t - t_first for t in tp.times()], [v * 8 / 1e6 for v in tp.Bps],
+                      [t - t_first for t in tp.times()], [v / RATE_SCALE for v in tp.Bps],
                       "-" if d == "a->b" else "--", step=True) for d, tp in series]
         overlap = conn.duplex_overlap
         panels.append(Panel(f"{capture_name(run, capture)}: busiest connection"
                             + (f", duplex overlap {overlap:.0%}" if isinstance(overlap, (int, float)) else ""),
-                            "time since capture start [s]", "throughput [Mbit/s]", lines))
+                            "time since capture start [s]", f"throughput [{RATE_UNIT}]", lines))
     if not panels:
         return Skipped(title, "no analysed capture with a per-direction throughput series (analysis/*.json)")
     return FigureSpec("conn_throughput.png", title,
@@ -252,6 +252,23 @@ def duplex(run: RunData) -> FigureSpec | Skipped:
                       "connection).", [panel], columns=1, panel_size=(10.0, 3.8))
 
 
+# Samples further apart than this are not joined by a line: the connection was idle or gone in between.
+SAMPLE_GAP_S = 5.0
+
+
+def _gaps_broken(ts: list[float], ys: list[float]) -> tuple[list[float], list[float]]:
+    """ts, ys with a NaN point inside every gap longer than SAMPLE_GAP_S (matplotlib breaks the line there)."""
+    out_t: list[float] = []
+    out_y: list[float] = []
+    for i, (t, y) in enumerate(zip(ts, ys, strict=True)):
+        if i and t - ts[i - 1] > SAMPLE_GAP_S:
+            out_t.append((t + ts[i - 1]) / 2)
+            out_y.append(float("nan"))
+        out_t.append(t)
+        out_y.append(y)
+    return out_t, out_y
+
+
 def window(run: RunData) -> FigureSpec | Skipped:
     title = "Congestion window and queued bytes"
     series = [s for s in tcp_info_series(run) if s.has_cwnd]
@@ -262,21 +279,26 @@ def window(run: RunData) -> FigureSpec | Skipped:
     cwnd: list[Line] = []
     queue: list[Line] = []
     for one in busiest:
-        name = (f"{capture_name(run, run.captures[one.tag])}: {one.label}" if one.tag else f"raw {one.label}")[:70]
+        name = f"{capture_name(run, run.captures[one.tag])}: {one.label}" if one.tag else f"raw {one.label}"
         ts = [(sample.t_ns - t_min) / 1e9 for sample in one.samples]
-        cwnd.append(Line(name, ts, [s.cwnd if isinstance(s.cwnd, (int, float)) else float("nan")
-                                    for s in one.samples], ".-"))
+        cwnd.append(Line(name, *_gaps_broken(ts, [s.cwnd if isinstance(s.cwnd, (int, float)) else float("nan")
+                                                  for s in one.samples]), ".-"))
         if any(isinstance(s.send_q, (int, float)) for s in one.samples):
-            queue.append(Line(name, ts, [s.send_q if isinstance(s.send_q, (int, float)) else float("nan")
-                                         for s in one.samples], ".-"))
+            queue.append(Line(name, *_gaps_broken(ts, [s.send_q / 1024 if isinstance(s.send_q, (int, float))
+                                                       else float("nan") for s in one.samples]), ".-"))
     panels = [Panel("congestion window", "time since first sample [s]", "cwnd [segments]", cwnd),
               Panel("send queue", "time since first sample [s]",
-                    "send queue [bytes]" if queue else "send queue [bytes] (not sampled)", queue)]
+                    "send queue [KiB]" if queue else "send queue [KiB] (not sampled)", queue)]
     return FigureSpec("window.png", title,
                       "TCP_INFO per connection: congestion window (segments) and bytes waiting in the send queue. A "
                       "cwnd that collapses to a few segments after each pause is slow start after idle; a full send "
                       "queue with a small cwnd means the network side limits, an empty one means the application "
                       "does not keep the socket fed.", panels, columns=1, panel_size=(11.0, 3.4), sharex=True)
+
+
+def _ends(src: str, dst: str) -> str:
+    """'10.77.0.1:35797 -> 10.77.0.2:57972': a direction as the wire names it."""
+    return f"{src} -> {dst}"
 
 
 def in_flight(run: RunData) -> FigureSpec | Skipped:
@@ -292,7 +314,8 @@ def in_flight(run: RunData) -> FigureSpec | Skipped:
             d = conn.direction(key)
             flight = d.bytes_in_flight
             if isinstance(flight.median, (int, float)) and d.payload_bytes > 0:
-                groups.append(f"{capture_name(run, c)} {key}")
+                src, dst = (conn.a, conn.b) if key == "a->b" else (conn.b, conn.a)
+                groups.append(f"{capture_name(run, c)}, {_ends(src, dst) if '?' not in (src, dst) else key}")
                 medians.append(flight.median)
                 p95s.append(flight.p95 or flight.median)
     if not groups:
@@ -300,7 +323,9 @@ def in_flight(run: RunData) -> FigureSpec | Skipped:
     panel = Panel("busiest connection of each capture", "", "unacknowledged bytes in flight [bytes]",
                   bars=Bars(groups, [("median", medians), ("p95", p95s)]), y="bytes")
     return FigureSpec("in_flight.png", title,
-                      "Bytes sent but not yet acknowledged, per direction of each capture's busiest connection. To "
+                      "Bytes sent but not yet acknowledged, per direction of each capture's busiest connection "
+                      "(each bar names its direction: from the address:port that sent the connection's first packet, "
+                      "the client when the SYN was captured, or back to it). To "
                       "fill a link the sender needs about rate x RTT in flight; a direction far below that at N=2 "
                       "but not at N>=3 waits on its window, its ACKs or the application.", [panel], columns=1,
                       panel_size=(10.0, 3.8))

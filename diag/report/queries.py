@@ -350,4 +350,7 @@ def capture_name(run: RunData, capture: CaptureSet) -> str:
     n = f"N={capture.world_size}" if capture.world_size else "N=?"
     if series:
         return f"{series} {op or ''} {n}".replace("  ", " ")
-    return f"{capture.transport or '?'} {n} ({capture.tag})"
+    if capture.transport:
+        return f"{capture.transport} {n} ({capture.tag})"
+    step = capture.tag.split("--")[-1]           # '<plan>--<step>': the step names its transport, op and N
+    return step if capture.world_size and step.endswith(f"-n{capture.world_size}") else f"{step} {n}"

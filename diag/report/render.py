@@ -15,6 +15,8 @@ from diag import safefs
 from diag.model import Model
 from diag.model.fitting import fit as fit_model
 from diag.records import Record
+from diag.report.arms import HEADER as ARM_HEADER
+from diag.report.arms import arm_tables, describe, table_rows
 from diag.report.diagnose import Finding, diagnose, findings_to_json, format_threshold
 from diag.report.diagnose.findings import ordered, summary_lines
 from diag.report.document import (
@@ -124,12 +126,25 @@ def link_reference(run: RunData) -> tuple[str, list[list[str]]]:
     return intro, rows
 
 
+def arm_blocks(run: RunData) -> list[Block]:
+    """Programs held against each other in the run's trials (diag trial), one table per world size."""
+    tables = arm_tables(run)
+    if not tables:
+        return []
+    blocks: list[Block] = [Heading(2, "Programs compared (interleaved trials)")]
+    for table in tables:
+        blocks += [Heading(3, table.title), Text(describe(table)), Table(ARM_HEADER, table_rows(table))]
+        if table.failed:
+            blocks.append(Bullets([(f"{name} failed", why) for name, why in table.failed.items()]))
+    return blocks
+
+
 def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Finding], model: Model,
                    title: str, created: str, verdict: Verdict | None = None) -> list[Block]:
     """The report, once: the verdict card (with the headline figure), the summary of findings, the plots,
     every finding, the records, the model, the thresholds and the environment."""
     sources = [run.relative(f.path) for f in run.record_files]
-    fired = [f for f in findings if f.status == "fired"]
+    fired = [f for f in ordered(findings) if f.status == "fired"]
     records = sorted(run.records, key=lambda r: (series_label(r), r.op, r.world_size, r.size_bytes))
     env_rows = [[k, v] for k, v in flatten(run.env)]
     meta_rows = [[k, v] for k, v in flatten(run.meta)]
@@ -149,6 +164,7 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
                    Table(LINK_REFERENCE_HEADER, reference_rows)]
     blocks += node_blocks(run)
     blocks += workaround_blocks(run.advise)
+    blocks += arm_blocks(run)
     # The card's figure is drawn once, there; here its caption says how to read it.
     blocks += [Heading(2, "Plots"),
                *(Text(f"{p.title} (in the verdict card above): {p.caption}") if p is head else FigureBlock(p)
@@ -199,7 +215,7 @@ def node_blocks(run: RunData) -> list[Block]:
     intro = (f"{len(names)} nodes" + (f" ({run.info.mode})" if run.info.mode else "")
              + (f" on {topology.iface}" if topology and topology.iface else "")
              + ": a node is a host as the network sees it (address, network namespace, boot id).")
-    blocks: list[Block] = [Heading(3, "Nodes"), Text(intro), Table(NODE_HEADER, rows)]
+    blocks: list[Block] = [Heading(2, "Nodes"), Text(intro), Table(NODE_HEADER, rows)]
     groups = subgroup_nodes(run)
     if groups:
         shared = set(topology.shared_hosts) if topology else set()

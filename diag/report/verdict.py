@@ -394,7 +394,13 @@ def _figure(rules: dict[str, list[Finding]]) -> str:
 
 
 def build_verdict(run: Any, findings: Sequence[Finding], figure: str | None = None) -> Verdict:
-    """The card from the findings (and advise.json for the workaround code)."""
+    """The card from the findings (and advise.json for the workaround code); a run of ``diag trial`` gets the
+    card of its arms (diag.report.arms), not of the N=2 anomaly it did not look for."""
+    from diag.report.arms import arm_card
+
+    programs = arm_card(run) if run is not None else None
+    if programs is not None:
+        return Verdict(**programs)
     rules = _by_rule(findings)
     figure = figure or _figure(rules)
     slow, status, used_slow = _what_is_slow(rules)
@@ -423,13 +429,39 @@ def sure_text(v: Verdict) -> str:
     return f"{text} ({v.sure_detail})" if v.sure_detail and text else text
 
 
+# A card line longer than this shows its first clause; the rest is in the report (HTML: one click away).
+FOLD_CHARS = 320
+
+
+def first_clause(text: str, limit: int = FOLD_CHARS) -> tuple[str, str]:
+    """(head, rest): text up to the end of its first clause ('; ' or '. ' outside parentheses) within limit
+    characters, else up to the last space before it; (text, "") when text is not longer than limit."""
+    if len(text) <= limit:
+        return text, ""
+    depth, cut = 0, -1
+    for i, ch in enumerate(text[:limit]):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and ch in ";." and text[i + 1:i + 2] == " ":
+            cut = i
+            break
+    if cut < 0:
+        cut = text.rfind(" ", 0, limit)
+    return text[:cut + 1].rstrip(), text[cut + 1:].strip()
+
+
+def _terminal(text: str) -> str:
+    head, rest = first_clause(text)
+    return head + (f" [{len(rest.split())} more words: report.html, Verdict]" if rest else "")
+
+
 def verdict_lines(v: Verdict) -> list[str]:
-    """The card for a terminal: the first thing diag reproduce, report and diagnose print."""
-    lines = ["verdict:", f"  slow:       {v.slow}", f"  why:        {v.why}"]
+    """The card for a terminal: the first thing diag reproduce, report and diagnose print (a long why or
+    at-hosts line shows its first clause; the report has all of it)."""
+    lines = ["verdict:", f"  slow:       {v.slow}", f"  why:        {_terminal(v.why)}"]
     if v.sure:
         lines.append(f"  how sure:   {sure_text(v)}" + (f"; the experiment: {v.shown_by}" if v.shown_by else ""))
     if v.hosts:
-        lines.append("  at hosts:   " + "; ".join(v.hosts))
+        lines.append("  at hosts:   " + _terminal("; ".join(v.hosts)))
     lines.append(f"  to do:      {v.todo}")
     lines.append("  ruled out:  " + ("; ".join(v.ruled_out) if v.ruled_out else "nothing, by experiment"))
     if v.not_isolated:

@@ -96,12 +96,15 @@ def format_threshold(value: float) -> str:
 
 
 def ordered(findings: Sequence[Finding]) -> list[Finding]:
-    """Fired, then undecided, then clear; rule order kept within each."""
-    return sorted(findings, key=lambda f: STATUS_ORDER[f.status])
+    """Fired (strong, then moderate, then weak), then observed, undecided, clear; rule order kept within each."""
+    return sorted(findings, key=lambda f: (STATUS_ORDER[f.status],
+                                           STRENGTHS.index(f.strength) if f.status == "fired"
+                                           and f.strength in STRENGTHS else 0))
 
 
 def fired(findings: Sequence[Finding]) -> list[Finding]:
-    return [f for f in findings if f.status == "fired"]
+    """The fired findings, strongest first."""
+    return [f for f in ordered(findings) if f.status == "fired"]
 
 
 def observed(findings: Sequence[Finding]) -> list[Finding]:

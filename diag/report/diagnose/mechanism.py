@@ -187,6 +187,9 @@ def suspects(findings: Sequence[Finding]) -> list[Finding]:
         else:
             why = s.why_not_isolated
             if experiment is not None:
-                why = f"{s.experiment} could not decide: {experiment.statement}"
+                # the experiment's own statement already opens with "<id> could not decide:": not said twice
+                statement = experiment.statement
+                opening = f"{experiment.rule} could not decide: "
+                why = f"{s.experiment} could not decide: {statement.removeprefix(opening)}"
             out.append(Finding(s.id, "undecided", f"{s.name}: not isolated ({why})", explains="undecided"))
     return out

@@ -74,7 +74,16 @@ class Judged:
         loss = (f", {self.loss_share.point:.0%} [{self.loss_share.low:.0%}, {self.loss_share.high:.0%}] of the "
                 "backend's N=2 loss" if self.loss_share is not None and d.design == "knock-out" else "")
         return (f"{where}: the toggle {what} {d.share.point:.0%} [{d.share.low:.0%}, {d.share.high:.0%}] of the "
-                f"{'base arm' if d.design == 'knock-out' else 'backend'}'s loss{loss} ({how})")
+                f"{'base arm' if d.design == 'knock-out' else 'backend'}'s loss{_beyond(d.share.point)}{loss} ({how})")
+
+
+def _beyond(share: float) -> str:
+    """What a share outside 0..100% means, said where it is quoted (a ratio of two noisy differences)."""
+    if share > 1:
+        return " (over 100%: with the toggle the arm ran faster than the healthy reference)"
+    if share < 0:
+        return " (below 0: the toggle made the arm slower)"
+    return ""
 
 
 @dataclass(frozen=True)

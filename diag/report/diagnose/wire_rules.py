@@ -151,8 +151,14 @@ def turn_taking(run: RunData) -> list[Finding]:
                 f"come from how the backend drives the pair, not from TCP or the link{dropped}", evidence=evidence,
                 thresholds=thresholds, explains=f"none: {DESCRIBES}"))
         else:
+            # Say what "clear" clears: a low overlap that raw TCP on one connection shows too is the connection's
+            # (low_duplex_overlap may still note it), not turns the backend takes.
+            low = overlap < DUPLEX_OVERLAP_LOW.value
             findings.append(Finding(name, "clear", f"{c.transport} all_gather at N=2 overlaps the two directions "
-                                    f"of its connection {overlap:.0%} (raw shared connection: {raw_overlap:.0%})",
+                                    f"of its connection {overlap:.0%} (raw shared connection: {raw_overlap:.0%})"
+                                    + (f"; low, but raw TCP on one shared connection is within "
+                                       f"{TURN_TAKING_GAP.value:.0%} of it, so the backend adds no turns of its own"
+                                       if low else ""),
                                     thresholds=thresholds))
     return findings
 
