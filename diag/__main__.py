@@ -26,7 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("diag.cli.compare", "row-by-row ratios of two record files, with significance"),
     "trial": ("diag.cli.trial", "A/B-test programs (a patched build, a setting) as arms of an interleaved trial"),
     "advise": ("diag.cli.advise", "measure workarounds for gloo's N=2 all_gather and print the code to use"),
-    "model": ("diag.cli.model", "fit and query latency/bandwidth models of collectives"),
+    "model": ("diag.cli.model", "fit, test, query and export models of collectives for simulators"),
     "exec": ("diag.cli.exec", "run an unchanged torch.distributed script with the diag_tcp backend"),
 }
 

@@ -96,17 +96,25 @@ def _no_heartbeat() -> None:
     return None
 
 
-def _mean_known(transport: Transport, times_ns: list[int], target_sem: float) -> bool:
+def _mean_known(transport: Transport, times_ns: list[int], target_sem: float) -> tuple[bool, float]:
     """Is the mean of the iteration times (max over ranks) known to ``target_sem`` of itself (standard error)?
+    And how many seconds did those iterations take (the sum of the max over ranks)?
 
     Collective: every rank gathers every rank's times and computes the same answer from the same numbers,
     so all ranks stop or go on together without a vote."""
     per_rank = _gather_int64(transport, times_ns)
     times = [max(row[i] for row in per_rank) for i in range(len(times_ns))]
+    spent_s = sum(times) / 1e9
     summary = summarize(times)
     if summary.n < 2 or summary.mean <= 0:
-        return False
-    return summary.stdev / math.sqrt(summary.n) / summary.mean <= target_sem
+        return False, spent_s
+    return summary.stdev / math.sqrt(summary.n) / summary.mean <= target_sem, spent_s
+
+
+def _extend(transport: Transport, spec: SweepSpec, times_ns: list[int]) -> bool:
+    """Sample on: the mean is not yet known to spec.target_sem and the row has time left in spec.row_budget_s."""
+    known, spent_s = _mean_known(transport, times_ns, spec.target_sem)
+    return not known and (spec.row_budget_s <= 0 or spent_s < spec.row_budget_s)
 
 
 def measure_row(transport: Transport, spec: SweepSpec, plan: RowPlan, run_id: str = "",
@@ -165,7 +173,7 @@ def measure_row(transport: Transport, spec: SweepSpec, plan: RowPlan, run_id: st
             for it in batch_iters:
                 nwrong += collective.count_wrong(ring[it - batch], rank, world, it)
         batch = batch_iters.stop
-        if batch == planned and planned < spec.max_iters and not _mean_known(transport, times_ns, spec.target_sem):
+        if batch == planned and planned < spec.max_iters and _extend(transport, spec, times_ns):
             planned = min(spec.max_iters, planned + depth)
 
     n = len(times_ns)

@@ -35,10 +35,12 @@ class Step:
     """One experiment of the plan, as data: which transport runs which op, at which world sizes and volumes,
     with which knobs. ``at`` is "every_n" (the plan's world sizes) or "n2"; ``volumes`` is "sweep" (the
     plan's per-device volumes D), "experiment" (its knob volumes), "largest" (the largest knob volume),
-    "exchange" (its exchange sizes, per rank), "given" (the trial's or the sweep's own sizes) or "per_n"
+    "exchange" (its exchange sizes, per rank), "profile" (the plan's profile sizes, per rank, the same at every
+    N), "given" (the trial's or the sweep's own sizes) or "per_n"
     (``sizes_at``: per-rank sizes chosen for each world size by the step's maker, e.g. diag trial's --volumes
     in its op's own bus model). ``captured``: every node captures during this trial step too (diag trial
-    --capture; a trial's blocks name their arm in the analysis' phases). ``sweep``:
+    --capture; a trial's blocks name their arm in the analysis' phases); the model's profile is never captured.
+    ``sweep``:
     a sweep as the user gave it (sizes, ops, dtype, gap, seed, check, timeout: diag sweep), run as it is at
     every N. The step's name names its records file and prefixes its captures' tags."""
 
@@ -60,8 +62,11 @@ class Step:
 
     @property
     def kind(self) -> str:
-        """"sweep" (every N), "trial" (an interleaved N=2 trial), "advise" (the workarounds' trial) or "knob"
-        (a raw knob row at N=2): what --skip names."""
+        """"sweep" (every N), "trial" (an interleaved N=2 trial), "advise" (the workarounds' trial), "knob"
+        (a raw knob row at N=2) or "profile" (the model's profile at every N: with_profile): what --skip
+        names."""
+        if self.volumes == "profile":
+            return "profile"
         if self.trial is not None:
             return ADVISE if self.trial.name == ADVISE else "trial"
         return "sweep" if self.at == "every_n" else "knob"
@@ -117,6 +122,8 @@ class Plan:
     observe: bool = True
     report: bool = True
     timeout_s: float = STEP_TIMEOUT_S   # every subgroup's: a collective past it fails the step
+    profile_sizes: tuple[int, ...] = () # per-rank sizes of the profile steps (with_profile)
+    profile_row_s: float = 0.0          # each profile row samples until its mean is known or this is spent
 
     def world_sizes_of(self, step: Step) -> tuple[int, ...]:
         return self.world_sizes if step.at == "every_n" else (2,)
@@ -127,6 +134,8 @@ class Plan:
             return step.sweep.sizes if step.sweep is not None else step.trial.sizes if step.trial else ()
         if step.volumes == "exchange":
             return self.exchange_sizes
+        if step.volumes == "profile":
+            return self.profile_sizes
         if step.volumes == "per_n":
             return tuple(step.sizes_at.get(str(world_size), ()))
         volumes = {"sweep": self.volumes, "experiment": self.knob_volumes,
@@ -154,7 +163,7 @@ class Plan:
     def from_json(cls, data: dict[str, Any]) -> Plan:
         known = {name for name in cls.__dataclass_fields__}
         data = {k: v for k, v in data.items() if k in known}
-        for name in ("world_sizes", "volumes", "exchange_sizes", "knob_volumes"):
+        for name in ("world_sizes", "volumes", "exchange_sizes", "knob_volumes", "profile_sizes"):
             data[name] = tuple(data.get(name) or ())
         data["steps"] = tuple(Step.from_json(s) for s in data.get("steps") or ())
         return cls(**data)
@@ -243,6 +252,66 @@ FULL = Plan(world_sizes=(2, 3, 4, 5, 6, 7, 8), volumes=tuple(parse_size(s) for s
             trial_budget_s=200.0, name="full", steps=(*SWEEPS, *TRIALS, *KNOBS_FULL, ADVISE_STEP))
 
 
+# The profile a simulator needs (docs/model.md, "Profile"): the ops a simulator of distributed inference asks
+# about (all_gather, send/recv, all_reduce) at every N, on the backend under test and the raw-TCP reference (its
+# all_reduce gathers and reduces locally: no reference for a ring), per-rank sizes from 1 B to 200 MiB (the
+# seed's own benchmark went to ~200 MB). Each row samples past PROFILE_MIN_ITERS until the standard error of its
+# mean is PROFILE_TARGET_SEM of it or it has spent the plan's profile_row_s: small sizes run hundreds of
+# iterations, large ones PROFILE_MIN_ITERS. The model reads records only: the profile is not captured, and its
+# rows feed the model, not the diagnosis's survey (their sizes are a simulator's, not an experiment's).
+PROFILE_SIZES = (*(4**k for k in range(14)), 200 << 20)       # 1 B, 4 B, 16 B, ..., 64 MiB, 200 MiB
+PROFILE_OPS = ("all_gather", "send_recv", "all_reduce")
+PROFILE_MIN_ITERS = 2
+PROFILE_MAX_ITERS = 1000
+PROFILE_TARGET_SEM = 0.01
+PROFILE_ROW_S = 2.0
+# 200 MiB of all_gather at N=8 over 50 Mbit/s takes ~4 minutes: a profile's collective may take this long.
+PROFILE_TIMEOUT_S = 600.0
+# A size whose buffers, for every rank of the subgroup on one machine (the lab's N ranks share one), would take
+# more than this share of that machine's available memory is left out at that N, and the run says so.
+PROFILE_MEMORY_SHARE = 0.5
+PROFILE_STEPS = tuple(Step(f"{name}-{op}", backend, op, volumes="profile")
+                      for name, backend in (("profile-gloo", "gloo"), ("profile-raw-ring", "raw"))
+                      for op in PROFILE_OPS if not (backend == "raw" and op == "all_reduce"))
+PROFILE_MODES = ("add", "only")
+
+
+def with_profile(plan: Plan, mode: str, sizes: tuple[int, ...] | None = None, row_s: float | None = None) -> Plan:
+    """The plan with the profile steps: "add" after its own steps (before the advise trial, which stays last),
+    "only" instead of them (no survey, trials, knobs or advise, nothing captured: the model's profile alone).
+    The profile runs on the backend under test; its subgroups wait PROFILE_TIMEOUT_S for a collective."""
+    if mode not in PROFILE_MODES:
+        raise DiagError(f"--profile {mode!r}: choose add (the default) or only")
+    if row_s is not None and not 0 < row_s <= 3600:
+        raise DiagError(f"--profile-row-seconds {row_s}: give 0 < seconds <= 3600")
+    steps = tuple(replace(s, backend=plan.backend if s.backend == "gloo" else s.backend,
+                          name=s.name.replace("profile-gloo", f"profile-{plan.backend}")) for s in PROFILE_STEPS)
+    plan = replace(plan, profile_sizes=tuple(sorted(set(sizes or PROFILE_SIZES))), profile_row_s=row_s or PROFILE_ROW_S,
+                   timeout_s=max(plan.timeout_s, PROFILE_TIMEOUT_S))
+    if mode == "only":
+        return replace(plan, steps=steps, capture=False)
+    last = [s for s in plan.steps if s.kind == ADVISE]
+    return replace(plan, steps=(*(s for s in plan.steps if s.kind != ADVISE), *steps, *last))
+
+
+def profile_bytes_per_rank(op: str, world_size: int, size: int) -> int:
+    """What one rank of a profile row holds: its input and output, twice over (the transport's own copies)."""
+    output = world_size * size if op == "all_gather" else size
+    return 2 * (size + output)
+
+
+def profile_sizes_that_fit(step: Step, world_size: int, sizes: tuple[int, ...],
+                           machines: list[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(kept, left out) of a profile step's sizes at N, where ``machines`` is (ranks of the subgroup there,
+    available bytes) per machine: a size is kept where every machine holds its ranks' buffers in
+    PROFILE_MEMORY_SHARE of its available memory. The smallest size is always kept."""
+    def fits(size: int) -> bool:
+        return all(ranks * profile_bytes_per_rank(step.op, world_size, size) <= PROFILE_MEMORY_SHARE * available
+                   for ranks, available in machines if ranks)
+    kept = tuple(s for i, s in enumerate(sizes) if i == 0 or fits(s))
+    return kept, tuple(s for s in sizes if s not in kept)
+
+
 BACKENDS_UNDER_TEST = ("gloo", "diag_tcp")
 
 
@@ -287,9 +356,11 @@ _SKIP_NAME = {"trial": "trials", "knob": "knobs", ADVISE: ADVISE}
 
 
 def resolve_plan(quick: bool, max_n: int | None, volumes: list[int] | None, backend: str = "gloo",
-                 skip: tuple[str, ...] = ()) -> Plan:
+                 skip: tuple[str, ...] = (), profile: str | None = None,
+                 profile_sizes: tuple[int, ...] | None = None, profile_row_s: float | None = None) -> Plan:
     """The quick or full plan with the user's --max-n, --volumes (the experiments then run at the largest
-    volume), --backend and --skip applied (the sweeps at every N always run: every rule reads them)."""
+    volume), --backend and --skip applied (the sweeps at every N always run: every rule reads them), and the
+    profile steps where --profile asks for them (with_profile)."""
     unknown = [kind for kind in skip if kind not in SKIPPABLE]
     if unknown:
         raise DiagError(f"--skip {unknown[0]!r}: choose from {', '.join(SKIPPABLE)}")
@@ -303,6 +374,8 @@ def resolve_plan(quick: bool, max_n: int | None, volumes: list[int] | None, back
         if max_n < 2:
             raise DiagError("--max-n must be at least 2")
         plan = replace(plan, world_sizes=tuple(range(2, max_n + 1)))
+    if profile:
+        plan = with_profile(plan, profile, profile_sizes, profile_row_s)
     return plan
 
 
@@ -337,6 +410,14 @@ def step_spec(plan: Plan, step: Step, world_size: int) -> SweepSpec:
     """The sweep one step runs at one world size (a trial's: the launch's base spec)."""
     if step.sweep is not None:
         return step.sweep
+    if step.kind == "profile":
+        # uint8: any size, 1 B included; all_reduce sums float32 (exact at N <= 8), from one element up
+        dtype = "float32" if step.op == "all_reduce" else "uint8"
+        sizes = tuple(s for s in plan.sizes_of(step, world_size) if dtype == "uint8" or s >= 4)
+        spec = SweepSpec(backend=step.backend, ops=(step.op,), sizes=sizes or (4,), warmup=plan.warmup,
+                         iters=PROFILE_MIN_ITERS, timeout_s=PROFILE_TIMEOUT_S, dtype=dtype, max_iters=PROFILE_MAX_ITERS,
+                         target_sem=PROFILE_TARGET_SEM, row_budget_s=plan.profile_row_s or PROFILE_ROW_S)
+        return spec.replace(algo=step.algo, knobs=dict(step.knobs)) if step.backend == "raw" else spec
     if step.trial is not None:
         trial = step_trial(plan, step, world_size=world_size)
         # Every arm sets its own block's iterations; the launch's iters are what the trial is expected to run

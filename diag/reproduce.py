@@ -30,9 +30,11 @@ from diag.units import human_bits, parse_rate_bps
 def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | None, keep_going: bool,
                   volumes: list[int] | None = None, iface: str | None = None, keep_pcaps: bool = False,
                   lab_faults: tuple[str, ...] = (), lab_scenario: str | None = None, backend: str = "gloo",
-                  skip: tuple[str, ...] = (), probe_seconds: int = 2) -> int:
+                  skip: tuple[str, ...] = (), probe_seconds: int = 2, profile: str | None = None,
+                  profile_sizes: tuple[int, ...] | None = None, profile_row_s: float | None = None) -> int:
     """In place under a launcher; else the lab (root) or loopback, launched here. ``lab_faults`` and
-    ``lab_scenario``: per-host faults of the lab (docs/lab.md, "Per-host faults")."""
+    ``lab_scenario``: per-host faults of the lab (docs/lab.md, "Per-host faults"). ``profile``: "add" or
+    "only", the model's profile steps (diag.plan.with_profile)."""
     from diag.runplan import in_place, run_plan
 
     if in_place(iface):
@@ -43,7 +45,7 @@ def run_reproduce(quick: bool, out: Path | None, rate: str | None, max_n: int | 
         if world_size < 2:
             raise DiagError("diag reproduce in place needs at least 2 ranks (torchrun --nnodes K or --nproc-per-node K)")
         max_n = min(max_n or world_size, world_size)
-    plan = resolve_plan(quick, max_n, volumes, backend, tuple(skip))
+    plan = resolve_plan(quick, max_n, volumes, backend, tuple(skip), profile, profile_sizes, profile_row_s)
     options = JobOptions(plan=plan.to_json(), command="reproduce", out=str(out) if out else "",
                          run_id=uuid.uuid4().hex[:12], iface=iface, keep_pcaps=keep_pcaps, keep_going=keep_going,
                          probe_seconds=probe_seconds, argv=tuple(sys.argv[1:]))

@@ -38,6 +38,9 @@ class SweepSpec:
     # time is at most target_sem of it, or max_iters were run. 0: exactly `iters`.
     max_iters: int = 0
     target_sem: float = 0.03
+    # ... and stop extending a row once its timed iterations took this many seconds (0: no limit): small sizes
+    # get many iterations, large ones `iters` (a profile under a time budget).
+    row_budget_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -58,6 +61,7 @@ class SweepSpec:
             raise DiagError("world sizes must be >= 1")
         validate.seconds(self.timeout_s, "timeout_s (--timeout)")
         validate.seconds(self.gap_s, "gap_s (--gap-ms / 1000)", allow_zero=True)
+        validate.seconds(self.row_budget_s, "row_budget_s", allow_zero=True)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

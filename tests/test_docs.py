@@ -38,7 +38,7 @@ def test_every_subcommand_help_shows_what_it_does_and_examples():
         assert any(f"diag {name}" in line for line in examples), (name, examples)
     model = build_parser(only="model")
     help_text = next(a for a in model._actions if isinstance(a, argparse._SubParsersAction)).choices["model"].format_help()
-    assert "plus a\ntwo-segment fit where the data bends; JSON for simulators." in help_text
+    assert "predictions with an interval\nfrom the samples; exports for Vidur and ASTRA-sim (docs/model.md)." in help_text
 
 
 def test_cli_reference_covers_sub_actions_and_exit_codes():
@@ -47,7 +47,7 @@ def test_cli_reference_covers_sub_actions_and_exit_codes():
     current = (ROOT / "docs" / "cli.md").read_text()
     for action in ("up", "down", "status", "exec"):
         assert f"\n### diag lab {action}\n" in current
-    for action in ("fit", "predict"):
+    for action in ("fit", "predict", "check", "export"):
         assert f"\n### diag model {action}\n" in current
     assert "\n## Exit codes\n" in current
     for code in EXIT_CODES:

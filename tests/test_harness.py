@@ -109,3 +109,19 @@ def test_odd_sizes_round_to_whole_elements_and_say_so(tmp_path):
     (row,) = [Record.from_event(r) for r in run_rows(spec32, 2, tmp_path)]
     assert row.size_bytes == 4096 and any("rounded down" in w for w in row.warnings)
     assert math.isclose(row.algbw_Bps, 2 * 4096 / row.time_s)
+
+
+def test_adaptive_rows_stop_at_their_time_budget(tmp_path):
+    """A profile's rows: past `iters`, sample until the mean is known or the row's budget is spent. Here the
+    mean is never known well enough (target 1e-9), so the budget decides: a small size runs many iterations
+    within it, a size whose two iterations already spend it runs just those."""
+    budget = 0.2
+    spec = SweepSpec(ops=("all_gather",), sizes=(1024, 32 << 20), dtype="uint8", warmup=1, iters=2,
+                     max_iters=400, target_sem=1e-9, row_budget_s=budget)
+    small, large = (Record.from_event(r) for r in run_rows(spec, 2, tmp_path))
+    assert len(small.times_s) > 8 and len(large.times_s) < len(small.times_s)
+    assert sum(small.times_s) >= budget or len(small.times_s) == 400
+    # it stops at the first check past the budget: at most one batch (of `iters`) over it
+    assert sum(small.times_s[:-2]) < budget
+    if sum(large.times_s[:2]) >= budget:
+        assert len(large.times_s) == 2

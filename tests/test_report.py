@@ -96,9 +96,12 @@ def test_full_run_dir_renders_every_plot_and_agrees_with_records(full_run_dir: P
             assert f["evidence"] and f["strength"] in ("strong", "moderate", "weak")
             assert f"`{f['rule']}`" in md
     model = json.loads((out / "model.json").read_text())
+    fitted = {m["series"]: m["fitted"]["world_sizes"] for m in model["series"]}
     # one model per series: the raw ring with one connection per direction and with one shared never pooled
-    assert {(m["series"], m["world_size"]) for m in model["models"]} >= {
-        ("torch:gloo", 2), ("raw:ring [order=recv-first]", 4), ("raw:ring [conn=shared, order=recv-first]", 4)}
+    assert {"torch:gloo", "raw:ring [order=recv-first]", "raw:ring [conn=shared, order=recv-first]"} <= set(fitted)
+    assert 2 in fitted["torch:gloo"] and all(fitted[s] == [2, 3, 4] for s in fitted if s.startswith("raw:ring"))
+    assert all(m["extrapolates"].startswith("extrapolates at") and m["heldout"]["statement"]
+               for m in model["series"])
     # samples.csv: one line per timed iteration of every record (long format)
     lines = (out / "samples.csv").read_text().splitlines()
     assert len(lines) == 1 + sum(len(r.times_s) for r in records)
@@ -146,7 +149,7 @@ def test_report_says_which_link_reference_each_n_is_held_against(tmp_path: Path)
 def test_report_help_does_not_import_torch() -> None:
     code = ("import sys; "
             "import diag.cli.report, diag.cli.diagnose, diag.cli.compare, diag.cli.model, diag.report; "
-            "from diag.report import rundir, diagnose, compare, model; "
+            "from diag.report import rundir, diagnose, compare; import diag.model, diag.model.fitting, diag.model.export; "
             "print('torch' in sys.modules, 'matplotlib' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.stdout.split() == ["False", "False"], done.stderr

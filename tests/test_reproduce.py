@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from diag.records import load_records
+from diag.report.rundir import load_run
 
 
 def _namespaces() -> set[str]:
@@ -21,7 +22,8 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
     run_dir = tmp_path / "repro"
     with subprocess.Popen(
             [sys.executable, "-m", "diag", "reproduce", "--quick", "--max-n", "3", "--volumes", "512K",
-             "--rate", "100mbit", "--probe-seconds", "1", "--out", str(run_dir)],
+             "--rate", "100mbit", "--probe-seconds", "1", "--out", str(run_dir),
+             "--profile", "--profile-sizes", "1,64K", "--profile-row-seconds", "0.2"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as running:
         proc_pid = running.pid
         stdout, stderr = running.communicate(timeout=900)
@@ -66,6 +68,36 @@ def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
         assert all(v["stopped"] in ("decided", "budget", "max_rounds") for v in end["trial"]["sizes"].values())
     orders = {(r.backend, r.knobs.get("order")) for r in records["n2-exchange-trial"].records if r.op == "exchange"}
     assert orders == {(b, o) for b in ("gloo", "raw") for o in ("recv-first", "send-first")}
+
+    # the model's profile ran in the same launch: every op at every N at its sizes (1 B too), adaptive rows, not
+    # captured; the report's model.json is fitted on it and the survey together, the survey rows alone feed the rules
+    profile = {name: f for name, f in records.items() if name.startswith("profile-")}
+    assert set(profile) == {"profile-gloo-all_gather", "profile-gloo-send_recv", "profile-gloo-all_reduce",
+                            "profile-raw-ring-all_gather", "profile-raw-ring-send_recv"}
+    for name, f in profile.items():
+        assert all((s.get("meta") or {}).get("profile") for s in f.starts), name
+        sizes = {(r.world_size, r.size_bytes) for r in f.records}
+        asked = (64 * 1024,) if name.endswith("all_reduce") else (1, 64 * 1024)   # all_reduce sums float32
+        assert sizes == {(n, s) for n in (2, 3) for s in asked}, name
+        assert all(len(r.times_s) >= 2 for r in f.records)
+    tiny = [r for r in profile["profile-gloo-all_gather"].records if r.size_bytes == 1]
+    assert tiny and all(len(r.times_s) > 2 for r in tiny)        # small sizes sample past the minimum
+    assert not [p for p in (run_dir / "nodes").rglob("profile-*.pcap")]
+    model = json.loads((run_dir / "report" / "model.json").read_text())
+    assert {(m["series"], m["op"]) for m in model["series"]} >= {("torch:gloo", "send_recv"), ("torch:gloo", "all_reduce")}
+    rules = json.loads((run_dir / "report" / "findings.json").read_text())
+    rules = rules.get("findings", []) if isinstance(rules, dict) else rules
+    assert all((e.get("values") or {}).get("size_bytes") not in (1, 64 * 1024)      # the survey's rows only
+               for f in rules for e in f.get("evidence", []))
+    assert "| 1 B |" not in (run_dir / "report" / "report.md").read_text()
+    # every step at one N shares the launch's run id: the profile is told by its records file's start events
+    run = load_run([run_dir])
+    assert {(r.series, r.world_size) for r in run.records if r.op == "all_gather"} >= {("torch:gloo", 2),
+                                                                                       ("torch:gloo", 3)}
+    assert {r.size_bytes for r in run.profile_records} == {1, 64 * 1024}
+    assert not {r.size_bytes for r in run.records} & {1, 64 * 1024}
+    # the advise trial stays last, after the profile
+    assert [s["name"] for s in meta["plan"]["steps"]][-1] == "advise"
 
     # the advise step ran on the same lab: each workaround beside plain gloo in one interleaved trial (gloo's
     # and diag_tcp's process groups of the same ranks), data checked, each decided by the trial's bootstrap

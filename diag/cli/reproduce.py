@@ -16,6 +16,7 @@ examples:
   diag reproduce --quick --volumes 4M,16M,32M   # larger volumes D
   diag reproduce --quick --lab-fault h2:rate=50mbit   # one host stuck at a lower rate
   diag reproduce --quick --lab-scenario shallow-buffer  # a built-in fault scenario (docs/lab.md)
+  diag reproduce --profile only --rate 1gbit    # the model's profile alone: 1 B..200 MiB, every N (docs/model.md)
   # on each of 4 nodes (rank 0's host at 10.0.0.1), the same command:
   torchrun --nnodes 4 --nproc-per-node 1 --node-rank $NODE_RANK --rdzv-backend static \\
            --master-addr 10.0.0.1 --master-port 29500 -m diag reproduce --quick --iface eth0 --out /shared/r1
@@ -52,6 +53,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "other node sending into one, which find a shallow switch port: K phases of 2 s or "
                              "more); the sweeps at every N and the link matrix always run (a health check: --skip "
                              "trials,knobs,advise)")
+    parser.add_argument("--profile", nargs="?", const="add", choices=("add", "only"), default=None,
+                        help="also run the model's profile (docs/model.md): all_gather, send_recv and all_reduce of "
+                             "the backend under test and the raw-TCP reference at every N, per-rank sizes 1 B to "
+                             "200 MiB, each size sampled until its mean is known to 1%% or its time budget is spent; "
+                             "'--profile only' runs the profile alone")
+    parser.add_argument("--profile-sizes", metavar="SIZES",
+                        help="the profile's per-rank sizes (default 1,4,16,...,64M,200M: powers of 4 and 200 MiB)")
+    parser.add_argument("--profile-row-seconds", type=float, metavar="S",
+                        help="each profile size samples for at most about this long past its first 2 iterations "
+                             "(default 2)")
     parser.add_argument("--probe-seconds", type=int, default=2, metavar="S",
                         help="seconds of each phase of the link probe, 1..60 (default 2; a K=4 matrix is 9 phases, "
                              "then 4 incast phases of at least 2 s)")
@@ -86,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_n is not None and args.max_n < 2:
         raise DiagError("--max-n must be at least 2")
+    if (args.profile_sizes or args.profile_row_seconds is not None) and not args.profile:
+        raise DiagError("--profile-sizes and --profile-row-seconds set the profile: add --profile")
     if not 1 <= args.probe_seconds <= 60:
         raise DiagError("--probe-seconds must be 1..60 (iperf3 takes whole seconds)")
     if args.out is not None:
@@ -96,4 +109,6 @@ def run(args: argparse.Namespace) -> int:
                          volumes=volumes, iface=args.iface, keep_pcaps=args.keep_pcaps,
                          lab_faults=tuple(args.lab_fault), lab_scenario=args.lab_scenario, backend=args.backend,
                          skip=tuple(k.strip() for k in args.skip.split(",") if k.strip()),
-                         probe_seconds=args.probe_seconds)
+                         probe_seconds=args.probe_seconds, profile=args.profile,
+                         profile_sizes=tuple(parse_size_list(args.profile_sizes)) if args.profile_sizes else None,
+                         profile_row_s=args.profile_row_seconds)

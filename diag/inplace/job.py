@@ -230,15 +230,15 @@ class InPlaceJob:
                        trial_seed=int.from_bytes(os.urandom(4), "little"), records_out=self.options.records_out,
                        launch=launch_json())
 
-    def _note(self, notes: list[str]) -> None:
+    def _note(self, notes: list[str], tag: str = "nodes") -> None:
         if self.run is None:
             return
         for note in notes:
             self.run.info.notes.append(note)
             if self.quiet_steps:   # a sweep prints no progress lines, but what a node could not do is said
-                print(f"[nodes] {note}", file=sys.stderr, flush=True)
+                print(f"[{tag}] {note}", file=sys.stderr, flush=True)
             else:
-                self.say(f"[nodes] {note}")
+                self.say(f"[{tag}] {note}")
         self.run.save()
 
     def _note_shared_hosts(self) -> None:
@@ -321,6 +321,7 @@ class InPlaceJob:
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise DiagError("sharing the plan: rank 0 sent a trial seed that is not an integer; is every rank running "
                             "the same diag?")
+        memory = self._machines_memory() if any(s.kind == "profile" for s in self.plan.steps) else {}
         out = []
         for step in self.plan.steps:
             for n in self.plan.world_sizes_of(step):
@@ -328,14 +329,52 @@ class InPlaceJob:
                 meta: dict[str, Any] = {}
                 if step.trial is not None:
                     meta["trial"] = step_trial(self.plan, step, seed, n).to_json()
+                if step.kind == "profile":
+                    meta["profile"] = True   # its rows feed the model, not the survey (diag.report.rundir)
+                    spec = self._profile_fit(step, n, spec, memory)
                 try:
                     rows = len(plan_rows(spec, n)) if step.trial is None else 0
                 except DiagError:
                     rows = 0   # the step itself says what is wrong
                 out.append(Action(step_title(step, n), step, n, spec, meta, f"records/{step.name}.jsonl",
-                                  capture_tag(step, spec, n), capture=self.plan.capture and (step.trial is None or step.captured),
+                                  capture_tag(step, spec, n), capture=self.plan.capture and step.kind != "profile"
+                                  and (step.trial is None or step.captured),
                                   rows=rows, weight=next(weights)))
         return out
+
+    def _machines_memory(self) -> dict[str | None, int]:
+        """Available memory per machine (boot id; ranks in the lab's namespaces share one machine), as its ranks
+        see it: the least any of them saw."""
+        import psutil
+
+        what = "reading the machines' memory"
+        seen = self.world.all_gather([self.node.boot_id, psutil.virtual_memory().available], what)
+        out: dict[str | None, int] = {}
+        for rank, said in enumerate(seen):
+            if not (isinstance(said, list) and len(said) == 2 and (said[0] is None or isinstance(said[0], str))
+                    and isinstance(said[1], int) and not isinstance(said[1], bool) and said[1] >= 0):
+                raise DiagError(f"{what}: rank {rank} sent something other than its boot id and available bytes; is "
+                                "every rank running the same diag?")
+            boot_id, available = said
+            out[boot_id] = min(out.get(boot_id, available), available)
+        return out
+
+    def _profile_fit(self, step: Step, world_size: int, spec: Any, memory: dict[str | None, int]) -> Any:
+        """The profile step's sizes at N that fit the memory of the machines its ranks are on; what does not fit is
+        said in run.json's notes."""
+        from diag.plan import profile_sizes_that_fit
+
+        ranks: dict[str | None, int] = {}
+        for rank in self.topology.members(world_size):
+            boot_id = self.topology.node(rank).boot_id
+            ranks[boot_id] = ranks.get(boot_id, 0) + 1
+        kept, left = profile_sizes_that_fit(step, world_size, spec.sizes,
+                                            [(count, memory.get(boot_id, 0)) for boot_id, count in ranks.items()])
+        if left:
+            self._note([f"{step.name} N={world_size}: sizes {', '.join(human_bytes(s) for s in left)} left out: "
+                        f"{max(ranks.values())} ranks on one machine would need more than half its available "
+                        "memory"], tag="profile")
+        return spec.replace(sizes=kept)
 
     def run_action(self, action: Action, index: int, total: int, progress: Any) -> None:
         members = self.topology.members(action.world_size)
@@ -569,7 +608,9 @@ def run_in_place(options: JobOptions) -> int:
         world.topology = topology
         say(f"{command} ({options.mode}): {world_size} ranks on {len(topology.nodes)} node(s) "
             f"({', '.join(n.name for n in topology.nodes)}); N = {', '.join(map(str, plan.world_sizes))}"
-            + (f"; D = {', '.join(human_bytes(v) for v in plan.volumes)}" if plan.volumes else ""))
+            + (f"; D = {', '.join(human_bytes(v) for v in plan.volumes)}" if plan.volumes else "")
+            + (f"; profile: {len(plan.profile_sizes)} sizes per rank, {human_bytes(min(plan.profile_sizes))}.."
+               f"{human_bytes(max(plan.profile_sizes))}" if any(s.kind == "profile" for s in plan.steps) else ""))
         from diag import launchenv
 
         launch = launchenv.current()

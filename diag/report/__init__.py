@@ -6,7 +6,8 @@ Public API:
   diagnose(run) -> list[Finding]              rules with named thresholds (diag.report.diagnose)
   write_report(run, out_dir) -> ReportResult  report.html, report.md, PNGs, findings.json, model.json
   compare(a_records, b_records, ...)          row ratios with Welch's t-test (diag.report.compare)
-  fit_all(records) -> list[GroupModel]        T = alpha + beta*S (+ two-segment) (diag.report.model)
+
+The model a report writes (model.json) is diag.model's: ``diag.model.fit(run.records)``, ``diag.model.load``.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from typing import TYPE_CHECKING
 
 from diag.report.compare import compare
 from diag.report.diagnose import Finding, diagnose
-from diag.report.model import GroupModel, fit_all
 from diag.report.rundir import RunData, load_run
 
-__all__ = ["Finding", "GroupModel", "RunData", "compare", "diagnose", "fit_all", "load_run", "write_report"]
+__all__ = ["Finding", "RunData", "compare", "diagnose", "load_run", "write_report"]
 
 
 if TYPE_CHECKING:

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from diag import safefs
+from diag.model import Model
+from diag.model.fitting import fit as fit_model
 from diag.records import Record
 from diag.report.arms import HEADER as ARM_HEADER
 from diag.report.arms import arm_tables, describe, table_rows
@@ -31,7 +33,6 @@ from diag.report.document import (
     to_markdown,
 )
 from diag.report.figures import Plot, Skipped
-from diag.report.model import GroupModel, fit_all, models_to_json
 from diag.report.nodes import differences_of, subgroup_nodes
 from diag.report.plots import render_plots
 from diag.report.queries import raw_link_reach
@@ -54,7 +55,7 @@ class ReportResult:
     files: list[Path]
     plots: list[Plot | Skipped]
     findings: list[Finding]
-    models: list[GroupModel]
+    model: Model
     verdict: Verdict | None = None
 
 
@@ -81,22 +82,21 @@ RECORD_HEADER = ["series", "op", "N", "size", "D", "time (mean)", "algbw (mean t
                  "samples"]
 
 
-def _model_rows(models: list[GroupModel]) -> list[list[str]]:
+def _model_rows(model: Model) -> list[list[str]]:
     rows = []
-    for m in models:
-        lin = m.linear
-        bend = (f"{human_bytes(m.two_segment.breakpoint_bytes)}: {human_rate(1 / m.two_segment.beta1_s_per_byte)}"
-                f" -> {human_rate(1 / m.two_segment.beta2_s_per_byte)}"
-                if m.best == "two_segment" and m.two_segment and m.two_segment.beta1_s_per_byte > 0
-                and m.two_segment.beta2_s_per_byte > 0 else "-")
-        rows.append([m.label, m.op, str(m.world_size), human_time(lin.alpha_s),
-                     human_rate(lin.bandwidth_Bps) if lin.beta_s_per_byte > 0 else "-", f"{lin.rel_rms:.1%}",
-                     m.best, bend])
+    for m in model.series_models:
+        t = m.terms
+        rows.append([m.series, m.op, ",".join(map(str, m.world_sizes)), human_time(t.alpha_s),
+                     human_rate(t.bandwidth_Bps) if t.beta_s_per_byte > 0 else "-",
+                     f"{t.ramp_s * 1e3:+.3g} ms, half at {human_bytes(t.ramp_half_bytes)}" if m.ramp else "-",
+                     f"{t.n2_turn_share:.1%}" if m.n2_penalty else "-", f"{m.fit_error:.1%}", f"{m.stated_error:.1%}",
+                     f"{m.heldout_error:.1%}" if m.heldout_error is not None else "-",
+                     "yes" if m.within_stated else ("no" if m.within_stated is False else "-")])
     return rows
 
 
-MODEL_HEADER = ["series", "op", "N", "alpha (latency)", "1/beta (per-rank bytes/s)", "fit error (rel. RMS)",
-                "best fit", "bend (two-segment)"]
+MODEL_HEADER = ["series", "op", "fitted N", "alpha (per step)", "1/beta (per link)", "ramp (TCP not at rate)",
+                "N=2 turn-taking share", "fit error", "stated error", "held-out error", "within stated error"]
 
 
 LINK_REFERENCE_HEADER = ["N", "iperf3 ring pattern (mean edge)", "of the single stream", "raw ring busbw",
@@ -139,7 +139,7 @@ def arm_blocks(run: RunData) -> list[Block]:
     return blocks
 
 
-def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Finding], models: list[GroupModel],
+def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Finding], model: Model,
                    title: str, created: str, verdict: Verdict | None = None) -> list[Block]:
     """The report, once: the verdict card (with the headline figure), the summary of findings, the plots,
     every finding, the records, the model, the thresholds and the environment."""
@@ -171,9 +171,16 @@ def build_document(run: RunData, plots: list[Plot | Skipped], findings: list[Fin
                  for p in plots)]
     blocks += [Heading(2, "Findings"), *(FindingBlock(f) for f in ordered(findings))]
     blocks += [Heading(2, "Records"), Table(RECORD_HEADER, [record_row(r) for r in records])]
-    blocks += [Heading(2, "Model (T = alpha + beta x per-rank bytes)"),
-               Text("Full fit with covariance: model.json.")]
-    blocks += [Table(MODEL_HEADER, _model_rows(models))] if models else [Text("No group has two sizes to fit.")]
+    blocks += [Heading(2, "Model (per series and op, across N and size)"),
+               Text("T(N,S) = L*alpha + V*beta + L*ramp*m/(m+ramp_half) + [N=2] V*n2_beta*m/(m+n2_half), with L "
+                    "steps, m bytes per step and V bytes per link from the op's algorithm; the N=2 turn-taking share "
+                    "is n2_beta/(beta+n2_beta) (docs/model.md). Fit error: the median error of the fitted cells' "
+                    "means; stated error: 90% of them lie within it; held-out error: the worse median of fits that "
+                    "left one N or one size out. Terms, intervals, every cell and where each model extrapolates: "
+                    "model.json; `diag model predict`, `diag model export`.")]
+    blocks += ([Table(MODEL_HEADER, _model_rows(model))] if model.series_models
+               else [Text("No series has two sizes or two world sizes to fit.")])
+    blocks += [Text(f"{s['series']} {s['op']}: {s['why']}", muted=True) for s in model.skipped]
     blocks += [Heading(2, "Thresholds"), Text("Every number a rule compares against (diag/report/thresholds.py)."),
                Table(["name", "value", "meaning"], [[t.name, format_threshold(t.value), t.meaning] for t in TABLE])]
     blocks += [Heading(2, "Environment"),
@@ -246,18 +253,18 @@ def write_report(run: RunData, out_dir: Path) -> ReportResult:
     safefs.private_dir(out_dir)   # ours and closed to others: the plots' savefig by name is safe there
     plots = render_plots(run, out_dir)
     findings = diagnose(run)
-    models = fit_all(run.records)
     sources = [run.relative(f.path) for f in run.record_files]
+    model = fit_model(run.model_records, sources=sources)
 
     findings_path = out_dir / "findings.json"
     safefs.write_file(findings_path, json.dumps(strict_document(findings_to_json(findings, run), FINDINGS_NONFINITE),
                                                 indent=1, default=str, allow_nan=False) + "\n")
     model_path = out_dir / "model.json"
-    safefs.write_file(model_path, json.dumps(models_to_json(models, sources), indent=1, allow_nan=False) + "\n")
+    safefs.write_file(model_path, json.dumps(model.to_json(), indent=1, allow_nan=False) + "\n")
 
     title = f"diag report: {run.root.name if run.root else ', '.join(sources)}"
     verdict = build_verdict(run, findings)
-    blocks = build_document(run, plots, findings, models, title, time.strftime("%Y-%m-%d %H:%M:%S %Z"), verdict)
+    blocks = build_document(run, plots, findings, model, title, time.strftime("%Y-%m-%d %H:%M:%S %Z"), verdict)
     md_path = out_dir / "report.md"
     safefs.write_file(md_path, to_markdown(blocks))
     html_path = out_dir / "report.html"
@@ -267,10 +274,10 @@ def write_report(run: RunData, out_dir: Path) -> ReportResult:
     from diag.records import export_samples_csv
 
     samples_path = out_dir / "samples.csv"
-    export_samples_csv(run.records, samples_path)
+    export_samples_csv(run.model_records, samples_path)   # the profile's too
     files = [html_path, md_path, findings_path, model_path, samples_path] + [out_dir / p.filename for p in plots
                                                                              if isinstance(p, Plot)]
-    return ReportResult(out_dir, files, plots, findings, models, verdict)
+    return ReportResult(out_dir, files, plots, findings, model, verdict)
 
 
 WORKAROUND_HEADER = ("workaround", "N", "per-rank size", "gloo busbw", "workaround busbw", "speed-up [95% CI]",

@@ -151,8 +151,30 @@ class RunData:
     @property
     def records(self) -> list[Record]:
         """The survey rows: one per (transport, knobs, op, N, size) and launch. Blocks of interleaved trials
-        are not rows of a series (a trial holds many short blocks per arm): ``trials`` reads those."""
-        return [r for f in self.record_files for r in f.records if not r.block]
+        are not rows of a series (a trial holds many short blocks per arm): ``trials`` reads those. The model's
+        profile (``profile_records``) is not part of the survey either."""
+        profile = self._profile_runs
+        return [r for f in self.record_files for r in f.records if not r.block and (f.path, r.run_id) not in profile]
+
+    @property
+    def profile_records(self) -> list[Record]:
+        """The rows of the model's profile (diag reproduce --profile): sizes a simulator asks about, sampled under
+        a time budget, for the model (``model_records``), not for the diagnosis's rules."""
+        profile = self._profile_runs
+        return [r for f in self.record_files for r in f.records if not r.block and (f.path, r.run_id) in profile]
+
+    @property
+    def model_records(self) -> list[Record]:
+        """What the model is fitted on: the survey and the profile."""
+        return self.records + self.profile_records
+
+    @property
+    def _profile_runs(self) -> frozenset[tuple[Path, str]]:
+        """(records file, run id) of every profile run: a run id names one N of the job, every step at that N
+        shares it, so the file (one per step) is part of the key."""
+        return self.remember("profile_runs", lambda: frozenset(
+            (f.path, s.get("run_id")) for f in self.record_files for s in f.starts
+            if (s.get("meta") or {}).get("profile")))
 
     @property
     def all_records(self) -> list[Record]:
@@ -193,9 +215,10 @@ class RunData:
         from diag.report.series import series_label
 
         seen: dict[tuple[str, str, int, int], list[str]] = {}
+        profile = self._profile_runs   # the profile may measure a survey row's size again, for the model
         for f in self.record_files:
             for r in f.records:
-                if r.block:    # a trial's blocks are its rounds, read as a trial, never a second row
+                if (f.path, r.run_id) in profile or r.block:   # the model's profile; a trial's blocks
                     continue
                 seen.setdefault((series_label(r), r.op, r.world_size, r.size_bytes), []).append(self.relative(f.path))
         from diag.units import human_bytes
