@@ -33,7 +33,7 @@ def default_out() -> Path:
 def run_sweep(spec: SweepSpec, out: Path, *, run_dir: str | os.PathLike[str] | None = None, lab: Any = None,
               iface: str | None = None, master_addr: str = "127.0.0.1", master_port: int | None = None,
               capture: str | None = None, snaplen: int = 128, observe: bool = False, quiet: bool = True,
-              argv: tuple[str, ...] = ()) -> Path:
+              argv: tuple[str, ...] = (), keep_pcaps: bool = False) -> Path:
     """Run ``spec`` as a one-step plan on the one job; returns its run directory (records/sweep.jsonl,
     nodes/<node>/ with the captures and observer samples asked for). Every event is appended to ``out`` too.
     ``capture``: an interface to capture on ("" for the job's own); ``lab``: a lab that is up."""
@@ -83,7 +83,8 @@ def run_sweep(spec: SweepSpec, out: Path, *, run_dir: str | os.PathLike[str] | N
     plan = sweep_plan(spec, world_sizes, capture=capture is not None, observe=observe)
     options = JobOptions(plan=plan.to_json(), command="sweep", out=str(root.resolve()),
                          records_out=str(out.resolve()), run_id=run_id, iface=iface, capture_iface=capture or None,
-                         snaplen=snaplen, keep_going=False, quiet=quiet, argv=argv)
+                         snaplen=snaplen, keep_going=False, quiet=quiet, argv=argv,
+                         keep_pcaps=keep_pcaps)
     run_plan(options, lab=lab, master_addr=master_addr, master_port=master_port)
     return root
 

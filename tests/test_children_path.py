@@ -77,7 +77,7 @@ def test_a_sweep_started_in_a_planted_directory_imports_none_of_it(tmp_path: Pat
     assert sorted(p.name for p in markers.iterdir()) == []
     assert len(load_records(out).records) == 1
     if capture:
-        assert list((tmp_path / "runs" / "sweep.d" / "nodes").glob("*/captures/*.pcap"))
+        assert list((tmp_path / "runs" / "sweep.d" / "nodes").glob("*/analysis/*.json"))
 
 
 def test_diag_exec_adds_the_scripts_directory_only_where_python_would(tmp_path: Path) -> None:

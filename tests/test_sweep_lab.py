@@ -28,7 +28,7 @@ def test_lab_sweep_matches_local_format_and_is_slower_than_loopback(lab3, tmp_pa
     lab_out, local_out = tmp_path / "lab.jsonl", tmp_path / "local.jsonl"
     common = ["--backend", "gloo", "--op", "all_gather", "--nproc", "2,3", "--sizes", "1M", "--iters", "3",
               "--warmup", "1", "--quiet"]
-    proc = _sweep("--lab", lab3.name, *common, "--out", str(lab_out), "--capture", "--observe")
+    proc = _sweep("--lab", lab3.name, *common, "--out", str(lab_out), "--capture", "--observe", "--keep-pcaps")
     assert proc.returncode == 0, proc.stderr[-2000:]
     proc = _sweep(*common, "--out", str(local_out))
     assert proc.returncode == 0, proc.stderr[-2000:]

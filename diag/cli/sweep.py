@@ -120,6 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "(default interface: the job's, e.g. each lab host's link; lo locally); a node that may "
                           "not capture samples TCP_INFO instead and says so")
     out.add_argument("--snaplen", type=int, default=128, help="capture snap length (default 128)")
+    out.add_argument("--keep-pcaps", action="store_true",
+                     help="keep each node's pcaps after its analysis (default: deleted once analysed; the "
+                          "analyses stay)")
     out.add_argument("--observe", action="store_true",
                      help="every node samples its ranks' ss/TCP_INFO, per-thread CPU and NIC counters during the "
                           "sweep")
@@ -190,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
 
         lab = load_lab(args.lab)
     root = run_sweep(spec, out, run_dir=args.run_dir, lab=lab, iface=args.iface, master_addr=args.master_addr,
-                     master_port=args.master_port, capture=args.capture, snaplen=args.snaplen,
+                     master_port=args.master_port, capture=args.capture, snaplen=args.snaplen, keep_pcaps=args.keep_pcaps,
                      observe=args.observe, quiet=args.quiet, argv=tuple(sys.argv[1:]))
     if in_place() and int(os.environ.get("RANK", "0")) != 0:
         return 0   # rank 0 writes the records and gates on them
