@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.quiet:
         print("\n".join(closing_lines(records)), flush=True)
-        print(f"# {len(records)} rows written to {out} (run directory {root})", file=sys.stderr, flush=True)
+        print(f"# {len(records)} row{'' if len(records) == 1 else 's'} written to {out} (run directory {root})", file=sys.stderr, flush=True)
     code, why = sweep_status(records, args.min_busbw)
     if why:
         print(f"diag sweep: {why}", file=sys.stderr, flush=True)
