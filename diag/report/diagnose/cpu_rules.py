@@ -112,7 +112,7 @@ def one_point(run: RunData, captures: dict[str, CaptureSet], threads_too: bool =
                     else "; no raw-TCP rows at this N to tell whether the link could be filled")
         raw_text += ring_pattern_text(run, capture.world_size, raw)
         hits.append(Evidence(
-            f"{capture.label}: {machine}'s {busy.cpus} CPUs were >= {CPU_SATURATED_PCT.value:.0f}% busy in "
+            f"{capture.label}: the {busy.cpus} CPUs of {machine} were >= {CPU_SATURATED_PCT.value:.0f}% busy in "
             f"{share:.0%} of {len(busy.busy_pct)} samples (median {busy.median_pct:.0f}%){raw_text}",
             {"share": share, "median_pct": busy.median_pct, "world_size": capture.world_size,
              "cpus": busy.cpus, "raw_link_share": raw, "machine_link_share": reach, "kind": "host"},
@@ -130,13 +130,13 @@ def one_point(run: RunData, captures: dict[str, CaptureSet], threads_too: bool =
     if carried:
         who = "raw TCP and iperf3's ring pattern" if run.ring_pattern_Bps else "raw TCP"
         low, high = f"{min(carried.values()):.0%}", f"{max(carried.values()):.0%}"
-        busy_note = (f"{machine}'s CPUs were busy at N={','.join(str(n) for n in sorted(carried))}, yet {who} "
+        busy_note = (f"the CPUs of {machine} were busy at N={','.join(str(n) for n in sorted(carried))}, yet {who} "
                      f"reached {low if low == high else f'{low}-{high}'} of the link there, so the "
                      f"CPU could carry the traffic")
     thresholds[CPU_LINK_REACHED.name] = CPU_LINK_REACHED.value
     if not hits:
         return [Finding(name, "clear", f"no thread stays near {CPU_PINNED_PCT.value:.0f}% of a core"
-                        + (f" and {machine}'s CPUs are not saturated (< {CPU_SATURATED_PCT.value:.0f}% busy)"
+                        + (f" and the CPUs of {machine} are not saturated (< {CPU_SATURATED_PCT.value:.0f}% busy)"
                            if hosts and not carried else "")
                         + (f"; {busy_note}" if busy_note else "") + ": not CPU-bound", thresholds=thresholds)]
     cpus = run.info.cpu_count
