@@ -447,13 +447,7 @@ class Aggregation:
         if streamer.listed_hosts is not None:
             present = present[streamer.listed_hosts[present]]
         for index in present.tolist():
-            host = self.hosts.get(index)
-            if host is None:
-                if step is not Pass.COUNTS:
-                    raise AssertionError("a host appeared after Pass.COUNTS")
-                host = self.hosts[index] = Host(self.top.idle_gap_s, len(streamer.addresses) == 1)
-            if step is Pass.COUNTS:
-                host.split(len(streamer.addresses))
+            host = self._host(step, index)
             pairs = [(host.tx, src == index)]
             if host.rx is not host.tx:  # one address (loopback): one stream both ways
                 pairs.append((host.rx, dst == index))
@@ -461,6 +455,18 @@ class Aggregation:
                 every = mask.all()
                 t, b = (ts, nbytes) if every else (ts[mask], nbytes[mask])
                 host_stream(step, host, stream, t, b, mss if mss is None or every else mss[mask])
+
+    def _host(self, step: Pass, index: int) -> Host:
+        """The host at address ``index``: made (and split by address count) in Pass.COUNTS, found after it."""
+        streamer = self.top.streamer
+        host = self.hosts.get(index)
+        if host is None:
+            if step is not Pass.COUNTS:
+                raise AssertionError("a host appeared after Pass.COUNTS")
+            host = self.hosts[index] = Host(self.top.idle_gap_s, len(streamer.addresses) == 1)
+        if step is Pass.COUNTS:
+            host.split(len(streamer.addresses))
+        return host
 
     def _one_hosts(self, step: Pass, sides: list[Side],
                    both: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
@@ -478,13 +484,7 @@ class Aggregation:
             mss = [np.full(s.sizes.size, streamer.mss_of(0, d) or DEFAULT_MSS, dtype=np.int64)
                    for d, s in enumerate(sides)]
         for index in sorted(set(ends)):
-            host = self.hosts.get(index)
-            if host is None:
-                if step is not Pass.COUNTS:
-                    raise AssertionError("a host appeared after Pass.COUNTS")
-                host = self.hosts[index] = Host(self.top.idle_gap_s, len(streamer.addresses) == 1)
-            if step is Pass.COUNTS:
-                host.split(len(streamer.addresses))
+            host = self._host(step, index)
             if ends[0] != ends[1]:   # sends what its side sends, receives what the other sends
                 sent = ends.index(index)
                 streams = [(host.tx, sent), (host.rx, 1 - sent)]

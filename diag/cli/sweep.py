@@ -32,7 +32,8 @@ from diag.errors import DiagError
 DEFAULT_MIN, DEFAULT_MAX, DEFAULT_FACTOR = "1K", "64M", 2.0
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
+    """An argparse type: '2,3,4' as [2, 3, 4] (diag sweep's and diag trial's --nproc)."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -74,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "as nccl-tests' NCCL_TESTS_MIN_BW (default: no bandwidth gate)")
 
     where = parser.add_argument_group("where ranks run")
-    where.add_argument("--nproc", type=_int_list,
+    where.add_argument("--nproc", type=int_list,
                        help="world sizes N to run, e.g. 2,3,4: max(N) ranks start once on this machine (or the "
                             "lab) and each N runs on a subgroup of them; under torchrun/env:// the subgroups of "
                             "the job (default there: the whole job)")

@@ -26,15 +26,7 @@ from __future__ import annotations
 
 import argparse
 
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 2,3,4, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("empty list")
-    return values
+from diag.cli.sweep import int_list
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="exit 8 when an arm is shown slower than the baseline (a CI gate)")
 
     where = parser.add_argument_group("where ranks run")
-    where.add_argument("--nproc", "--world-sizes", dest="nproc", type=_int_list,
+    where.add_argument("--nproc", "--world-sizes", dest="nproc", type=int_list,
                        help="world sizes, a trial at each, e.g. 2,3,4: one launch of max(N) ranks, each N on the "
                             "first N (without --lab: K local ranks); under torchrun (in place: default, the "
                             "launch's size) spell it --world-sizes, which torchrun does not take for its own "
