@@ -58,3 +58,87 @@ def _twins_under_check(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(reader, "read_capture", checked_read)  # read_files' look-up
     monkeypatch.setattr(source, "analyze_packets", checked_state)
+
+
+# The suite runs on two workers (pytest-xdist: `-n 2 --dist loadgroup` in pyproject.toml; `-n 0` runs it in
+# one process). Scheduling:
+# - a module's tests run on one worker, in order, so its module fixtures (often a lab or a real sweep) are
+#   built once; a module that sets SPREAD = True lets each of its tests go to whichever worker is free (its
+#   tests share no fixture: each brings up its own lab);
+# - a test marked `alone` runs with nothing else of the suite beside it: its bound was measured on a quiet
+#   machine (a ratio of wire timings, a watchdog's deadline). Every other test shares the machine, as the
+#   verdicts do beside load. The `alone` tests go first, then the modules with slow tests, so the short ones
+#   fill the gaps at the end.
+
+
+def _module(item: pytest.Item) -> str:
+    module = getattr(item, "module", None)
+    return module.__name__ if module is not None else item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow_modules = {_module(item) for item in items if item.get_closest_marker("slow")}
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            if item.get_closest_marker("alone"):     # every `alone` test in one group, run one after another
+                group = "alone"
+            elif getattr(getattr(item, "module", None), "SPREAD", False):
+                group = item.nodeid
+            else:
+                group = _module(item)
+            item.add_marker(pytest.mark.xdist_group(group))
+    # `alone` tests first (at the start both workers are at a test's start: the other waits for it briefly),
+    # then the modules with slow tests; a stable sort keeps every module's own order
+    items.sort(key=lambda item: (item.get_closest_marker("alone") is None, _module(item) not in slow_modules))
+
+
+class _MachineLock:
+    """A readers-writer lock between the suite's workers, writer first: every test holds the machine shared, an
+    `alone` test holds it exclusively. A turnstile taken on the way in keeps a waiting `alone` test from being
+    overtaken by the shared holders of the next tests."""
+
+    def __init__(self, folder: str) -> None:
+        self.turnstile = os.open(os.path.join(folder, "machine.turnstile"), os.O_CREAT | os.O_RDWR, 0o600)
+        self.machine = os.open(os.path.join(folder, "machine.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+        self.held = False
+
+    def acquire(self, alone: bool) -> None:
+        import fcntl
+
+        fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+        fcntl.flock(self.machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+        self.held = True
+
+    def release(self) -> None:
+        import fcntl
+
+        fcntl.flock(self.machine, fcntl.LOCK_UN)
+        fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+        self.held = False
+
+
+_machine_lock: _MachineLock | None = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Under xdist, every test (its fixtures' set-up and teardown too) runs inside the machine lock."""
+    global _machine_lock
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    if _machine_lock is None:
+        # the workers' base temp dirs share one parent: the run's own folder
+        _machine_lock = _MachineLock(str(item.config._tmp_path_factory.getbasetemp().parent))  # type: ignore[attr-defined]
+    alone = item.get_closest_marker("alone") is not None
+    if not (alone and _machine_lock.held):
+        _machine_lock.acquire(alone)
+    try:
+        yield
+    finally:
+        # consecutive `alone` tests keep the machine between them
+        if not (alone and nextitem is not None and nextitem.get_closest_marker("alone")):
+            _machine_lock.release()

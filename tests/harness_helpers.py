@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from tests.common import free_port
+from tests.common import free_port, rank_processes
 
 
 class CorruptingTransport:
@@ -63,7 +63,8 @@ def _rank_main(rank: int, world_size: int, port: int, spec_json: str, result_dir
 
 def run_rows(spec, world_size: int, tmp_path: Path, corrupt_rank: int = -1, corrupt_mode: str = "flip") -> list[dict]:
     """Run every row of ``spec`` on a real gloo group of ``world_size`` ranks; rank 0's records."""
+    rank_processes()    # the fork server's imports
     mp.start_processes(_rank_main, args=(world_size, free_port(), spec.to_json(), str(tmp_path), corrupt_rank,
                                          corrupt_mode),
-                       nprocs=world_size, join=True, start_method="spawn")
+                       nprocs=world_size, join=True, start_method="forkserver")
     return json.loads((tmp_path / "rows.json").read_text())

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from bench.ranks import collect_by_rank
-from tests.common import free_port
+from tests.common import free_port, rank_processes
 
 RANK_TIMEOUT_S = 60.0
 
@@ -30,7 +29,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: fl
               port: int | None = None) -> list[tuple[str, Any]]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes; -> [(status, value)] by rank.
     Processes still alive after ``timeout_s`` are killed and reported as "hung"."""
-    context = multiprocessing.get_context("spawn")
+    context = rank_processes()
     results = context.Queue()
     port = port or free_port()
     processes = [context.Process(target=_rank_main, args=(fn, rank, world_size, port, args, results))

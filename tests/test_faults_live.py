@@ -19,6 +19,7 @@ from bench.fault_scenarios import expected, read_outcome
 from tests.lab_helpers import requires_root
 
 pytestmark = [requires_root, pytest.mark.slow]
+SPREAD = True   # each test brings up its own lab (tests/conftest.py)
 
 LIGHT_PLAN = ["--quick", "--max-n", "3", "--volumes", "4M", "--rate", "200mbit", "--backend", "diag_tcp",
               "--skip", "trials,knobs,advise", "--probe-seconds", "1"]
@@ -68,9 +69,11 @@ def test_a_fault_is_named_with_its_host(scenario, tmp_path):
         named = two_faults_named()
         assert named == {"window_at_host": {"h1"}, "node_fingerprints": {"h1", "h2"}}
         assert {rule: outcome.named.get(rule) for rule in named} == named, (outcome, detail)
-        # no other host rule names a host, and no N=2 mechanism is named for faults that are not N=2's
-        assert {rule: hosts for rule, hosts in outcome.named.items() if rule not in named and hosts} == {}, \
-            (outcome, detail)
+        # other host rules may corroborate on the faulty hosts (a jumbo frame lost on its way out of h2 is h2's
+        # loss too: loss_at_host named h2 once beside a busy machine) but never name another host, as the fault
+        # bench's Outcome.right; no N=2 mechanism is named for faults that are not N=2's
+        assert {rule: hosts - {"h1", "h2"} for rule, hosts in outcome.named.items()
+                if rule not in named and hosts - {"h1", "h2"}} == {}, (outcome, detail)
         assert outcome.mechanism != "fired", outcome
         return
     outcome = read_outcome(scenario, "diag_tcp", run_dir, 0.0, done.returncode)

@@ -22,6 +22,7 @@ from diag.records import load_records
 from tests.lab_helpers import requires_root, unique_lab_name
 
 pytestmark = [requires_root, pytest.mark.slow]
+SPREAD = True   # its tests share no fixture: each goes to whichever worker is free (tests/conftest.py)
 
 # The link probe's figures are not what these tests check: its shortest phases (the incast keeps its 2 s).
 SMALL_PLAN = ["--quick", "--max-n", "3", "--volumes", "512K", "--iface", "eth0", "--probe-seconds", "1"]

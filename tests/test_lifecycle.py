@@ -56,6 +56,7 @@ def start_sweep(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) 
     return proc, out, run_dir
 
 
+@pytest.mark.slow
 def test_a_row_longer_than_the_watchdog_completes(tmp_path: Path) -> None:
     # watchdog = timeout 3 s + slack 2 s = 5 s; the row lasts >= 16 x 0.7 s = 11 s, heartbeats keep it alive.
     proc, out, _run_dir = start_sweep(tmp_path, "--sizes", "1K", "--iters", "16", "--warmup", "0",
@@ -66,6 +67,7 @@ def test_a_row_longer_than_the_watchdog_completes(tmp_path: Path) -> None:
     assert row.iters == 16 and (row.t_end_ns - row.t_start_ns) / 1e9 > 10.5
 
 
+@pytest.mark.alone
 def test_stopped_ranks_are_reported_hung_and_killed(tmp_path: Path) -> None:
     """No progress at all (every rank SIGSTOPped): the watchdog fires and no rank survives, stopped or not."""
     proc, _out, run_dir = start_sweep(tmp_path, "--sizes", "1K", "--iters", "100000", "--warmup", "0",

@@ -33,6 +33,7 @@ from diag.probe.flows import ToolChoice, choose_tool
 from diag.probe.matrix import INCAST_MIN_S, INCAST_ROUNDS
 from tests.common import free_port
 
+SPREAD = True   # its tests share no fixture: each goes to whichever worker is free (tests/conftest.py)
 __all__ = ["lab_names"]  # the fixture, re-exported so pytest finds it
 
 # The lab of the live tests: the rate the lab tests use (the CPU of this 2-core machine keeps up with it

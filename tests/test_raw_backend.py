@@ -17,6 +17,8 @@ import torch
 
 from tests.common import free_port
 
+SPREAD = True   # its tests share no fixture: each goes to whichever worker is free (tests/conftest.py)
+
 SCRIPTS = Path(__file__).parent / "raw_scripts"
 SCRIPT = SCRIPTS / "dist_ops.py"
 REPO = Path(__file__).resolve().parent.parent

@@ -11,6 +11,8 @@ import pytest
 
 from tests.raw_helpers import assert_all_ok, check_all_gather, make_transport, run_ranks
 
+SPREAD = True   # its tests share no fixture: each goes to whichever worker is free (tests/conftest.py)
+
 SMALL_SIZES = (1, 1000, 65537)
 
 # Full coverage of the mechanism knobs that change the protocol, crossed with each other...

@@ -17,6 +17,7 @@ def _namespaces() -> set[str]:
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
+@pytest.mark.slow
 def test_reproduce_small_plan_writes_a_complete_run_dir(need_root, tmp_path):
     before = _namespaces()
     run_dir = tmp_path / "repro"

@@ -179,6 +179,7 @@ def test_help_does_not_import_torch():
     assert proc.stdout.strip() == "False", proc.stderr
 
 
+@pytest.mark.slow
 def test_records_survive_a_torn_last_line(tmp_path):
     out = tmp_path / "r.jsonl"
     proc = run_diag("sweep", "--nproc", "2", "--sizes", "1K", "--iters", "2", "--warmup", "0", "--out", str(out),
@@ -195,6 +196,7 @@ def test_records_survive_a_torn_last_line(tmp_path):
     assert [r.size_bytes for r in loaded.records] == [1024, 2048] and loaded.complete and loaded.torn_lines == 1
 
 
+@pytest.mark.slow
 def test_sweep_closes_with_nccl_tests_lines_and_gates_on_min_busbw(tmp_path):
     """Like nccl-tests: '# Out of bounds values : 0 OK' and '# Avg bus bandwidth : X' close the table; exit 0,
     and exit 7 when the average busbw is below --min-busbw (NCCL_TESTS_MIN_BW); --samples-csv has one line per

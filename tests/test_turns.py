@@ -357,6 +357,7 @@ def _shaped_exchange(pair, tmp_path: Path, mode: str, nbytes: int, block: int) -
     return analyze_files([pcap], with_series=False)
 
 
+@pytest.mark.alone
 def test_shaped_link_two_way_overlaps_and_ping_pong_does_not(tmp_path: Path) -> None:
     """tbf at 100 Mbit/s both ways. Both sides write 16 KiB, then sleep 3 ms, on one socket for 1 s: each
     burst leaves in ~1.5 ms, then the direction is silent >= 3 ms -- longer than the 2 ms idle gap, so the
