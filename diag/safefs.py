@@ -155,9 +155,11 @@ class Dir:
         if problem is not None:
             raise DiagError(f"{_where(flag, self.path / name)}: {self.path} {problem}")
 
-    def create(self, name: str, mode: int = OUTPUT_MODE, *, replace: bool = False, flag: str = "") -> int:
-        """A new file's write descriptor (O_EXCL | O_NOFOLLOW). ``replace``: an existing entry of that name (file
-        or symlink, never a directory) is unlinked first; the symlink itself goes, its target is untouched."""
+    def create(self, name: str, mode: int = OUTPUT_MODE, *, replace: bool = False, flag: str = "",
+               read: bool = False) -> int:
+        """A new file's write descriptor (O_EXCL | O_NOFOLLOW; ``read``: also readable). ``replace``: an existing
+        entry of that name (file or symlink, never a directory) is unlinked first; the symlink itself goes, its
+        target is untouched."""
         name = self._name(name, flag)
         path = self.path / name
         self._check_entry(name, flag)
@@ -167,7 +169,8 @@ class Dir:
                 if not stat.S_ISDIR(info.st_mode):
                     os.unlink(name, dir_fd=self.fd)
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, mode, dir_fd=self.fd)
+            fd = os.open(name, (os.O_RDWR if read else os.O_WRONLY) | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, mode,
+                         dir_fd=self.fd)
         except OSError as exc:
             is_dir = False
             with contextlib.suppress(OSError):
@@ -469,11 +472,13 @@ def _open_error(path: Path, flag: str, exc: OSError) -> DiagError:
     return DiagError(f"{where}: cannot write ({exc.strerror})")
 
 
-def create(path: str | os.PathLike[str], mode: int = OUTPUT_MODE, *, replace: bool = False, flag: str = "") -> int:
-    """A new file's write descriptor (O_EXCL | O_NOFOLLOW), in a directory reached by :func:`open_dir`.
-    ``replace``: an existing entry of that name (file or symlink, never a directory) is unlinked first."""
+def create(path: str | os.PathLike[str], mode: int = OUTPUT_MODE, *, replace: bool = False, flag: str = "",
+           read: bool = False) -> int:
+    """A new file's write descriptor (O_EXCL | O_NOFOLLOW; ``read``: also readable), in a directory reached by
+    :func:`open_dir`. ``replace``: an existing entry of that name (file or symlink, never a directory) is
+    unlinked first."""
     with _parent_of(path, flag) as (parent, name):
-        return parent.create(name, mode, replace=replace, flag=flag)
+        return parent.create(name, mode, replace=replace, flag=flag, read=read)
 
 
 def open_append(path: str | os.PathLike[str], mode: int = OUTPUT_MODE, *, flag: str = "", read: bool = False) -> int:

@@ -34,6 +34,31 @@ def test_tcpdump_capture_writes_sidecar_and_counts(tmp_path: Path) -> None:
     assert meta["start_ns"] / 1e9 <= conn["directions"]["a->b"]["first_ts"] <= meta["stop_ns"] / 1e9
 
 
+def test_a_capture_cut_to_its_window_keeps_exactly_the_window(tmp_path: Path) -> None:
+    """A batched tcpdump (as every node runs it) stopped past the window's end, after the next transfer has
+    started, keeps only the window: a's bytes, none of b's, its metadata counting what it kept and ending at
+    the cut. Batched, tcpdump would have written nothing of a had it been stopped at the cut."""
+    import time
+
+    need_root()
+    need_tools("tcpdump")
+    port = free_port()
+    pcap = tmp_path / "window.pcap"
+    handle = start_capture(pcap, "lo", f"tcp port {port}", 128, immediate=False)
+    bulk_transfer(("127.0.0.1", 0), ("127.0.0.1", port), 300_000)
+    cut_ns = time.time_ns()
+    bulk_transfer(("127.0.0.1", 0), ("127.0.0.1", port), 700_000)
+    time.sleep(1.1)     # the block holding both retires (diag.inplace.node.BLOCK_RETIRE_S)
+    info = handle.stop(cut_ns=cut_ns)
+    result = analyze_files([pcap])
+    sent = sorted(c["directions"]["a->b"]["payload_bytes"] for c in result["connections"])
+    assert sent == [300_000], sent
+    assert info.stop_ns == cut_ns and info.packets == result["capture"]["packets"] > 0
+    meta = json.loads((tmp_path / "window.pcap.capture.json").read_text())
+    assert meta["stop_ns"] == cut_ns and meta["packets"] == info.packets
+    assert max(c["directions"]["a->b"]["last_ts"] for c in result["connections"]) <= cut_ns / 1e9
+
+
 def test_capture_inside_namespace(tmp_path: Path) -> None:
     need_tools("tcpdump")
     pcap = tmp_path / "ns.pcap"

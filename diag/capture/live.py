@@ -59,7 +59,9 @@ class CaptureInfo:
 class CaptureHandle(Protocol):
     path: Path
 
-    def stop(self) -> CaptureInfo: ...
+    def end(self) -> None: ...
+
+    def stop(self, cut_ns: int | None = None) -> CaptureInfo: ...
 
 
 def meta_path(path: str | os.PathLike[str]) -> Path:
@@ -117,12 +119,15 @@ class TcpdumpCapture:
         self._stderr_lines: list[str] = []
         self._ready = threading.Event()
         self.start_ns = time.time_ns()
-        out_fd = safefs.create(path, replace=True)
+        # diag keeps its own descriptor of the file to cut it to its window afterwards (stop's cut_ns)
+        self._fd = safefs.create(path, replace=True, read=True)
         try:
-            self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=subprocess.PIPE,
-                                          text=True, env=child_env(), cwd=CHILD_CWD)
-        finally:
-            os.close(out_fd)   # tcpdump holds its own copy
+            self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=self._fd,
+                                          stderr=subprocess.PIPE, text=True, env=child_env(), cwd=CHILD_CWD)
+        except OSError:
+            os.close(self._fd)
+            raise
+        self._stop_ns: int | None = None
         self._reader = threading.Thread(target=self._read_stderr, name="tcpdump-stderr", daemon=True)
         self._reader.start()
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -130,6 +135,7 @@ class TcpdumpCapture:
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self._proc.kill() if self._proc.poll() is None else None
                 self._reader.join(2)
+                os.close(self._fd)
                 message = " ".join(line.strip() for line in self._stderr_lines[-3:]) or "no output"
                 raise DiagError(f"tcpdump did not start on {iface!r}"
                                 f"{' in netns ' + netns if netns else ''}: {message}")
@@ -142,10 +148,13 @@ class TcpdumpCapture:
             if "listening on" in line:
                 self._ready.set()
 
-    def stop(self) -> CaptureInfo:
+    def end(self) -> None:
+        """Stop tcpdump (SIGINT: it writes what it holds and its summary); once only."""
+        if self._stop_ns is not None:
+            return
         # Give in-flight packets a moment to pass the BPF before we stop.
         time.sleep(0.05)
-        stop_ns = time.time_ns()
+        self._stop_ns = time.time_ns()
         if self._proc.poll() is None:
             self._proc.send_signal(signal.SIGINT)
             try:
@@ -154,6 +163,24 @@ class TcpdumpCapture:
                 self._proc.kill()
                 self._proc.wait()
         self._reader.join(5)
+
+    def stop(self, cut_ns: int | None = None) -> CaptureInfo:
+        """End the capture and describe it (``<path>.capture.json``). ``cut_ns``: the moment the window the
+        capture is for closed (epoch ns); tcpdump ran on past it (its last block of packets reaches the file
+        only when the block retires), and the records stamped after it are cut from the file."""
+        self.end()
+        assert self._stop_ns is not None
+        stop_ns, kept = self._stop_ns, None
+        if self._fd >= 0:
+            try:
+                if cut_ns is not None:
+                    from diag.capture.pcapfile import cut_after
+
+                    kept = cut_after(self._fd, cut_ns)
+                    stop_ns = min(stop_ns, cut_ns)
+            finally:
+                os.close(self._fd)
+                self._fd = -1
         text = "".join(self._stderr_lines)
         packets = _summary_number(text, r"(\d+) packets? captured")
         dropped = _summary_number(text, r"(\d+) packets? dropped by kernel")
@@ -161,7 +188,8 @@ class TcpdumpCapture:
         if dropped:
             notes.append(f"the kernel dropped {dropped} packets: the capture is incomplete")
         info = CaptureInfo(str(self.path), self.iface, self.snaplen, self.bpf_filter, self.start_ns, stop_ns,
-                           dropped, packets, "tcpdump", socket.gethostname(), self.netns, tuple(notes))
+                           dropped, packets if kept is None else kept, "tcpdump", socket.gethostname(), self.netns,
+                           tuple(notes))
         safefs.write_file(meta_path(self.path), json.dumps(info.to_json(), indent=1) + "\n")
         return info
 
@@ -169,7 +197,7 @@ class TcpdumpCapture:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._proc.poll() is None:
+        if self._fd >= 0:
             self.stop()
 
 
@@ -198,15 +226,18 @@ class ScapyCapture:
 
         self.path = path
         self.iface, self.bpf_filter, self.snaplen = iface, bpf_filter, snaplen
-        self._writer = PcapWriter(os.fdopen(safefs.create(path, replace=True), "wb"), sync=False,
-                                  snaplen=snaplen or 65535)
+        fd = safefs.create(path, replace=True, read=True)
+        self._fd = os.dup(fd)   # kept to cut the file to its window afterwards (stop's cut_ns)
+        self._writer = PcapWriter(os.fdopen(fd, "wb"), sync=False, snaplen=snaplen or 65535)
         self._count = 0
+        self._stop_ns: int | None = None
         self._lock = threading.Lock()
         self.start_ns = time.time_ns()
         self._sniffer = AsyncSniffer(iface=iface, filter=bpf_filter or None, store=False, prn=self._write)
         self._sniffer.start()
         time.sleep(0.3)  # AsyncSniffer has no ready signal; give its socket time to open
         if not getattr(self._sniffer, "running", True):
+            os.close(self._fd)
             raise DiagError(f"scapy could not capture on {iface!r}; check the interface name")
 
     def _write(self, packet: Any) -> None:
@@ -218,15 +249,34 @@ class ScapyCapture:
             self._writer.write_packet(raw[:caplen], sec=float(packet.time), caplen=caplen, wirelen=len(raw))
             self._count += 1
 
-    def stop(self) -> CaptureInfo:
+    def end(self) -> None:
+        if self._stop_ns is not None:
+            return
         time.sleep(0.05)
-        stop_ns = time.time_ns()
+        self._stop_ns = time.time_ns()
         # A sniffer that already died has nothing more to give.
         with contextlib.suppress(Exception):
             self._sniffer.stop()
         with self._lock:
             self._writer.close()
+
+    def stop(self, cut_ns: int | None = None) -> CaptureInfo:
+        """As TcpdumpCapture.stop."""
+        self.end()
+        assert self._stop_ns is not None
+        stop_ns, count = self._stop_ns, self._count
+        if self._fd >= 0:
+            try:
+                if cut_ns is not None:
+                    from diag.capture.pcapfile import cut_after
+
+                    kept = cut_after(self._fd, cut_ns)
+                    count = count if kept is None else kept
+                    stop_ns = min(stop_ns, cut_ns)
+            finally:
+                os.close(self._fd)
+                self._fd = -1
         info = CaptureInfo(str(self.path), self.iface, self.snaplen, self.bpf_filter, self.start_ns, stop_ns,
-                           None, self._count, "scapy", socket.gethostname(), None, (SCAPY_DROP_WARNING,))
+                           None, count, "scapy", socket.gethostname(), None, (SCAPY_DROP_WARNING,))
         safefs.write_file(meta_path(self.path), json.dumps(info.to_json(), indent=1) + "\n")
         return info

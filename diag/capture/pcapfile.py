@@ -7,6 +7,7 @@ the _cpcap kernel) build on this module, and reader.py is their front.
 from __future__ import annotations
 
 import io
+import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -184,6 +185,38 @@ def pcap_header(handle: IO[bytes], magic: bytes, path: Path) -> tuple[int, int, 
         raise unsupported_linktype_error(path, [linktype])
     limit = max(snaplen, 65535 + 64) + 64
     return snaplen, linktype, min(limit, MAX_RECORD_BYTES)
+
+
+def cut_after(fd: int, cut_ns: int) -> int | None:
+    """Truncate the classic pcap open on ``fd`` before its first record stamped after ``cut_ns`` (epoch ns):
+    a live capture that ran on past the moment its window closed keeps only that window. Returns the records
+    kept, or None where the file is not a classic pcap (left as it is). Records are in capture
+    order, so everything from the first late one on is cut; a record cut short at the end (a capture killed
+    mid-write) stays, as a reader reports it."""
+    header = os.pread(fd, 24, 0)
+    if len(header) < 24 or header[:4] not in PCAP_MAGICS:
+        return None
+    endian, ns_per_tick = PCAP_MAGICS[header[:4]]
+    record = struct.Struct(endian + "III")
+    size = os.fstat(fd).st_size
+    kept, offset = 0, 24
+    chunk_start, chunk = offset, b""
+    while offset + 16 <= size:
+        at = offset - chunk_start
+        if at + 16 > len(chunk):
+            chunk_start, chunk = offset, os.pread(fd, CHUNK_BYTES, offset)
+            at = 0
+            if len(chunk) < 16:
+                break
+        seconds, fraction, captured = record.unpack_from(chunk, at)
+        if seconds * 1_000_000_000 + fraction * ns_per_tick > cut_ns:
+            os.ftruncate(fd, offset)
+            return kept
+        if captured > MAX_RECORD_BYTES:
+            break       # not a record boundary: leave the file to the reader, which says where it breaks
+        kept += 1
+        offset += 16 + captured
+    return kept
 
 
 def _read_into(handle: IO[bytes], target: memoryview) -> int:

@@ -649,6 +649,9 @@ def run_in_place(options: JobOptions) -> int:
                 job.run.save()
         raise
     finally:
+        if job is not None and job.node_work is not None:
+            with contextlib.suppress(DiagError, OSError):   # a step's capture still running on: ended and cut
+                job.node_work.settle()
         if dist.is_initialized():
             with contextlib.suppress(Exception):   # a lost node may leave the group unable to shut down cleanly
                 dist.destroy_process_group()

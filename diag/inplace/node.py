@@ -6,8 +6,10 @@ of its captures, where the captures are. Nothing here fails the run: what a node
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ from diag.errors import DiagError
 from diag.inplace.topology import Node
 
 if TYPE_CHECKING:
+    from diag.capture.live import CaptureHandle, CaptureInfo
     from diag.inplace.transfer import Left, Outgoing
 
 CAPTURE_SNAPLEN = 128        # headers and the TCP options; payload is never needed
@@ -25,7 +28,9 @@ CAPTURE_FILTER = "tcp"
 # The node's captures are batched (no --immediate-mode: less CPU at high packet rates), so libpcap reads the
 # kernel's ring in blocks handed over when full or when tcpdump's read timeout (1000 ms, fixed in tcpdump)
 # retires them; tcpdump stopped by SIGINT before that never writes the packets of the block still open. A
-# step's capture therefore runs this long past the step before it is stopped (a short step captured nothing).
+# step's capture therefore runs this long past the step before it is stopped (a short step captured nothing):
+# in the background, while the next step runs under a capture of its own, and its file is then cut back to the
+# step's own window (settle).
 BLOCK_RETIRE_S = 1.1
 OBSERVE_INTERVAL_S = 0.2
 
@@ -60,6 +65,7 @@ class NodeWork:
     _capture: Any = None
     _observers: Any = None
     _tag: str = ""
+    _retiring: list[Retiring] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         from diag.envinfo import node_fingerprint
@@ -114,16 +120,24 @@ class NodeWork:
             self.note(f"no observers ({exc})")
 
     def stop_step(self) -> None:
+        """The step's window closes now: every rank has finished the step (its last barrier), and the next step
+        sends nothing before every node has called this. Its capture goes on BLOCK_RETIRE_S in the background."""
         if self._capture is not None:
-            time.sleep(BLOCK_RETIRE_S)
-            info = self._capture.stop()
+            self._retiring.append(Retiring(self._capture, self._tag, time.time_ns()))
             self._capture = None
-            if info.kernel_dropped:
-                self.note(f"the capture of {self._tag} dropped {info.kernel_dropped} packets; what is derived from "
-                          "it is flagged")
         if self._observers is not None:
             self._observers.stop()
             self._observers = None
+
+    def settle(self) -> None:
+        """Every step's capture ended and cut to its window (``<tag>.pcap.capture.json`` written): before the
+        captures are read, and when the job ends another way."""
+        retiring, self._retiring = self._retiring, []
+        for capture in retiring:
+            info = capture.finish()
+            if info.kernel_dropped:
+                self.note(f"the capture of {capture.tag} dropped {info.kernel_dropped} packets; what is derived "
+                          "from it is flagged")
 
     def analyze(self, records: list[str], keep_pcaps: bool = True) -> None:
         """Analyse every capture of this node against the run's records (analysis/<tag>.json); without
@@ -133,6 +147,7 @@ class NodeWork:
 
         from diag.capture.analysis import analyze
 
+        self.settle()
         for pcap in sorted((self.directory / "captures").glob("*.pcap")):
             started = time.monotonic()
             try:
@@ -157,4 +172,23 @@ class NodeWork:
             return list_node_files(here, keep_pcaps)
 
 
-__all__ = ["NodeWork", "capture_ability"]
+class Retiring:
+    """A step's capture running on past its window (``cut_ns``) until tcpdump's last block retires: a thread
+    stops it BLOCK_RETIRE_S after the window closed; ``finish`` waits for that and cuts the file to the window."""
+
+    def __init__(self, handle: CaptureHandle, tag: str, cut_ns: int) -> None:
+        self.handle, self.tag, self.cut_ns = handle, tag, cut_ns
+        self._thread = threading.Thread(target=self._end, name=f"capture-{tag}", daemon=True)
+        self._thread.start()
+
+    def _end(self) -> None:
+        time.sleep(max(0.0, self.cut_ns / 1e9 + BLOCK_RETIRE_S - time.time()))
+        with contextlib.suppress(Exception):   # finish() ends it again and says what went wrong
+            self.handle.end()
+
+    def finish(self) -> CaptureInfo:
+        self._thread.join()
+        return self.handle.stop(cut_ns=self.cut_ns)
+
+
+__all__ = ["NodeWork", "Retiring", "capture_ability"]

@@ -236,4 +236,7 @@ out["tensor parallel up.weight.grad matches one process"] = bool(
 
 with open(os.path.join(sys.argv[1], f"{BACKEND}-{rank}.json"), "w") as handle:
     json.dump(out, handle, indent=1)
+# No rank tears its pairs down while a peer may still be sending to it: stock gloo aborted a rank once ("terminate
+# called without an active exception") when its peers closed first beside a busy machine.
+dist.barrier()
 dist.destroy_process_group()
