@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from typing import Any
@@ -108,8 +109,6 @@ class _MachineLock:
         self.held = False
 
     def acquire(self, alone: bool) -> None:
-        import fcntl
-
         fcntl.flock(self.turnstile, fcntl.LOCK_EX)
         fcntl.flock(self.machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         if not alone:
@@ -117,8 +116,6 @@ class _MachineLock:
         self.held = True
 
     def release(self) -> None:
-        import fcntl
-
         fcntl.flock(self.machine, fcntl.LOCK_UN)
         fcntl.flock(self.turnstile, fcntl.LOCK_UN)
         self.held = False

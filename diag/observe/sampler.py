@@ -99,14 +99,24 @@ class Observers:
 
     def _loop(self) -> None:
         next_at = time.monotonic()
+        rounds = 0
         while not self._stop.is_set():
-            try:
-                self.sample_once()
-            except Exception as exc:  # a sampler must never take the sweep down; keep the reason
-                if len(self.errors) < 20:
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
+            self._sample()
+            rounds += 1
             next_at += self.interval_s
             self._stop.wait(max(0.0, next_at - time.monotonic()))
+        # One more at stop where the window's last stretch is half an interval or more, or the window is shorter
+        # than one interval (each CPU sample is a difference from the one before: a window sampled once has
+        # none). A stretch of a few ms would read a quota's whole burst as a busy core.
+        if rounds == 1 or time.monotonic() - (next_at - self.interval_s) >= self.interval_s / 2:
+            self._sample()
+
+    def _sample(self) -> None:
+        try:
+            self.sample_once()
+        except Exception as exc:  # a sampler must never take the sweep down; keep the reason
+            if len(self.errors) < 20:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def _processes(self) -> list[Any]:
         import psutil
