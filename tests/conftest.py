@@ -61,10 +61,8 @@ def _twins_under_check(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
     monkeypatch.setattr(source, "analyze_packets", checked_state)
 
 
-# The suite runs in one process by default (what CI runs). `-n 2 --dist loadgroup` (pytest-xdist, in the test
-# extras) runs it on two workers in ~12 minutes instead of ~20, but not yet reliably: in two of seven such runs a
-# live verdict failed beside another lab run (tests/test_faults_live.py's shallow port saw CPU-paced senders; gloo
-# itself aborted once in tests/raw_scripts/backend_ops.py at N=3). Scheduling on workers:
+# The suite runs on two workers by default (pyproject's addopts: `-n 2 --dist loadgroup`, pytest-xdist in the test
+# extras; `-n 0` runs it in one process, in its files' order, where none of this applies). Scheduling on workers:
 # - a module's tests run on one worker, in order, so its module fixtures (often a lab or a real sweep) are
 #   built once; a module that sets SPREAD = True lets each of its tests go to whichever worker is free (its
 #   tests share no fixture: each brings up its own lab);
