@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import time
 from typing import Any
 
 import pytest
@@ -61,15 +62,17 @@ def _twins_under_check(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
     monkeypatch.setattr(source, "analyze_packets", checked_state)
 
 
-# The suite runs on two workers by default (pyproject's addopts: `-n 2 --dist loadgroup`, pytest-xdist in the test
-# extras; `-n 0` runs it in one process, in its files' order, where none of this applies). Scheduling on workers:
+# The suite runs on three workers by default (pyproject's addopts: `-n 3 --dist loadgroup`, pytest-xdist in the
+# test extras; `-n 0` runs it in one process, in its files' order, where none of this applies). Scheduling:
 # - a module's tests run on one worker, in order, so its module fixtures (often a lab or a real sweep) are
 #   built once; a module that sets SPREAD = True lets each of its tests go to whichever worker is free (its
 #   tests share no fixture: each brings up its own lab);
+# - at most as many tests as the machine has cores run at once (CPU slots), so a live verdict shares the
+#   machine as it does beside two busy loops, no more; a test marked `waits` takes no slot: most of its time
+#   is a timeout running out or a host held to a tenth of a core (measured: under 0.4 s of CPU per second);
 # - a test marked `alone` runs with nothing else of the suite beside it: its bound was measured on a quiet
-#   machine (a ratio of wire timings, a watchdog's deadline). Every other test shares the machine, as the
-#   verdicts do beside load. The `alone` tests go first, then the modules with slow tests, so the short ones
-#   fill the gaps at the end.
+#   machine (a ratio of wire timings, a watchdog's deadline). The `alone` tests go first, then the modules with
+#   slow tests, so the short ones fill the gaps at the end.
 
 
 def _module(item: pytest.Item) -> str:
@@ -99,21 +102,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 class _MachineLock:
     """A readers-writer lock between the suite's workers, writer first: every test holds the machine shared, an
     `alone` test holds it exclusively. A turnstile taken on the way in keeps a waiting `alone` test from being
-    overtaken by the shared holders of the next tests."""
+    overtaken by the shared holders of the next tests. Inside it, a test that is neither `alone` nor `waits`
+    holds one of the machine's CPU slots (one lock file per core, taken by whoever finds it free)."""
 
     def __init__(self, folder: str) -> None:
         self.turnstile = os.open(os.path.join(folder, "machine.turnstile"), os.O_CREAT | os.O_RDWR, 0o600)
         self.machine = os.open(os.path.join(folder, "machine.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+        self.slots = [os.open(os.path.join(folder, f"cpu-slot-{n}.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+                      for n in range(os.cpu_count() or 1)]
         self.held = False
+        self.slot: int | None = None
 
-    def acquire(self, alone: bool) -> None:
+    def acquire(self, alone: bool, slot: bool) -> None:
         fcntl.flock(self.turnstile, fcntl.LOCK_EX)
         fcntl.flock(self.machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         if not alone:
             fcntl.flock(self.turnstile, fcntl.LOCK_UN)
         self.held = True
+        while slot and self.slot is None:
+            for fd in self.slots:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                self.slot = fd
+                break
+            else:
+                time.sleep(0.05)
 
     def release(self) -> None:
+        if self.slot is not None:
+            fcntl.flock(self.slot, fcntl.LOCK_UN)
+            self.slot = None
         fcntl.flock(self.machine, fcntl.LOCK_UN)
         fcntl.flock(self.turnstile, fcntl.LOCK_UN)
         self.held = False
@@ -134,7 +154,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _machine_lock = _MachineLock(str(item.config._tmp_path_factory.getbasetemp().parent))  # type: ignore[attr-defined]
     alone = item.get_closest_marker("alone") is not None
     if not (alone and _machine_lock.held):
-        _machine_lock.acquire(alone)
+        _machine_lock.acquire(alone, slot=not alone and item.get_closest_marker("waits") is None)
     try:
         yield
     finally:

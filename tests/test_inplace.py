@@ -141,6 +141,7 @@ def test_in_place_by_hand_on_three_nodes(lab3, tmp_path):
     assert "findings (" in job.output("h0")
 
 
+@pytest.mark.waits
 def test_a_node_that_dies_fails_the_run_in_one_line_naming_it(lab3, tmp_path):
     run_dir = tmp_path / "run"
     job = start_nodes(lab3, ["--quick", "--max-n", "3", "--volumes", "2M", "--iface", "eth0", "--skip", "incast",

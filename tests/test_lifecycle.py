@@ -57,6 +57,7 @@ def start_sweep(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) 
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_row_longer_than_the_watchdog_completes(tmp_path: Path) -> None:
     # watchdog = timeout 3 s + slack 2 s = 5 s; the row lasts >= 16 x 0.7 s = 11 s, heartbeats keep it alive.
     proc, out, _run_dir = start_sweep(tmp_path, "--sizes", "1K", "--iters", "16", "--warmup", "0",
@@ -112,6 +113,7 @@ def test_killing_the_runner_leaves_no_rank_or_launcher(tmp_path: Path, sig: sign
     assert loaded.ends and loaded.ends[-1]["status"] == "failed"
 
 
+@pytest.mark.waits
 def test_a_supervisor_that_fails_stops_the_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever goes wrong in the launching process while the ranks run (here its supervision loop raises
     once they are up), no launcher and no rank is left behind."""

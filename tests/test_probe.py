@@ -243,6 +243,7 @@ print(json.dumps(report), flush=True)
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_group_coordinator_over_gloo_and_a_peer_stuck_past_its_timeout() -> None:
     """barrier, all_gather_object and broadcast_object over the default group; then, on a gloo group of its
     own with a 1 s timeout, rank 1 stays away for 4 s: rank 0's probe call fails after about the timeout,
@@ -349,7 +350,8 @@ def check_incast(incast: list[dict[str, Any]], names: list[str], config_of: dict
                  rounds: int = INCAST_ROUNDS) -> None:
     """Every node's incast, round by round: each other node sends into it, and together they fill the
     receiver's link (its one-way bound: the senders' links are faster than their share); every count read, the
-    steady one part of the whole."""
+    steady one part of the whole. Each flow's rate is over its own window from its first bytes: senders that
+    start apart (beside another lab run on this machine) add up to a little more than the link (1.055 once)."""
     assert [(phase["round"], phase["dst"]) for phase in incast] == [
         (number, name) for number in range(1, rounds + 1) for name in names]
     for phase in incast:
@@ -360,7 +362,7 @@ def check_incast(incast: list[dict[str, Any]], names: list[str], config_of: dict
                    for f in phase["flows"]), phase
         total = sum(f["goodput_Bps"] for f in phase["flows"])
         bound = config_of[dst].expected_goodput_Bps
-        assert 0.85 <= total / bound <= 1.05, (dst, total / bound, phase)
+        assert 0.85 <= total / bound <= 1.10, (dst, total / bound, phase)
 
 
 @requires_root
@@ -457,6 +459,7 @@ def _gone(pids_file: Path) -> bool:
 
 @requires_root
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_stuck_tool_fails_every_rank_in_bounded_time_naming_node_and_pair(lab_names: list[str],
                                                                             tmp_path: Path) -> None:
     """h1's iperf3 client hangs (never sends, never exits): after the phase's bound (1 s + 2 x GRACE_S)

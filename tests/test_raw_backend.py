@@ -112,6 +112,7 @@ def test_every_op_a_program_calls_matches_gloo_bit_for_bit(tmp_path: Path, nproc
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_point_to_point_failures_are_bounded_precise_and_leave_the_group_usable(tmp_path: Path) -> None:
     """p2p_failures.py with a 3 s process-group timeout: a receive nobody sends to, tags that never meet and
     sizes that differ fail within the timeout naming op, peer and tag (and what the peer does wait for);

@@ -115,7 +115,7 @@ def _dies_body(rank: int, world_size: int, how: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["exit", "stuck"])
+@pytest.mark.parametrize("how", ["exit", pytest.param("stuck", marks=pytest.mark.waits)])
 def test_a_dead_or_stuck_peer_ends_the_run_within_the_timeout(how: str) -> None:
     outcome = run_ranks(_dies_body, 3, how, timeout_s=40)
     for rank in (0, 1):
