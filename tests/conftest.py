@@ -103,13 +103,15 @@ class _MachineLock:
     """A readers-writer lock between the suite's workers, writer first: every test holds the machine shared, an
     `alone` test holds it exclusively. A turnstile taken on the way in keeps a waiting `alone` test from being
     overtaken by the shared holders of the next tests. Inside it, a test that is neither `alone` nor `waits`
-    holds one of the machine's CPU slots (one lock file per core, taken by whoever finds it free)."""
+    holds one of the machine's CPU slots (one lock file per core), taken in turn: a worker looks for a free slot
+    only while it holds the slot queue, so one that just gave its slot up queues behind whoever waits."""
 
     def __init__(self, folder: str) -> None:
         self.turnstile = os.open(os.path.join(folder, "machine.turnstile"), os.O_CREAT | os.O_RDWR, 0o600)
         self.machine = os.open(os.path.join(folder, "machine.lock"), os.O_CREAT | os.O_RDWR, 0o600)
         self.slots = [os.open(os.path.join(folder, f"cpu-slot-{n}.lock"), os.O_CREAT | os.O_RDWR, 0o600)
                       for n in range(os.cpu_count() or 1)]
+        self.slot_queue = os.open(os.path.join(folder, "cpu-slot.queue"), os.O_CREAT | os.O_RDWR, 0o600)
         self.held = False
         self.slot: int | None = None
 
@@ -119,16 +121,22 @@ class _MachineLock:
         if not alone:
             fcntl.flock(self.turnstile, fcntl.LOCK_UN)
         self.held = True
-        while slot and self.slot is None:
-            for fd in self.slots:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue
-                self.slot = fd
-                break
-            else:
-                time.sleep(0.05)
+        if not slot:
+            return
+        fcntl.flock(self.slot_queue, fcntl.LOCK_EX)
+        try:
+            while self.slot is None:
+                for fd in self.slots:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        continue
+                    self.slot = fd
+                    break
+                else:
+                    time.sleep(0.02)
+        finally:
+            fcntl.flock(self.slot_queue, fcntl.LOCK_UN)
 
     def release(self) -> None:
         if self.slot is not None:
