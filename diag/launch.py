@@ -116,10 +116,19 @@ _ROOT_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
 
 
 def _root_cause(log_text: str) -> tuple[int | None, int | None]:
-    """(rank, exit code) from torchrun's 'Root Cause (first observed failure)' block."""
+    """(rank, exit code) from torchrun's failure report: a rank killed by a signal torchrun did not send itself
+    (it stops the others with SIGTERM) wherever the report lists it, else its 'Root Cause (first observed
+    failure)'. torchrun's first observed failure is whichever exit it saw first: a rank whose peer was killed
+    can exit with its connection error before the killed rank's exit is seen."""
     marker = log_text.find("Root Cause")
     if marker < 0:
         return None, None
+    start = log_text.rfind("Failures:", 0, marker)
+    report = log_text[start if start >= 0 else marker:marker + 2000]
+    for entry in re.split(r"\n\s*\[\d+\]:", report)[1:]:
+        rank, code = _ROOT_RANK.search(entry), _ROOT_EXIT.search(entry)
+        if rank and code and int(code.group(1)) < 0 and int(code.group(1)) != -signal.SIGTERM:
+            return int(rank.group(1)), int(code.group(1))
     block = log_text[marker:marker + 2000]
     rank = _ROOT_RANK.search(block)
     code = _ROOT_EXIT.search(block)

@@ -134,3 +134,26 @@ def test_a_supervisor_that_fails_stops_the_ranks(tmp_path: Path, monkeypatch: py
     with pytest.raises(RuntimeError, match="supervisor broke"):
         launch.run_world(job, [launch.HostLaunch("local", 2)], work)
     assert wait_gone(str(work / "job-n2.json"), 15) == []
+
+
+def test_the_killed_rank_is_the_cause_however_torchrun_ordered_the_exits() -> None:
+    """torchrun's report as it prints it when rank 2 was SIGKILLed and rank 0 saw its connection close first
+    (its 'first observed failure'): the launcher's one line names rank 2 and the signal. torchrun's own SIGTERM
+    to the survivors is never the cause; with no rank killed otherwise the first observed failure stands."""
+    from diag.launch import _root_cause
+
+    def entry(number: int, rank: int, code: str) -> str:
+        return (f"[{number}]:\n  time      : 2026-12-05_03:36:10\n  host      : localhost\n"
+                f"  rank      : {rank} (local_rank: {rank})\n  exitcode  : {code}\n  error_file: <N/A>\n")
+
+    def report(failures: list[str], root: str) -> str:
+        return ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" + "=" * 54
+                + "\n/x/diag/inplace/__main__.py FAILED\n" + "-" * 54 + "\nFailures:\n" + "".join(failures)
+                + "-" * 54 + "\nRoot Cause (first observed failure):\n" + root + "=" * 54 + "\n")
+
+    killed = report([entry(1, 1, "-15 (pid: 11)"), entry(2, 2, "-9 (pid: 12)")], entry(0, 0, "1 (pid: 10)"))
+    assert _root_cause(killed) == (2, -9)
+    stopped = report([entry(1, 1, "-15 (pid: 11)")], entry(0, 0, "1 (pid: 10)"))
+    assert _root_cause(stopped) == (0, 1)
+    assert _root_cause(report([], entry(0, 3, "-11 (pid: 13)"))) == (3, -11)
+    assert _root_cause("no failure report") == (None, None)
