@@ -134,7 +134,12 @@ class NodeWork:
         captures are read, and when the job ends another way."""
         retiring, self._retiring = self._retiring, []
         for capture in retiring:
-            info = capture.finish()
+            try:
+                info = capture.finish()
+            except (DiagError, OSError) as exc:
+                self.note(f"the capture of {capture.tag} could not be finished ({exc}); its pcap may hold more than "
+                          "its step")
+                continue
             if info.kernel_dropped:
                 self.note(f"the capture of {capture.tag} dropped {info.kernel_dropped} packets; what is derived "
                           "from it is flagged")
