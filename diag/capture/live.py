@@ -170,17 +170,8 @@ class TcpdumpCapture:
         only when the block retires), and the records stamped after it are cut from the file."""
         self.end()
         assert self._stop_ns is not None
-        stop_ns, kept = self._stop_ns, None
-        if self._fd >= 0:
-            try:
-                if cut_ns is not None:
-                    from diag.capture.pcapfile import cut_after
-
-                    kept = cut_after(self._fd, cut_ns)
-                    stop_ns = min(stop_ns, cut_ns)
-            finally:
-                os.close(self._fd)
-                self._fd = -1
+        kept, self._fd = _cut_and_close(self._fd, cut_ns), -1
+        stop_ns = self._stop_ns if cut_ns is None else min(self._stop_ns, cut_ns)
         text = "".join(self._stderr_lines)
         packets = _summary_number(text, r"(\d+) packets? captured")
         dropped = _summary_number(text, r"(\d+) packets? dropped by kernel")
@@ -199,6 +190,21 @@ class TcpdumpCapture:
     def __exit__(self, *exc: object) -> None:
         if self._fd >= 0:
             self.stop()
+
+
+def _cut_and_close(fd: int, cut_ns: int | None) -> int | None:
+    """Close the capture's own descriptor of its file (-1: closed already), first cutting the records stamped
+    after ``cut_ns`` (pcapfile.cut_after); the records kept, or None where nothing was cut or counted."""
+    if fd < 0:
+        return None
+    try:
+        if cut_ns is None:
+            return None
+        from diag.capture.pcapfile import cut_after
+
+        return cut_after(fd, cut_ns)
+    finally:
+        os.close(fd)
 
 
 def _unprivileged_user() -> str:
@@ -264,19 +270,9 @@ class ScapyCapture:
         """As TcpdumpCapture.stop."""
         self.end()
         assert self._stop_ns is not None
-        stop_ns, count = self._stop_ns, self._count
-        if self._fd >= 0:
-            try:
-                if cut_ns is not None:
-                    from diag.capture.pcapfile import cut_after
-
-                    kept = cut_after(self._fd, cut_ns)
-                    count = count if kept is None else kept
-                    stop_ns = min(stop_ns, cut_ns)
-            finally:
-                os.close(self._fd)
-                self._fd = -1
+        kept, self._fd = _cut_and_close(self._fd, cut_ns), -1
+        stop_ns = self._stop_ns if cut_ns is None else min(self._stop_ns, cut_ns)
         info = CaptureInfo(str(self.path), self.iface, self.snaplen, self.bpf_filter, self.start_ns, stop_ns,
-                           None, count, "scapy", socket.gethostname(), None, (SCAPY_DROP_WARNING,))
+                           None, self._count if kept is None else kept, "scapy", socket.gethostname(), None, (SCAPY_DROP_WARNING,))
         safefs.write_file(meta_path(self.path), json.dumps(info.to_json(), indent=1) + "\n")
         return info
