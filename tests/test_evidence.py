@@ -248,6 +248,35 @@ def test_the_control_backend_below_the_link_is_the_negative_control_dipping(tmp_
     assert card.why.startswith("Not the backend's N=2 protocol")
 
 
+def test_a_busy_machine_s_n2_below_the_link_matrix_is_not_a_dip_of_the_control(tmp_path: Path) -> None:
+    """diag_tcp (the control) at N=2 a fifth below the link matrix's edge, on a machine whose every CPU was busy
+    at N=2 and N=3 with raw TCP short of the link at both (a fault-free lab beside other load): N=3 cannot
+    serve, and the matrix, measured before the rows on a CPU that then had room, is no reference for a pace the
+    CPU set. Neither the dip nor the negative control fires; both say why. Where the CPU had room at N=2 (busy
+    at N=3 only), the same rows dip against the matrix."""
+    from node_helpers import LAB_Bps, link_matrix, ring_records, write_inplace_run
+
+    def run_at(name: str, busy_pct: dict[int, float]):
+        rows = [dataclasses.replace(r, backend="diag_tcp") if r.backend == "gloo" else r
+                for r in ring_records({2: 0.78 * LAB_Bps, 3: 0.7 * LAB_Bps}, backends=("gloo",))]
+        raw = ring_records({2: 0.8 * LAB_Bps, 3: 0.7 * LAB_Bps}, backends=("raw",), seed=50)
+        tags = ("diag_tcp-all_gather--diag_tcp-all_gather-n2", "diag_tcp-all_gather--diag_tcp-all_gather-n3")
+        observe = {n: {tag: host_cpu_samples(busy_pct[int(tag[-1])]) for tag in tags} for n in ("h0", "h1", "h2")}
+        return load_run([write_inplace_run(tmp_path / name, [*rows, *raw], nodes=("h0", "h1", "h2"),
+                                           observe=observe, matrix=link_matrix(nodes=("h0", "h1", "h2")))])
+
+    busy = run_at("busy", {2: 99.0, 3: 99.0})
+    (dip,) = [f for f in n2_busbw_dip(busy) if f.statement.startswith("torch:diag_tcp")]
+    assert dip.status == "undecided" and "the CPU, not the link, set N=2's pace" in dip.statement
+    assert "N=3 left out of the reference: CPU-bound there" in dip.statement
+    (control,) = negative_control(busy)
+    assert control.status == "undecided" and "the link is no reference for it" in control.statement
+    room = run_at("room", {2: 40.0, 3: 99.0})
+    (dip,) = [f for f in n2_busbw_dip(room) if f.statement.startswith("torch:diag_tcp")]
+    assert dip.status == "fired" and "below the link measured beside it" in dip.statement
+    assert negative_control(room)[0].status == "fired"
+
+
 # --- 7: one number per measurement ---
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from diag.records import Record
 from diag.report.diagnose.base import strength_of, undecided
-from diag.report.diagnose.dip import SeriesDip, series_dips
+from diag.report.diagnose.dip import SeriesDip, link_readings, series_dips
 from diag.report.diagnose.findings import STRENGTHS, Evidence, Finding
 from diag.report.rundir import RunData
 from diag.report.series import knob
@@ -46,10 +46,8 @@ def negative_control(run: RunData) -> list[Finding]:
     controls = [d for d in every if d.ratios]
     # a control series no N>=3 can serve (the diag_tcp backend under test on a busy machine) is held against the
     # link beside it, by the dip rule itself
-    labels = {d.label for d in every if not d.ratios}
-    linked = [f for f in run.remember("n2_busbw_dip", lambda: n2_busbw_dip(run))
-              if f.evidence and f.evidence[0].values.get("series") in labels
-              and f.evidence[0].values.get("reference_kind") in ("trial", "matrix")]
+    held = [f"{d.label} {d.op}: " for d in every if not d.ratios and link_readings(run, d)]
+    linked = [f for f in run.remember("n2_busbw_dip", lambda: n2_busbw_dip(run)) if f.statement.startswith(tuple(held))]
     if not controls and not linked:
         if every:
             return undecided(NAME, "the control series have no N>=3 that can serve as their reference, nor a link "

@@ -339,7 +339,7 @@ def n2_busbw_dip(run: RunData) -> list[Finding]:
     for dip in series_dips(run):
         readings = link_readings(run, dip)
         found = (_against_survey(run, dip, readings, thresholds) if dip.ratios
-                 else _against_link(run, dip, readings, thresholds))
+                 else _against_link(run, dip, readings, thresholds, cpu_at_2))
         if found.status == "fired" and cpu_at_2:
             # A loss measured on a machine whose CPU was saturated at N=2 (raw TCP short of the link there too)
             # is a loss; whether the network or the CPU set it is not told apart: one step less sure.
@@ -444,8 +444,11 @@ def _link_evidence(run: RunData, dip: SeriesDip, readings: dict[int, LinkReading
 
 
 def _against_link(run: RunData, dip: SeriesDip, readings: dict[int, LinkReading],
-                  thresholds: dict[str, float]) -> Finding:
-    """No N>=3 can serve: the link measured beside the backend in the same run decides."""
+                  thresholds: dict[str, float], cpu_at_2: bool = False) -> Finding:
+    """No N>=3 can serve: the link measured beside the backend in the same run decides. The link matrix (one
+    measurement before the rows) is no reference where the CPU set N=2's pace (``cpu_at_2``: every core busy and
+    raw TCP short of the link at N=2): the rows fall short of the link by what the CPU allowed, and how much of
+    that is the backend's only a reference that shared the CPU tells (the trial's raw arm, in the same rounds)."""
     label, op, axis = dip.label, dip.op, dip.axis
     why = f"N>=3 cannot serve as the reference: {dip.exclusions().removeprefix('; ')}"
     if not readings:
@@ -463,6 +466,11 @@ def _against_link(run: RunData, dip: SeriesDip, readings: dict[int, LinkReading]
                            thresholds=thresholds)
         return Finding(NAME, "undecided", f"{label} {op}: whether N=2 runs below {what} cannot be told yet: {table} "
                        f"({why})", thresholds=thresholds)
+    if kind == MATRIX_LINK and cpu_at_2:
+        return Finding(NAME, "undecided", f"{label} {op}: busbw at N=2 is below {what} ({table}), but every CPU of "
+                       "the machine was busy at N=2 and raw TCP did not fill the link there either (cpu_bound): the "
+                       "CPU, not the link, set N=2's pace, so the link is no reference for it; an interleaved trial "
+                       f"holds N=2 against raw TCP in the same rounds (the trials step) ({why})", thresholds=thresholds)
     confirmed = [v for v in shown if readings[v].ratio.high < N2_DIP_RATIO.value]
     if kind == TRIAL_LINK:
         strength = "strong" if len(shown) >= 2 else "moderate"
