@@ -277,6 +277,37 @@ def test_a_busy_machine_s_n2_below_the_link_matrix_is_not_a_dip_of_the_control(t
     assert negative_control(room)[0].status == "fired"
 
 
+def test_a_dip_between_blocks_under_different_load_is_not_claimed(tmp_path: Path) -> None:
+    """The survey's N=2 rows a fifth below N=3's, but another job kept every core busy through N=2's rows and was
+    gone for N=3's (the machine's CPU samples in each row's window say so): the blocks differ in load as well as
+    in N, so the dip is undecided and says why. The same rows with the machine busy through both, or through
+    neither, dip."""
+
+    def run_at(name: str, busy_at: dict[int, float]):
+        rows = []
+        for k, row in enumerate(survey({2: 0.8, 3: 1.0})):
+            start = 10_000_000_000 * (k + 1)
+            rows.append(dataclasses.replace(row, t_start_ns=start, t_end_ns=start + 5_000_000_000))
+        observe: dict[str, list[dict[str, object]]] = {}
+        for row in rows:
+            tag = f"{row.backend}_n{row.world_size}"
+            observe.setdefault(tag, []).extend(
+                {"kind": "cpu_host", "t_ns": row.t_start_ns + i * 500_000_000, "cpus": 2,
+                 "busy_pct": busy_at[row.world_size], "per_cpu_pct": [busy_at[row.world_size]] * 2}
+                for i in range(1, 9))
+        # raw TCP at the link at every N: a busy machine there is no CPU-bound N (cpu_bound)
+        return load_run([write_run_dir(tmp_path / name, rows, observe=observe,
+                                       meta={"link": {"single_stream_Bps": LINK_BPS}})])
+
+    (dip,) = [f for f in n2_busbw_dip(run_at("came-and-went", {2: 99.0, 3: 40.0}))
+              if f.statement.startswith("torch:gloo")]
+    assert dip.status == "undecided" and "the blocks ran under different load" in dip.statement
+    assert "every core busy in 100% of N=2's CPU samples, at most 0% of the reference rows'" in dip.statement
+    for name, busy_at in (("busy-throughout", {2: 99.0, 3: 99.0}), ("quiet", {2: 40.0, 3: 40.0})):
+        (dip,) = [f for f in n2_busbw_dip(run_at(name, busy_at)) if f.statement.startswith("torch:gloo")]
+        assert dip.status == "fired" and "below N=3" in dip.statement, (name, dip.statement)
+
+
 # --- 7: one number per measurement ---
 
 

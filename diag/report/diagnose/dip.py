@@ -16,6 +16,11 @@ Two references, in order:
 
 Where the survey can serve, the trial beside the link is a second line of evidence: it makes a dip surer, and
 where it shows the loss the survey missed, the dip is undecided, never clear: the run measured a loss.
+
+Rows are blocks, one after another, so load that comes or goes between them reads as a difference of N: where
+the machine was busy through N=2's rows and through none of their reference's (its CPU samples in each row's
+window), the survey's dip is undecided unless the trial shows it; and the link matrix, measured before the
+rows, is no reference for an N=2 whose pace the CPU set.
 """
 
 from __future__ import annotations
@@ -30,7 +35,14 @@ from diag.report.diagnose.cpu_rules import cpu_limited_world_sizes
 from diag.report.diagnose.findings import STRENGTHS, Evidence, Finding
 from diag.report.rundir import RunData
 from diag.report.series import PAIRWISE_OPS, by_series, mean_busbw, series_label
-from diag.report.thresholds import N2_DIP_RATIO, N2_DIP_STRONG, used
+from diag.report.thresholds import (
+    CPU_MIN_SAMPLES,
+    CPU_PINNED_SHARE,
+    CPU_SATURATED_PCT,
+    N2_DIP_RATIO,
+    N2_DIP_STRONG,
+    used,
+)
 from diag.stats import Arm, Interval, Modes, bootstrap_means, interval, modes
 from diag.trialspec import arms_of
 from diag.units import human_bytes, human_rate
@@ -226,6 +238,33 @@ def match_axis(per_n: dict[int, dict[int, Record]]) -> tuple[dict[int, dict[int,
     return {n: dict(rows) for n, rows in per_n.items()}, "", {}
 
 
+def busy_share(run: RunData, row: Record) -> float | None:
+    """The share of the machine CPU samples taken while ``row`` ran (by the captures of its N) that had every core
+    busy (CPU_SATURATED_PCT); None where fewer than CPU_MIN_SAMPLES fell in its window."""
+    if not (row.t_start_ns and row.t_end_ns):
+        return None
+    busy = [float(s["busy_pct"]) for c in run.captures.values() if c.world_size == row.world_size for s in c.observe
+            if s.get("kind") == "cpu_host" and isinstance(s.get("busy_pct"), (int, float))
+            and row.t_start_ns <= s.get("t_ns", 0) <= row.t_end_ns]
+    if len(busy) < CPU_MIN_SAMPLES.value:
+        return None
+    return sum(1 for pct in busy if pct >= CPU_SATURATED_PCT.value) / len(busy)
+
+
+def unlike_load(run: RunData, dip: SeriesDip, size: int) -> tuple[float, float] | None:
+    """(N=2's busy share, the reference rows' highest) where the machine was busy through N=2's row at this size
+    (CPU_PINNED_SHARE of its samples at every core busy) and through none of the rows it is held against: the
+    blocks ran under different load (another job came or went between them), and the ratio is the load's as
+    much as N's. None where the load was alike, or unknown."""
+    ratio = dip.ratios[size]
+    n2 = busy_share(run, dip.per_n[2][size])
+    others = [busy_share(run, dip.per_n[n][size]) for n in ratio.reference]
+    if n2 is None or n2 < CPU_PINNED_SHARE.value or not others or any(o is None for o in others):
+        return None
+    highest = max(o for o in others if o is not None)
+    return (n2, highest) if highest < CPU_PINNED_SHARE.value else None
+
+
 # --- the link beside the backend --------------------------------------------------------------------------
 
 
@@ -380,6 +419,18 @@ def _against_survey(run: RunData, dip: SeriesDip, readings: dict[int, LinkReadin
                            f"{note}{beside}", thresholds=thresholds)
         return Finding(NAME, "undecided", f"{label} {op}: whether N=2 is slower cannot be told from these samples "
                        f"({table}){note}{beside}", thresholds=thresholds)
+    trial_shown = [v for v in shown if readings[v].kind == TRIAL_LINK]
+    loads = {s: unlike_load(run, dip, s) for s in dipping}
+    if not trial_shown and all(loads.values()):
+        # every dip is between blocks that ran under different load: the survey cannot tell N from the load
+        load_text = ", ".join(f"{axis}{human_bytes(s)}: every core busy in {n2:.0%} of N=2's CPU samples, at most "
+                              f"{other:.0%} of the reference rows'" for s, (n2, other) in sorted(
+                                  (s, v) for s, v in loads.items() if v is not None))
+        return Finding(NAME, "undecided", f"{label} {op}: N=2 reads below {reference_label} ({table}), but the machine "
+                       f"was busy through N=2's rows and not through the rows held against them ({load_text}): the "
+                       "blocks ran under different load, so this survey cannot say N=2 is slower; an interleaved trial "
+                       f"holds N=2 against the link in the same rounds (the trials step){note}{beside}",
+                       thresholds={**thresholds, **used(CPU_PINNED_SHARE, CPU_SATURATED_PCT)})
     onset = dipping[-1]
     for s in reversed(sizes):
         if ratios[s].ratio.point > N2_DIP_RATIO.value:
@@ -391,7 +442,6 @@ def _against_survey(run: RunData, dip: SeriesDip, readings: dict[int, LinkReadin
                 else "moderate" if len(dipping) >= 2 or confirmed else "weak")
     # A second, interleaved line of evidence: the trial ran this backend beside the link in the same rounds.
     # Where it shows the loss there too, the dip is one step surer; the statement says which.
-    trial_shown = [v for v in shown if readings[v].kind == TRIAL_LINK]
     interleaved = any(r.kind == TRIAL_LINK for r in readings.values())
     if len(trial_shown) >= 2:
         strength = "strong"
