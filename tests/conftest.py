@@ -62,22 +62,34 @@ def _twins_under_check(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
     monkeypatch.setattr(source, "analyze_packets", checked_state)
 
 
-# The suite runs in one process by default (what CI runs; none of this applies there). `-n 3 --dist loadgroup
-# --no-loadscope-reorder` (pytest-xdist, in the test extras) runs it on three workers in ~11 minutes instead of ~18,
-# not yet reliably: of seven parallel runs (two or three workers) five had a live test fail beside the others.
-# Mended: an incast bound, a launcher that named the wrong rank, an observer window, a gloo rank torn down early;
-# not: a program trial left undecided on three workers without CPU slots, and the fault tests' negative control,
-# whose one block per N read a dip when another lab run started or ended between its N=2 and N=3 rows (1 of 3
-# runs of the submitted tree). Scheduling on workers:
+# The suite runs on pytest-xdist workers (pyproject's addopts: `-n auto --dist loadgroup --no-loadscope-reorder`;
+# `-n 0` runs it in one process, in its files' order, where none of this applies). On a 2-core machine: ~8.5
+# minutes instead of ~18 in one process. How the tests share the machine:
+# - `-n auto` starts as many workers as the machine has cores, plus two (pytest_xdist_auto_num_workers below):
+#   the live tests spend much of their time waiting on their shaped links or a timeout, and a worker waiting so
+#   holds no core;
 # - a module's tests run on one worker, in order, so its module fixtures (often a lab or a real sweep) are
 #   built once; a module that sets SPREAD = True lets each of its tests go to whichever worker is free (its
 #   tests share no fixture: each brings up its own lab);
-# - at most as many tests as the machine has cores run at once (CPU slots), so a live verdict shares the
-#   machine as it does beside two busy loops, no more; a test marked `waits` takes no slot: most of its time
-#   is a timeout running out or a host held to a tenth of a core (measured: under 0.4 s of CPU per second);
+# - CPU slots, one more than the cores: at most that many tests that compute run at once, so a live verdict
+#   shares the machine with at most `cores` other tests, on two cores the two busy loops every verdict is
+#   tested beside (measured: 1.9 of 2 cores busy through the run, against 1.65 with a slot per core, where a
+#   slot held by a test waiting on its wire left a core idle); a test marked `waits` takes no slot: most of its
+#   time is a timeout running out or a host held to a tenth of a core (under 0.4 s of CPU per second);
 # - a test marked `alone` runs with nothing else of the suite beside it: its bound was measured on a quiet
-#   machine (a ratio of wire timings, a watchdog's deadline). The `alone` tests go first, then the modules with
-#   slow tests, so the short ones fill the gaps at the end.
+#   machine (a shallow switch port only drops where its incast senders burst at the link's rate, a watchdog's
+#   deadline, a ratio of wire timings). The `alone` tests go first, then the modules with slow tests, so the
+#   short ones fill the gaps at the end.
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: the machine's cores plus two (see above)."""
+    return (os.cpu_count() or 1) + 2
+
+
+def cpu_slots() -> int:
+    """How many tests that compute may run at once: the machine's cores plus one (see above)."""
+    return (os.cpu_count() or 1) + 1
 
 
 def _module(item: pytest.Item) -> str:
@@ -108,14 +120,15 @@ class _MachineLock:
     """A readers-writer lock between the suite's workers, writer first: every test holds the machine shared, an
     `alone` test holds it exclusively. A turnstile taken on the way in keeps a waiting `alone` test from being
     overtaken by the shared holders of the next tests. Inside it, a test that is neither `alone` nor `waits`
-    holds one of the machine's CPU slots (one lock file per core), taken in turn: a worker looks for a free slot
-    only while it holds the slot queue, so one that just gave its slot up queues behind whoever waits."""
+    holds one of the machine's CPU slots (a lock file each, cpu_slots() of them), taken in turn: a worker looks
+    for a free slot only while it holds the slot queue, so one that just gave its slot up queues behind whoever
+    waits."""
 
     def __init__(self, folder: str) -> None:
         self.turnstile = os.open(os.path.join(folder, "machine.turnstile"), os.O_CREAT | os.O_RDWR, 0o600)
         self.machine = os.open(os.path.join(folder, "machine.lock"), os.O_CREAT | os.O_RDWR, 0o600)
         self.slots = [os.open(os.path.join(folder, f"cpu-slot-{n}.lock"), os.O_CREAT | os.O_RDWR, 0o600)
-                      for n in range(os.cpu_count() or 1)]
+                      for n in range(cpu_slots())]
         self.slot_queue = os.open(os.path.join(folder, "cpu-slot.queue"), os.O_CREAT | os.O_RDWR, 0o600)
         self.held = False
         self.slot: int | None = None
