@@ -53,6 +53,9 @@ TOLERANCE = 0.05                        # every edge within 5% of what the lab l
 # to BOTH_WAYS_FLOOR (an edge that reads its peer's rate or half its own is still caught) and the matrix's
 # median to TOLERANCE; every edge alone, where no second flow takes part, to TOLERANCE.
 BOTH_WAYS_FLOOR = 0.75
+# An incast's flows add up to at most this share of the receiver's link: each is read over its own window, and
+# senders that start apart read more than the link together (check_incast says by how much).
+INCAST_SKEW_CEILING = 1.25
 
 
 # ---- the schedule and the document (no root, no torch) ----------------------------------------------------
@@ -350,8 +353,11 @@ def check_incast(incast: list[dict[str, Any]], names: list[str], config_of: dict
                  rounds: int = INCAST_ROUNDS) -> None:
     """Every node's incast, round by round: each other node sends into it, and together they fill the
     receiver's link (its one-way bound: the senders' links are faster than their share); every count read, the
-    steady one part of the whole. Each flow's rate is over its own window from its first bytes: senders that
-    start apart (beside another lab run on this machine) add up to a little more than the link (1.055 once)."""
+    steady one part of the whole; no one flow above the link. Each flow's rate is over its own window from its
+    first bytes, so senders that start apart add up to more than the link: one that starts d late has the link
+    to itself for d at its end. In a 2 s phase (1.5 s steady), three flows with one 0.2 s late add up to 1.09
+    of it, 0.5 s late 1.23; beside the parallel suite's other lab runs this machine read 1.055 and 1.105
+    (INCAST_SKEW_CEILING). A rate in bits, or counted over the warm-up, reads far outside."""
     assert [(phase["round"], phase["dst"]) for phase in incast] == [
         (number, name) for number in range(1, rounds + 1) for name in names]
     for phase in incast:
@@ -362,7 +368,8 @@ def check_incast(incast: list[dict[str, Any]], names: list[str], config_of: dict
                    for f in phase["flows"]), phase
         total = sum(f["goodput_Bps"] for f in phase["flows"])
         bound = config_of[dst].expected_goodput_Bps
-        assert 0.85 <= total / bound <= 1.10, (dst, total / bound, phase)
+        assert max(f["goodput_Bps"] for f in phase["flows"]) <= (1 + TOLERANCE) * bound, (dst, phase)
+        assert 0.85 <= total / bound <= INCAST_SKEW_CEILING, (dst, total / bound, phase)
 
 
 @requires_root
