@@ -68,9 +68,10 @@ def test_a_row_longer_than_the_watchdog_completes(tmp_path: Path) -> None:
     assert row.iters == 16 and (row.t_end_ns - row.t_start_ns) / 1e9 > 10.5
 
 
-@pytest.mark.alone
+@pytest.mark.waits
 def test_stopped_ranks_are_reported_hung_and_killed(tmp_path: Path) -> None:
-    """No progress at all (every rank SIGSTOPped): the watchdog fires and no rank survives, stopped or not."""
+    """No progress at all (every rank SIGSTOPped): the watchdog fires and no rank survives, stopped or not.
+    Most of it is the watchdog's and the terminate grace's waits (13.1-13.6 s in all beside two busy loops)."""
     proc, _out, run_dir = start_sweep(tmp_path, "--sizes", "1K", "--iters", "100000", "--warmup", "0",
                                       "--gap-ms", "1", "--timeout", "3", env={"DIAG_WATCHDOG_SLACK_S": "2"})
     try:
