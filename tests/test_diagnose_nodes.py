@@ -292,6 +292,16 @@ def test_loss_the_ring_cannot_place_is_placed_by_the_link_matrix(tmp_path: Path)
     one = link_matrix(retransmits={("h0", "h1"): (5, 900)})
     root = write_inplace_run(tmp_path / "one", ring_records(HEALTHY), matrix=one, analyses=quiet)
     assert loss_at_host(load_run([root]))[0].status == "clear"
+    # one edge with nearly all of it and a few segments on another (the jumbo-host lab beside a busy machine:
+    # 91 h2 -> h0, 3 h1 -> h0): the few (under LOSS_PEER_SHARE of it) are no second peer: no host's loss
+    nearly_one = link_matrix(retransmits={("h2", "h0"): (40, 400), ("h1", "h0"): (1, 20)})
+    root = write_inplace_run(tmp_path / "nearly-one", ring_records(HEALTHY), matrix=nearly_one, analyses=quiet)
+    assert loss_at_host(load_run([root]))[0].status == "clear"
+    # the same two edges with the second holding a real part of it: a host's loss, from 2 peers
+    two = link_matrix(retransmits={("h2", "h0"): (40, 400), ("h1", "h0"): (10, 90)})
+    root = write_inplace_run(tmp_path / "two", ring_records(HEALTHY), matrix=two, analyses=quiet)
+    [found] = loss_at_host(load_run([root]))
+    assert found.status == "fired" and "into h0 (from 2 peers, in the link matrix's flows)" in found.statement
     # a matrix from before retransmits were recorded: the captures' reading alone
     root = write_inplace_run(tmp_path / "old", ring_records(HEALTHY), matrix=link_matrix(), analyses=analyses)
     assert loss_at_host(load_run([root]))[0].status == "clear"
