@@ -120,6 +120,15 @@ def test_knock_in_and_cpu_confounded_arms() -> None:
     # both arms beside the same busy machine: no confounder, the interleaved comparison stands
     busy = {"shared": ArmCpu(0.98, 0.5), "split": ArmCpu(0.97, 0.5), "gloo": ArmCpu(0.97, 0.5)}
     assert explained_share(contended, split, gloo, split, "knock-in", cpu=busy).verdict == "shown"
+    # either side of CPU_CONFOUNDED within the margin is one load (a trial beside the parallel test suite read
+    # 95% and 90% of the machine, rank threads at 6% of a core); a margin below it, or a rank's own thread
+    # pinned on an equally busy machine, is a confounder
+    one_load = {"shared": ArmCpu(0.95, 0.06), "split": ArmCpu(0.897, 0.06), "gloo": ArmCpu(0.93, 0.06)}
+    assert explained_share(contended, split, gloo, split, "knock-in", cpu=one_load).verdict == "shown"
+    for apart in ({"shared": ArmCpu(0.95, 0.06), "split": ArmCpu(0.79, 0.06), "gloo": ArmCpu(0.93, 0.06)},
+                  {"shared": ArmCpu(0.85, 0.97), "split": ArmCpu(0.85, 0.3), "gloo": ArmCpu(0.85, 0.3)}):
+        confounded = explained_share(contended, split, gloo, split, "knock-in", cpu=apart)
+        assert confounded.verdict == "undecided" and "CPU-saturated" in confounded.reason, apart
 
 
 def test_difference_is_two_sided_with_an_equivalence_band() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from diag.report.diagnose.base import strength_of, undecided
 from diag.report.diagnose.findings import Evidence, Finding
 from diag.report.rundir import RunData
-from diag.report.thresholds import CPU_CONFOUNDED, MIN_ROUNDS, WORKAROUND_EFFECT, used
+from diag.report.thresholds import CPU_CONFOUND_MARGIN, CPU_CONFOUNDED, MIN_ROUNDS, WORKAROUND_EFFECT, used
 from diag.units import human_bytes, human_rate
 
 ADVISE_SOURCE = "advise/advise.json"
@@ -34,10 +34,10 @@ def workarounds(run: RunData) -> list[Finding]:
     the trial's budget); undecided without measurements."""
     name = "workarounds"
     advise = run.advise
-    thresholds = used(WORKAROUND_EFFECT, MIN_ROUNDS, CPU_CONFOUNDED)
+    thresholds = used(WORKAROUND_EFFECT, MIN_ROUNDS, CPU_CONFOUNDED, CPU_CONFOUND_MARGIN)
     if not advise or not advise.get("workarounds"):
         return undecided(name, "no workaround was measured (diag advise, or the advise step of diag reproduce)",
-                         WORKAROUND_EFFECT, MIN_ROUNDS, CPU_CONFOUNDED)
+                         WORKAROUND_EFFECT, MIN_ROUNDS, CPU_CONFOUNDED, CPU_CONFOUND_MARGIN)
     world_size = advise.get("world_size") or 2
     good: list[Evidence] = []
     other: list[str] = []

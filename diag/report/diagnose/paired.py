@@ -23,6 +23,7 @@ from diag.report.rundir import RunData
 from diag.report.series import knob, series_label
 from diag.report.thresholds import (
     CONTROL_DIP,
+    CPU_CONFOUND_MARGIN,
     CPU_CONFOUNDED,
     MIN_ROUNDS,
     ORDER_EFFECT,
@@ -112,8 +113,8 @@ class PairedExperiment:
 
     def thresholds(self) -> dict[str, float]:
         if self.design == "difference":
-            return used(*(t for t in (self.effect, MIN_ROUNDS, CPU_CONFOUNDED) if t is not None))
-        return used(CONTROL_DIP, SHOWN_SHARE, RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED)
+            return used(*(t for t in (self.effect, MIN_ROUNDS, CPU_CONFOUNDED, CPU_CONFOUND_MARGIN) if t is not None))
+        return used(CONTROL_DIP, SHOWN_SHARE, RULED_OUT_SHARE, MIN_ROUNDS, CPU_CONFOUNDED, CPU_CONFOUND_MARGIN)
 
     def value_of(self, record: Record) -> str | None:
         if self.backend is not None and record.backend != self.backend:
