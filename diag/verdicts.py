@@ -96,9 +96,6 @@ class ArmCpu:
     def measures(self) -> dict[str, float | None]:
         return {"machine": self.machine_busy, "thread": self.busiest_thread}
 
-    def saturated(self) -> bool:
-        return any(v is not None and v >= CPU_CONFOUNDED.value for v in self.measures().values())
-
     def text(self) -> str:
         parts = []
         if self.machine_busy is not None:

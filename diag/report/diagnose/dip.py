@@ -516,19 +516,21 @@ def _against_link(run: RunData, dip: SeriesDip, readings: dict[int, LinkReading]
                            thresholds=thresholds)
         return Finding(NAME, "undecided", f"{label} {op}: whether N=2 runs below {what} cannot be told yet: {table} "
                        f"({why})", thresholds=thresholds)
-    if kind == MATRIX_LINK and cpu_at_2:
-        return Finding(NAME, "undecided", f"{label} {op}: busbw at N=2 is below {what} ({table}), but every CPU of "
-                       "the machine was busy at N=2 and raw TCP did not fill the link there either (cpu_bound): the "
-                       "CPU, not the link, set N=2's pace, so the link is no reference for it; an interleaved trial "
-                       f"holds N=2 against raw TCP in the same rounds (the trials step) ({why})", thresholds=thresholds)
     if kind == MATRIX_LINK:
-        busy = [busy_share(run, dip.per_n[2][v]) for v in shown if v in dip.per_n.get(2, {})]
-        if busy and all(b is not None and b >= CPU_PINNED_SHARE.value for b in busy):
+        if cpu_at_2:
+            return Finding(NAME, "undecided", f"{label} {op}: busbw at N=2 is below {what} ({table}), but every CPU of "
+                           "the machine was busy at N=2 and raw TCP did not fill the link there either (cpu_bound): the "
+                           "CPU, not the link, set N=2's pace, so the link is no reference for it; an interleaved trial "
+                           f"holds N=2 against raw TCP in the same rounds (the trials step) ({why})", thresholds=thresholds)
+        shares = [busy_share(run, dip.per_n[2][v]) for v in shown if v in dip.per_n.get(2, {})]
+        busy = [b for b in shares if b is not None and b >= CPU_PINNED_SHARE.value]
+        if busy and len(busy) == len(shares):
             return Finding(NAME, "undecided", f"{label} {op}: busbw at N=2 is below {what} ({table}), but every core "
-                           f"of the machine was busy through N=2's rows (in {min(b or 0 for b in busy):.0%} or more of "
-                           "their CPU samples) and the link matrix was measured at another time, under a load it does "
-                           "not share: the load, not N, may be what the ratio shows; an interleaved trial holds N=2 "
-                           f"against raw TCP in the same rounds (the trials step) ({why})", thresholds=thresholds)
+                           f"of the machine was busy through N=2's rows (in {min(busy):.0%} or more of their CPU "
+                           "samples) and the link matrix was measured at another time, under a load it does not share: "
+                           "the load, not N, may be what the ratio shows; an interleaved trial holds N=2 against raw "
+                           f"TCP in the same rounds (the trials step) ({why})",
+                           thresholds={**thresholds, **used(CPU_PINNED_SHARE, CPU_SATURATED_PCT)})
     confirmed = [v for v in shown if readings[v].ratio.high < N2_DIP_RATIO.value]
     if kind == TRIAL_LINK:
         strength = "strong" if len(shown) >= 2 else "moderate"
