@@ -380,7 +380,8 @@ def test_loss_converging_on_one_host_is_placed_by_the_matrix_incast(tmp_path: Pa
 # --- window or buffer limit at one host ---
 
 
-def window_run(root: Path, *, rmem_h2: str | None = "4096 16384 65536", everyone: bool = False) -> Path:
+def window_run(root: Path, *, rmem_h2: str | None = "4096 16384 65536", everyone: bool = False,
+               matrix: dict | None = None, fingerprints: dict[str, dict] | None = None) -> Path:
     """Sockets sending to h2 spend most of their busy time rwnd-limited (h2's small receive buffer); the
     others' barely."""
     observe: dict[str, dict[str, list]] = {n: {} for n in NODES}
@@ -388,11 +389,11 @@ def window_run(root: Path, *, rmem_h2: str | None = "4096 16384 65536", everyone
         limited = 1.3 if dst == "h2" or everyone else 0.04
         observe[src][f"gloo-all_gather--gloo-all_gather-n4-{i}"] = observer_series(
             endpoint(src, 5000 + i), endpoint(dst, 40000 + i), rwnd_limited_s=limited, pid=100 + i)
-    fingerprints = {n: fingerprint(n) for n in NODES}
+    fingerprints = {n: fingerprint(n) for n in NODES} | (fingerprints or {})
     if rmem_h2:
         fingerprints["h2"] = fingerprint("h2", tcp_rmem=rmem_h2)
     return write_inplace_run(root, ring_records(HEALTHY), observe=observe, fingerprints=fingerprints,
-                             matrix=link_matrix())
+                             matrix=matrix or link_matrix())
 
 
 def test_window_limit_at_one_host_tied_to_its_tcp_rmem(tmp_path: Path) -> None:
@@ -409,6 +410,30 @@ def test_window_limit_without_a_sysctl_difference_or_at_every_host(tmp_path: Pat
     assert "its net.ipv4.tcp_rmem = 4096 131072 6291456, net.core.rmem_max = 212992: as on the other nodes" in found.statement
     [alike] = window_at_host(load_run([window_run(tmp_path / "all", rmem_h2=None, everyone=True)]))
     assert alike.status == "clear" and "every host's receive window limits alike" in alike.statement
+
+
+def test_a_slow_edge_at_a_window_limited_end_is_no_evidence_against_its_link(tmp_path: Path) -> None:
+    """Edges at a host whose window caps its flows measure that window (about one per round trip), not the
+    link: into h2 (its receive window, window_at_host) and out of h3 (its tcp_wmem below every other node's,
+    from the fingerprint alone) are undecided; the same edge into a host with ordinary windows still fires."""
+    slow_edges = {("h1", "h2"): 0.5 * LAB_Bps, ("h3", "h0"): 0.5 * LAB_Bps}
+    root = window_run(tmp_path / "windows", matrix=link_matrix(edges=slow_edges),
+                      fingerprints={"h3": fingerprint("h3", tcp_wmem="4096 16384 65536")})
+    found = {f.statement.split(" carries")[0]: f for f in slow_host_link(load_run([root]))}
+    assert set(found) == {"the one edge h1 -> h2", "the one edge h3 -> h0"}
+    into_h2, out_of_h3 = found["the one edge h1 -> h2"], found["the one edge h3 -> h0"]
+    assert into_h2.status == "undecided" and "h2's receive window limits its peers (window_at_host, strong)" in (
+        into_h2.statement)
+    assert out_of_h3.status == "undecided" and ("h3's net.ipv4.tcp_wmem caps its send buffer at 65536 bytes, below "
+                                                "every other node's (fingerprint)") in out_of_h3.statement
+    assert all("the matrix cannot tell whether this link is slow" in f.statement for f in found.values())
+    # a whole host slow receiving, with its receive window the limit: undecided too
+    host = window_run(tmp_path / "host", matrix=link_matrix(in_Bps={"h2": SLOW_Bps}))
+    [h2] = slow_host_link(load_run([host]))
+    assert h2.status == "undecided" and h2.statement.startswith("h2's link is slow receiving in the link matrix, but h2's")
+    # the contrast: ordinary windows everywhere, the same slow edge fires
+    plain = window_run(tmp_path / "plain", rmem_h2=None, everyone=True, matrix=link_matrix(edges=slow_edges))
+    assert [f.status for f in slow_host_link(load_run([plain]))] == ["fired", "fired"]
 
 
 # --- CPU-starved ranks ---

@@ -21,6 +21,7 @@ from diag.report.nodes import (
     capacities,
     differences_of,
     display_key,
+    fingerprint_differences,
     flatten,
     flow_observations,
     node_flows,
@@ -52,6 +53,7 @@ from diag.report.topology import SEGMENT_BYTES, Incast, IncastFlow, LinkEdge, st
 from diag.units import human_rate
 
 MATRIX_PLOT = "link_matrix.png"
+_WAYS = {("in", "out"): "both ways", ("out",): "sending", ("in",): "receiving"}
 
 # --- slow host link ---
 
@@ -94,12 +96,19 @@ def slow_host_link(run: RunData) -> list[Finding]:
                          "during the run (cpu_bound): the probe's own tools ran on that CPU, so they do not show its "
                          "link slow", *limits)
     findings = []
+    windows = _window_limits(run)
+    for node, ways in list(slow.items()):
+        bounds = [windows.get((node, "receive" if way == "in" else "send")) for way in ways]
+        if all(bounds):
+            findings.append(_window_bound(name, f"{node}'s link is slow {_WAYS[tuple(sorted(ways))]} in the link matrix",
+                                          [b for b in bounds if b], thresholds))
+            del slow[node]
     for node, ways in slow.items():
         cap = caps[node]
         depth = min(v / r for v, r, way in ((cap.out_Bps, reference_out, "out"), (cap.in_Bps, reference_in, "in"))
                     if way in ways and v)
         rate = min(v for v, way in ((cap.out_Bps, "out"), (cap.in_Bps, "in")) if way in ways and v)
-        what = {("in", "out"): "both ways", ("out",): "sending", ("in",): "receiving"}[tuple(sorted(ways))]
+        what = _WAYS[tuple(sorted(ways))]
         head = (f"{node}'s link is slow {what}: its best edge out carries {_rate(cap.out_Bps)} and in "
                 f"{_rate(cap.in_Bps)}, against the median node's {human_rate(reference_out)} out and "
                 f"{human_rate(reference_in)} in ({depth:.0%})")
@@ -112,6 +121,12 @@ def slow_host_link(run: RunData) -> list[Finding]:
         findings.append(Finding(name, "fired", f"{head}; {paced}", weaken(strength) if contradicted else strength,
                                 tuple(evidence), thresholds))
     for (src, dst), value, expected in edges:
+        bounds = [b for b in (windows.get((dst, "receive")), windows.get((src, "send"))) if b]
+        if bounds:
+            findings.append(_window_bound(name, f"the one edge {src} -> {dst} carries {human_rate(value)}, "
+                                          f"{value / expected:.0%} of what its ends carry on their other edges",
+                                          bounds, thresholds))
+            continue
         head = (f"the one edge {src} -> {dst} is slow: {human_rate(value)}, where {src} sends and {dst} receives "
                 f"{human_rate(expected)} on their other edges ({value / expected:.0%})")
         evidence = [Evidence(head, {"src": src, "dst": dst, "alone_Bps": value, "expected_Bps": expected,
@@ -123,6 +138,44 @@ def slow_host_link(run: RunData) -> list[Finding]:
         findings.append(Finding(name, "fired", f"{head}; {paced}", weaken(strength) if contradicted else strength,
                                 tuple(evidence), thresholds))
     return findings
+
+
+def _window_limits(run: RunData) -> dict[tuple[str, str], str]:
+    """(node, "receive" | "send") -> why that node's window caps its flows that way, whatever its link: the
+    window_at_host finding on it, else its tcp_rmem / tcp_wmem maximum below every other node's (its fingerprint).
+    A window-limited flow carries about one window per round trip, so the link matrix's edges at that end
+    measure the window, not the link."""
+    out: dict[tuple[str, str], str] = {}
+    for f in run.remember("window_at_host", lambda: window_at_host(run)):
+        if f.status == "fired" and f.evidence:
+            values = f.evidence[0].values
+            node, role = values.get("node"), values.get("role")
+            if node and role:
+                out[(node, role)] = f"{f.statement.split(': ', 1)[0]} (window_at_host, {f.strength})"
+    for role, sysctl in (("receive", "tcp_rmem"), ("send", "tcp_wmem")):
+        for d in fingerprint_differences(run):
+            if sysctl not in d.key:
+                continue
+            maxima = {node: _buffer_max(value) for value, nodes in d.groups for node in nodes}
+            for node, value in maxima.items():
+                others = [v for n, v in maxima.items() if n != node and v is not None]
+                if value is not None and others and value < min(others) and (node, role) not in out:
+                    what = "receive window" if role == "receive" else "send buffer"
+                    out[(node, role)] = (f"{node}'s {d.key} caps its {what} at {value} bytes, below every other "
+                                         "node's (fingerprint)")
+    return out
+
+
+def _buffer_max(value: str) -> int | None:
+    """The maximum of a 'min default max' tcp_rmem / tcp_wmem value."""
+    parts = value.split()
+    return int(parts[-1]) if len(parts) == 3 and parts[-1].isdigit() else None
+
+
+def _window_bound(name: str, head: str, bounds: list[str], thresholds: dict[str, float]) -> Finding:
+    return Finding(name, "undecided", f"{head}, but {'; and '.join(bounds)}: a window-limited flow carries about a "
+                   "window per round trip whatever the link, so the matrix cannot tell whether this link is slow",
+                   thresholds=thresholds)
 
 
 def _slow_ways(cap: NodeCapacity, reference_out: float, reference_in: float) -> list[str]:
