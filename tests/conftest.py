@@ -76,10 +76,13 @@ def _twins_under_check(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
 #   tested beside (measured: 1.9 of 2 cores busy through the run, against 1.65 with a slot per core, where a
 #   slot held by a test waiting on its wire left a core idle); a test marked `waits` takes no slot: most of its
 #   time is a timeout running out or a host held to a tenth of a core (under 0.4 s of CPU per second);
-# - a test marked `alone` runs with nothing else of the suite beside it: its bound was measured on a quiet
-#   machine (a shallow switch port only drops where its incast senders burst at the link's rate, a watchdog's
-#   deadline, a ratio of wire timings). The `alone` tests go first, then the modules with slow tests, so the
-#   short ones fill the gaps at the end.
+# - a test marked `alone` runs with no other live test beside it: its bound was measured on a quiet machine and
+#   beside two busy loops, never beside a second lab (a shallow switch port only drops where its incast senders
+#   burst at the link's rate, a ratio of wire timings). It holds every CPU slot but one, which the tests marked
+#   `in_process` (they compute in their own process) take one at a time: at most one busy core beside it, as
+#   the busy loops were, where a whole core sat idle for the ~55 s of the `alone` tests before. The `alone`
+#   tests go first, then the `in_process` modules, then the modules with slow tests, so the short ones fill
+#   the gaps at the end.
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -111,18 +114,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             else:
                 group = _module(item)
             item.add_marker(pytest.mark.xdist_group(group))
-    # `alone` tests first (at the start both workers are at a test's start: the other waits for it briefly),
-    # then the modules with slow tests; a stable sort keeps every module's own order
-    items.sort(key=lambda item: (item.get_closest_marker("alone") is None, _module(item) not in slow_modules))
+    # `alone` tests first (at the start every worker is at a test's start: the others wait for it, or run an
+    # `in_process` test beside it), then the `in_process` modules, then the modules with slow tests; a stable
+    # sort keeps every module's own order
+    in_process = {_module(item) for item in items if item.get_closest_marker("in_process")}
+    items.sort(key=lambda item: (item.get_closest_marker("alone") is None, _module(item) not in in_process,
+                                 _module(item) not in slow_modules))
 
 
 class _MachineLock:
     """A readers-writer lock between the suite's workers, writer first: every test holds the machine shared, an
     `alone` test holds it exclusively. A turnstile taken on the way in keeps a waiting `alone` test from being
-    overtaken by the shared holders of the next tests. Inside it, a test that is neither `alone` nor `waits`
-    holds one of the machine's CPU slots (a lock file each, cpu_slots() of them), taken in turn: a worker looks
-    for a free slot only while it holds the slot queue, so one that just gave its slot up queues behind whoever
-    waits."""
+    overtaken by the shared holders of the next tests. Besides, a test that is not `waits` holds CPU slots (a
+    lock file each, cpu_slots() of them), taken in turn: a worker looks for free slots only while it holds the
+    slot queue, so one that just gave its slot up queues behind whoever waits. A test holds one slot; an
+    `alone` test all but one. An `in_process` test takes a slot and not the machine, so it may run beside an
+    `alone` test, one at a time."""
 
     def __init__(self, folder: str) -> None:
         self.turnstile = os.open(os.path.join(folder, "machine.turnstile"), os.O_CREAT | os.O_RDWR, 0o600)
@@ -131,37 +138,45 @@ class _MachineLock:
                       for n in range(cpu_slots())]
         self.slot_queue = os.open(os.path.join(folder, "cpu-slot.queue"), os.O_CREAT | os.O_RDWR, 0o600)
         self.held = False
-        self.slot: int | None = None
+        self.machine_held = False
+        self.taken: list[int] = []
 
-    def acquire(self, alone: bool, slot: bool) -> None:
-        fcntl.flock(self.turnstile, fcntl.LOCK_EX)
-        fcntl.flock(self.machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        if not alone:
-            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+    def acquire(self, alone: bool, slots: int, machine: bool = True) -> None:
+        if machine:
+            fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+            fcntl.flock(self.machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            if not alone:
+                fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+            self.machine_held = True
         self.held = True
-        if not slot:
+        if not slots:
             return
         fcntl.flock(self.slot_queue, fcntl.LOCK_EX)
         try:
-            while self.slot is None:
+            while len(self.taken) < slots:
                 for fd in self.slots:
+                    if fd in self.taken:
+                        continue
                     try:
                         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     except BlockingIOError:
                         continue
-                    self.slot = fd
-                    break
+                    self.taken.append(fd)
+                    if len(self.taken) == slots:
+                        break
                 else:
                     time.sleep(0.02)
         finally:
             fcntl.flock(self.slot_queue, fcntl.LOCK_UN)
 
     def release(self) -> None:
-        if self.slot is not None:
-            fcntl.flock(self.slot, fcntl.LOCK_UN)
-            self.slot = None
-        fcntl.flock(self.machine, fcntl.LOCK_UN)
-        fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+        for fd in self.taken:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        self.taken = []
+        if self.machine_held:
+            fcntl.flock(self.machine, fcntl.LOCK_UN)
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+            self.machine_held = False
         self.held = False
 
 
@@ -180,7 +195,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _machine_lock = _MachineLock(str(item.config._tmp_path_factory.getbasetemp().parent))  # type: ignore[attr-defined]
     alone = item.get_closest_marker("alone") is not None
     if not (alone and _machine_lock.held):
-        _machine_lock.acquire(alone, slot=not alone and item.get_closest_marker("waits") is None)
+        if alone:
+            _machine_lock.acquire(True, slots=cpu_slots() - 1)
+        elif item.get_closest_marker("in_process"):
+            _machine_lock.acquire(False, slots=1, machine=False)
+        else:
+            _machine_lock.acquire(False, slots=0 if item.get_closest_marker("waits") else 1)
     try:
         yield
     finally:

@@ -41,6 +41,9 @@ from diag.errors import DiagError
 from diag.records import Record, RecordWriter
 from tests.common import need_root, run_diag
 
+# computes in this process: may run beside an `alone` test (tests/conftest.py)
+pytestmark = pytest.mark.in_process
+
 CHUNK = 4096
 SPILL = 16  # segment ends a direction keeps in memory
 T0_NS = 1_700_000_000 * 10**9

@@ -13,6 +13,9 @@ from report_helpers import MiB, make_record, timed, write_records
 from diag.__main__ import main
 from diag.report.compare import compare, compare_rows, welch_test
 
+# computes in this process: may run beside an `alone` test (tests/conftest.py)
+pytestmark = pytest.mark.in_process
+
 
 def test_welch_matches_the_textbook_formula() -> None:
     a = [1.0, 1.1, 0.9, 1.05, 0.95]

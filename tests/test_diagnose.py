@@ -53,6 +53,9 @@ from diag.report.thresholds import (
     N2_DIP_RATIO,
 )
 
+# computes in this process: may run beside an `alone` test (tests/conftest.py)
+pytestmark = pytest.mark.in_process
+
 
 def statuses(findings: list[Finding]) -> set[str]:
     return {f.status for f in findings}

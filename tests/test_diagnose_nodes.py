@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from node_helpers import (
     ADDRESS,
     NODES,
@@ -53,6 +54,9 @@ from diag.report.diagnose.findings import Finding
 from diag.report.nodes import NodeFlow, node_flows
 from diag.report.thresholds import LOSS_HOST_SHARE, SLOW_LINK_RATIO
 from diag.report.verdict import build_verdict, verdict_lines
+
+# computes in this process: may run beside an `alone` test (tests/conftest.py)
+pytestmark = pytest.mark.in_process
 
 HEALTHY = {2: LAB_Bps, 3: LAB_Bps, 4: LAB_Bps}
 PACED_BY_H3 = {2: LAB_Bps, 3: LAB_Bps, 4: SLOW_Bps}     # subgroups h0,h1 / h0..h2 / h0..h3: only N=4 has h3

@@ -36,6 +36,9 @@ from diag.report.diagnose.dip import match_axis, series_dips
 from diag.report.series import by_series, mean_busbw
 from diag.report.verdict import build_verdict
 
+# computes in this process: may run beside an `alone` test (tests/conftest.py)
+pytestmark = pytest.mark.in_process
+
 VOLUMES = (MiB, 4 * MiB, 16 * MiB)
 # Each rank's busbw as a share of the link, per N: gloo 0.75 at N=2 (the anomaly), N=3 and N=4 at the link.
 HEALTHY = {2: 1.0, 3: 1.0, 4: 1.0}

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.fuzz_analyze import analyze_once, mutate, run_cases, seed_corpus
+
+# computes in this process: may run beside an `alone` test (tests/conftest.py)
+pytestmark = pytest.mark.in_process
 
 
 def test_every_seed_is_a_valid_capture(tmp_path: Path) -> None:

@@ -21,6 +21,9 @@ from diag.model import Terms, load
 from diag.model.fitting import Variant, _terms, fit
 from diag.model.structure import structure_of
 
+# computes in this process: may run beside an `alone` test (tests/conftest.py)
+pytestmark = pytest.mark.in_process
+
 LINK_BPS = 12.5e6                   # 100 Mbit/s
 ALPHA_S = 200e-6
 GLOO = Terms(ALPHA_S, 1 / LINK_BPS, ramp_s=1.5e-3, ramp_half_bytes=256 * KiB, n2_beta_s_per_byte=0.5 / LINK_BPS,

@@ -26,6 +26,9 @@ from bench.fuzz_analyze import mutate, pcapng_block, seed_corpus
 from diag.capture import pcapfile, reader
 from diag.errors import DiagError
 
+# computes in this process: may run beside an `alone` test (tests/conftest.py)
+pytestmark = pytest.mark.in_process
+
 
 @pytest.fixture(autouse=True)
 def _need_kernel() -> None:

@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from node_helpers import NODES, LAB_Bps, fingerprint, link_matrix, ring_records, write_inplace_run
 
 from tests.common import run_diag
+
+# computes in this process: may run beside an `alone` test (tests/conftest.py)
+pytestmark = pytest.mark.in_process
 
 # what a node could put in its fingerprint: set the terminal's title, clear the screen, turn the text around,
 # and markup a Markdown viewer renders

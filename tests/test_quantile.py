@@ -23,6 +23,9 @@ from diag.capture.quantile import (
     percentile_ranks,
 )
 
+# computes in this process: may run beside an `alone` test (tests/conftest.py)
+pytestmark = pytest.mark.in_process
+
 QS = (95, 50, 0, 100, 37.5)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 HYPOTHESIS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

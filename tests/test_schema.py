@@ -21,6 +21,9 @@ from diag.capture import analyze_files
 from diag.report import diagnose, load_run
 from diag.report.diagnose import FINDINGS_SCHEMA, FindingsDocument, findings_to_json, load_findings
 
+# computes in this process: may run beside an `alone` test (tests/conftest.py)
+pytestmark = pytest.mark.in_process
+
 LINKTYPE_ETHERNET = 1
 
 

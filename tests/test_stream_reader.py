@@ -29,6 +29,9 @@ from diag.capture import pcapfile, reader
 from diag.capture.reader_native import MIN_ROW_FILE_BYTES
 from diag.errors import DiagError
 
+# computes in this process: may run beside an `alone` test (tests/conftest.py)
+pytestmark = pytest.mark.in_process
+
 # The largest record or block the test captures hold (a frame of synthetic_flow plus headers), with room.
 LARGEST_RECORD = 2048
 

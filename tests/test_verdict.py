@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from report_helpers import (
     ANOMALY_SHAPES,
     advise_doc,
@@ -22,6 +23,9 @@ from report_helpers import (
 from diag.report import diagnose, load_run
 from diag.report.diagnose.findings import Evidence, Finding
 from diag.report.verdict import build_verdict, verdict_lines
+
+# computes in this process: may run beside an `alone` test (tests/conftest.py)
+pytestmark = pytest.mark.in_process
 
 
 def _verdict(root: Path, records, **parts):
