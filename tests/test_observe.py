@@ -68,10 +68,18 @@ def test_observers_sample_descendants(tmp_path: Path) -> None:
     assert all(len(s["per_cpu_pct"]) == s["cpus"] == os.cpu_count() for s in machine)
     assert max(max(s["per_cpu_pct"]) for s in machine) > 50
     assert all(0 <= s["busy_pct"] <= 100 for s in machine)
-    # The spinning thread lives in the child: found through the parent's descendants, pinned near 100%.
-    busy = [s for s in samples if s["kind"] == "cpu_thread" and s["cpu_pct"] > 50]
-    assert busy and all(s["pid"] != proc.pid for s in busy)
-    assert all(s["tid"] and isinstance(s["name"], str) for s in busy)
+    # The spinning thread lives in the child: found through the parent's descendants, the busiest thread of the
+    # tree by far (pinned near 100% of a free core; beside the parallel suite on two cores a fair share of one:
+    # its samples peaked under 50% there once), while the parent only waits for its child.
+    threads: dict[tuple[int, int], list[float]] = {}
+    for s in samples:
+        if s["kind"] == "cpu_thread":
+            assert s["tid"] and isinstance(s["name"], str)
+            threads.setdefault((s["pid"], s["tid"]), []).append(s["cpu_pct"])
+    busiest = max(threads, key=lambda key: sum(threads[key]))
+    assert busiest[0] != proc.pid and max(threads[busiest]) > 20, threads
+    parent = [sum(v) for (pid, _tid), v in threads.items() if pid == proc.pid]
+    assert all(total < sum(threads[busiest]) / 4 for total in parent), threads
     nic = [s for s in samples if s["kind"] == "nic"]
     assert nic[-1]["tx_bytes"] > nic[0]["tx_bytes"]
     if shutil.which("ss"):
