@@ -62,9 +62,9 @@ def _twins_under_check(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
     monkeypatch.setattr(source, "analyze_packets", checked_state)
 
 
-# With `-n auto` the suite runs on pytest-xdist workers (pyproject's addopts add `--dist loadgroup
-# --no-loadscope-reorder`); without it, in one process, in its files' order, where none of this applies. On a
-# 2-core machine: ~9.5 minutes instead of ~18 in one process. How the tests share the machine:
+# The suite runs on pytest-xdist workers (pyproject's addopts: `-n auto --dist loadgroup --no-loadscope-reorder`);
+# with `-n 0`, in one process, in its files' order, where none of this applies. On a 2-core machine: ~9 minutes
+# instead of ~18 in one process. How the tests share the machine:
 # - `-n auto` starts as many workers as the machine has cores, plus two (pytest_xdist_auto_num_workers below):
 #   the live tests spend much of their time waiting on their shaped links or a timeout, and a worker waiting so
 #   holds no core;
