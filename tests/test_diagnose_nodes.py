@@ -356,6 +356,20 @@ def test_loss_converging_on_one_host_is_placed_by_the_matrix_incast(tmp_path: Pa
     (root / "run.json").write_text(json.dumps(data))
     [found] = loss_at_host(load_run([root]))
     assert found.status == "fired" and "in round 1 h2 -> h1 starved" in found.statement, found.statement
+    # a sender held to an eighth of its fair share is starved too (beside the parallel suite, 2026-12-05: 1.58 MB/s
+    # beside 23.5 MB/s into the shallow port, 22 segments resent); one at two thirds of it (the least of a healthy
+    # port's senders beside the suite) is not, and that round then names nobody
+    saved = [dict(flow) for flow in first_into_h1["flows"]]
+    for share, fired in ((0.126, True), (0.67, False)):
+        others = 23.5e6 + 12e6
+        held = share * others / (len(saved) - share)    # held / mean(all three) == share
+        for flow, goodput in zip(first_into_h1["flows"], (23.5e6, held, 12e6), strict=True):
+            flow.update(goodput_Bps=goodput)
+        (root / "run.json").write_text(json.dumps(data))
+        [found] = loss_at_host(load_run([root]))
+        assert (found.status == "fired") is fired, (share, found.statement)
+    for flow, before in zip(first_into_h1["flows"], saved, strict=True):
+        flow.update(before)
     # ... but not where a sender into another host starves in that round too (bbr's unfair incasts)
     first_into_h3 = next(ph for ph in data["link"]["matrix"]["incast"] if ph["round"] == 1 and ph["dst"] == "h3")
     first_into_h3["flows"][0].update(goodput_Bps=1e4, steady_retransmits=30)

@@ -91,6 +91,11 @@ LOSS_RATE_CONTRAST = _t("LOSS_RATE_CONTRAST", 4.0, "in the link matrix's flows, 
                         "and an observation (retransmissions, window events) on the backend's captures at least this "
                         "many times the raw reference's on the same link, at an N where the backend is slow, is a "
                         "finding")
+INCAST_STARVED_SHARE = _t("INCAST_STARVED_SHARE", 0.25, "a sender of an incast (every other node into one host at "
+                          "once) that moved less than this share of its fair share (the port's goodput over its "
+                          "senders) while resending is starved: in retransmission timeouts for much of the round, "
+                          "incast collapse (a shallow port beside the parallel suite: 0.00-0.13; senders into healthy "
+                          "ports 0.67 or more, but for one starved beside the suite's load that the contrast catches)")
 CWND_CUT_FACTOR = _t("CWND_CUT_FACTOR", 0.75, "cwnd falling to this fraction of its peak or below is a cut: a loss's "
                      "multiplicative decrease (CUBIC cuts to 0.7, Reno to 0.5), or a timeout's collapse")
 QUOTA_THROTTLED_SHARE = _t("QUOTA_THROTTLED_SHARE", 0.5, "a node's ranks under a cgroup CPU quota that ran out in at "

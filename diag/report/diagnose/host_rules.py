@@ -35,6 +35,7 @@ from diag.report.thresholds import (
     CWND_COLLAPSE_SEGMENTS,
     CWND_CUT_FACTOR,
     IDLE_RESTART_S,
+    INCAST_STARVED_SHARE,
     LOCALIZE_MIN_NODES,
     LOSS_HOST_SHARE,
     LOSS_PEER_SHARE,
@@ -495,19 +496,14 @@ def _incast_loss(run: RunData, pairs: dict[tuple[str, str], PairLoss]) -> Findin
                  f"{rounds_text}, up to {contrast:.0f}x the most into any other host "
                  f"({', '.join(f'{o:.2%}' for o in others.values())}); a shallow buffer at {node}'s switch port (or "
                  f"NIC) drops what converges on it, its senders carried {_span(goodputs)}{cost}")
-    limits = (RETRANS_RATE, RETRANS_MIN_COUNT, LOSS_RATE_CONTRAST, LOCALIZE_MIN_NODES)
+    limits = (RETRANS_RATE, RETRANS_MIN_COUNT, LOSS_RATE_CONTRAST, LOCALIZE_MIN_NODES, INCAST_STARVED_SHARE)
     return Finding("loss_at_host", "fired", statement, "strong" if agree else "moderate", tuple(evidence[:20]),
                    used(*limits))
 
 
-# A sender of an incast that moved less than this share of its fair share (the phase's goodput over its
-# senders) while resending is starved: in retransmission timeouts for most of the round.
-INCAST_STARVED_SHARE = 0.1
-
-
 def _starved(phase: Incast) -> list[IncastFlow]:
     fair = sum(f.goodput_Bps or 0 for f in phase.flows) / max(len(phase.flows), 1)
-    return [f for f in phase.flows if (f.goodput_Bps or 0) < INCAST_STARVED_SHARE * fair
+    return [f for f in phase.flows if (f.goodput_Bps or 0) < INCAST_STARVED_SHARE.value * fair
             and int(f.steady_retransmits or 0) >= RETRANS_MIN_COUNT.value]
 
 
