@@ -137,7 +137,6 @@ class _MachineLock:
         self.slots = [os.open(os.path.join(folder, f"cpu-slot-{n}.lock"), os.O_CREAT | os.O_RDWR, 0o600)
                       for n in range(cpu_slots())]
         self.slot_queue = os.open(os.path.join(folder, "cpu-slot.queue"), os.O_CREAT | os.O_RDWR, 0o600)
-        self.held = False
         self.machine_held = False
         self.taken: list[int] = []
 
@@ -148,7 +147,6 @@ class _MachineLock:
             if not alone:
                 fcntl.flock(self.turnstile, fcntl.LOCK_UN)
             self.machine_held = True
-        self.held = True
         if not slots:
             return
         fcntl.flock(self.slot_queue, fcntl.LOCK_EX)
@@ -177,7 +175,6 @@ class _MachineLock:
             fcntl.flock(self.machine, fcntl.LOCK_UN)
             fcntl.flock(self.turnstile, fcntl.LOCK_UN)
             self.machine_held = False
-        self.held = False
 
 
 _machine_lock: _MachineLock | None = None
@@ -194,7 +191,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         # the workers' base temp dirs share one parent: the run's own folder
         _machine_lock = _MachineLock(str(item.config._tmp_path_factory.getbasetemp().parent))  # type: ignore[attr-defined]
     alone = item.get_closest_marker("alone") is not None
-    if not (alone and _machine_lock.held):
+    if not (alone and _machine_lock.machine_held):
         if alone:
             _machine_lock.acquire(True, slots=cpu_slots() - 1)
         elif item.get_closest_marker("in_process"):

@@ -167,7 +167,8 @@ class World:
             if nodes:
                 self._report_loss(nodes[0])
                 gone, after = first_to_go(self._job_store(), topology, nodes, self.rank, LOSS_WAIT_S)
-                self._report_loss(gone[0])
+                if gone[0] != nodes[0]:
+                    self._report_loss(gone[0])
                 return ", ".join(f"node {_named(n)}" for n in gone) + " stopped answering" + _after(after)
         peer = _PEER_ADDRESS.search(message)
         if peer:
@@ -177,7 +178,8 @@ class World:
                 if len(nodes) == 1:
                     self._report_loss(nodes[0])
                     [node], after = first_to_go(self._job_store(), topology, nodes, self.rank, LOSS_WAIT_S)
-                    self._report_loss(node)
+                    if node != nodes[0]:
+                        self._report_loss(node)
                     return f"node {_named(node)} died or closed its connections" + _after(after)
             return f"the node at {address} died or closed its connections"
         return "a node died or stopped answering"
@@ -225,7 +227,7 @@ def first_to_go(store: Any, topology: Topology, nodes: Sequence[Node], own_rank:
         else:
             after.append(node)
             todo.append(nxt)
-    return (gone or list(nodes)), after
+    return gone, after
 
 
 def _loss_report(store: Any, node: Node, deadline: float) -> str | None:
